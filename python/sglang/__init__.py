@@ -1,0 +1,16 @@
+"""SGLang-compatible serving engine for vision-language models with chunk-aware ViT caching."""
+
+from typing import TYPE_CHECKING
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from sglang.srt.entrypoints.engine import Engine
+
+
+def __getattr__(name: str):
+    if name == "Engine":
+        from sglang.srt.entrypoints.engine import Engine
+
+        return Engine
+    raise AttributeError(name)

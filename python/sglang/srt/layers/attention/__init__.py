@@ -1,0 +1,20 @@
+"""Attention backends, created by name; GPU backends are imported only when chosen."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.base import AttentionBackend
+
+_BACKENDS = {
+    "torch_native": "sglang.srt.layers.attention.torch_native:TorchNativeAttnBackend",
+}
+
+
+def create_attention_backend(name: str, **kwargs) -> AttentionBackend:
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {sorted(_BACKENDS)}")
+    module_name, cls_name = _BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)(**kwargs)

@@ -1,0 +1,93 @@
+"""A request's state inside the scheduler."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sglang.srt.multimodal.items import MultimodalItem, radix_key
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Req:
+    """Token bookkeeping rests on three integers:
+
+    - ``cached_len``: leading tokens whose KV came from the radix cache at admission;
+    - ``computed_len``: leading tokens of ``fill_ids`` whose KV is in the pool;
+    - ``extend_len``: tokens computed in the current step, starting at ``computed_len``.
+
+    Positions, the chunk's multimodal items, KV slots and cache insertion all follow from them.
+    """
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    mm_items: list[MultimodalItem] = field(default_factory=list)
+    eos_token_ids: frozenset[int] = frozenset()
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    req_pool_idx: int | None = None
+    cached_len: int = 0
+    computed_len: int = 0
+    extend_len: int = 0
+    last_node: Any = None
+    mrope_positions: torch.Tensor | None = None  # (3, len(input_ids))
+    mrope_delta: int = 0
+    generator: torch.Generator | None = None
+    pinned_hashes: set[int] = field(default_factory=set)
+    finish_reason: dict[str, Any] | None = None
+    output_text: str = ""
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.radix_key_input = radix_key(self.input_ids, self.mm_items)
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.computed_len < len(self.input_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def radix_key(self, length: int) -> list[int]:
+        key = self.radix_key_input[:length]
+        if length > len(key):
+            key = key + self.output_ids[: length - len(self.input_ids)]
+        return key
+
+    def positions(self, start: int, end: int) -> torch.Tensor:
+        """Rotary positions of tokens [start, end): (n,) or (3, n) for M-RoPE."""
+        if self.mrope_positions is None:
+            return torch.arange(start, end)
+        n_in = len(self.input_ids)
+        parts = []
+        if start < n_in:
+            parts.append(self.mrope_positions[:, start : min(end, n_in)])
+        if end > n_in:
+            tail = torch.arange(max(start, n_in), end) + self.mrope_delta
+            parts.append(tail.expand(3, -1))
+        return torch.cat(parts, dim=1)
+
+    def bidirectional_spans(self) -> list[tuple[int, int]]:
+        return [span for item in self.mm_items for span in item.spans]

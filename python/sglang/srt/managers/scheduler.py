@@ -1,0 +1,277 @@
+"""Continuous batching with chunked prefill over the engine-owned KV cache.
+
+Each ``step()`` runs one batch: an extend batch (new prompts and prompt chunks, prefill first)
+when there is prefill work that fits, otherwise one decode token for every running request.
+Requests join and leave between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.managers.req import Req, ReqStatus
+from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.model_executor.forward_batch import ForwardBatch
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.sampler import sample
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_CPU = 2048
+DEFAULT_CHUNK_GPU = 8192
+
+
+@dataclass
+class StepOutput:
+    """Requests that produced a token (or finished) in one step."""
+
+    reqs: list[Req]
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, runner: ModelRunner, detokenize) -> None:
+        self.args = args
+        self.runner = runner
+        self.detokenize = detokenize
+        self.kv_pool = runner.kv_pool
+        self.req_to_token = runner.req_to_token_pool
+        self.tree = RadixCache(self.kv_pool.free)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        chunk = args.chunked_prefill_size
+        if chunk is None:
+            chunk = DEFAULT_CHUNK_CPU if runner.device == "cpu" else DEFAULT_CHUNK_GPU
+        self.chunk_size: int | None = None if chunk == -1 else chunk
+        self.bidirectional_images = runner.adapter.bidirectional_images
+        self.forward_steps = 0
+
+    # Intake ------------------------------------------------------------------------------------
+    def add_request(self, req: Req) -> None:
+        prompt_len = len(req.input_ids)
+        limit = self.runner.context_length
+        if prompt_len == 0:
+            raise ValueError("the prompt is empty")
+        if prompt_len >= limit:
+            raise ValueError(
+                f"the prompt has {prompt_len} tokens, more than the context length allows "
+                f"({limit}, leaving room for at least one new token)"
+            )
+        room = limit - prompt_len
+        req.sampling_params.max_new_tokens = min(req.sampling_params.max_new_tokens, room)
+        if self._footprint(req) > self.kv_pool.size:
+            raise ValueError(
+                f"the request needs {self._footprint(req)} KV slots, more than the cache holds "
+                f"({self.kv_pool.size})"
+            )
+        if self.runner.adapter.uses_mrope:
+            req.mrope_positions, req.mrope_delta = self.runner.adapter.mrope(
+                req.input_ids, [item.features for item in req.mm_items]
+            )
+        req.arrival_time = time.perf_counter()
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        for req in list(self.waiting):
+            if req.rid == rid:
+                self.waiting.remove(req)
+                req.finish_reason = {"type": "abort"}
+                return True
+        for req in self.running:
+            if req.rid == rid:
+                req.finish_reason = {"type": "abort"}
+                self._release(req)
+                self.running.remove(req)
+                return True
+        return False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # One step ----------------------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        batch = self._schedule_extend() or self._schedule_decode()
+        if batch is None:
+            return StepOutput([])
+        logits = self.runner.forward(batch)
+        self.forward_steps += 1
+        return StepOutput(self._process(batch, logits))
+
+    def _schedule_extend(self) -> ForwardBatch | None:
+        budget = self.chunk_size if self.chunk_size is not None else self.args.max_prefill_tokens
+        unbounded = self.chunk_size is None
+        chosen: list[Req] = []
+        for req in self.running:
+            if req.is_prefilling and budget > 0:
+                budget -= self._plan_extend(req, budget, unbounded and not chosen)
+                chosen.append(req)
+        while self.waiting and budget > 0 and len(self.running) < self.runner.max_running_requests:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            budget -= self._plan_extend(req, budget, unbounded and not chosen)
+            chosen.append(req)
+        chosen = [r for r in chosen if r.extend_len > 0]
+        return self._build_batch(chosen, is_decode=False) if chosen else None
+
+    def _schedule_decode(self) -> ForwardBatch | None:
+        reqs = [r for r in self.running if not r.is_prefilling]
+        for req in reqs:
+            req.extend_len = 1
+        return self._build_batch(reqs, is_decode=True) if reqs else None
+
+    def _admit(self, req: Req) -> bool:
+        """Match the radix prefix, reserve KV for the whole request, take a request row."""
+        if self.args.disable_radix_cache:
+            slots, node = torch.empty(0, dtype=torch.int64), self.tree.root
+        else:
+            slots, node = self.tree.match_prefix(req.radix_key(len(req.input_ids)))
+            slots = slots[: len(req.input_ids) - 1]
+        self.tree.inc_lock_ref(node)
+        req.cached_len = req.computed_len = len(slots)
+        need = self._footprint(req) + sum(self._footprint(r) for r in self.running)
+        if need > self.kv_pool.available_size() + self.tree.evictable_size:
+            self.tree.dec_lock_ref(node)
+            req.cached_len = req.computed_len = 0
+            return False
+        row = self.req_to_token.alloc()
+        assert row is not None, "request rows are sized to max_running_requests"
+        req.req_pool_idx, req.last_node, req.status = row, node, ReqStatus.RUNNING
+        self.req_to_token.req_to_token[row, : len(slots)] = slots
+        return True
+
+    def _footprint(self, req: Req) -> int:
+        """KV slots the request still needs to finish: the rest of its prompt and decode."""
+        decode_left = req.sampling_params.max_new_tokens - len(req.output_ids)
+        return max(len(req.input_ids) - req.computed_len, 0) + max(decode_left, 0)
+
+    def _plan_extend(self, req: Req, budget: int, may_exceed: bool) -> int:
+        start = req.computed_len
+        end = len(req.input_ids) if may_exceed else min(len(req.input_ids), start + budget)
+        if self.bidirectional_images:
+            end = self._avoid_splitting_images(req, start, end)
+        req.extend_len = end - start
+        return req.extend_len
+
+    def _avoid_splitting_images(self, req: Req, start: int, end: int) -> int:
+        """Move ``end`` off any image span it cuts: back to the image start, or past the image
+        when the image starts the chunk (a chunk then exceeds the budget rather than split it)."""
+        for item in req.mm_items:
+            for s, e in item.spans:
+                if s < end < e:
+                    return s if s > start else e
+        return end
+
+    def _build_batch(self, reqs: list[Req], is_decode: bool) -> ForwardBatch:
+        ids, positions, locs = [], [], []
+        for req in reqs:
+            start, end = req.computed_len, req.computed_len + req.extend_len
+            slots = self._alloc_slots(req.extend_len)
+            self.req_to_token.req_to_token[req.req_pool_idx, start:end] = slots
+            ids.extend(req.fill_ids[start:end])
+            positions.append(req.positions(start, end))
+            locs.append(slots)
+        device = self.runner.device
+        spans = [r.bidirectional_spans() if self.bidirectional_images else [] for r in reqs]
+        return ForwardBatch(
+            reqs=reqs,
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            positions=torch.cat(positions, dim=-1).to(device),
+            out_cache_loc=torch.cat(locs).to(device),
+            req_pool_indices=[r.req_pool_idx for r in reqs],  # type: ignore[misc]
+            prefix_lens=[r.computed_len for r in reqs],
+            extend_lens=[r.extend_len for r in reqs],
+            bidirectional_spans=spans,
+            is_decode=is_decode,
+        )
+
+    def _alloc_slots(self, n: int) -> torch.Tensor:
+        slots = self.kv_pool.alloc(n)
+        if slots is None:
+            self.tree.evict(n - self.kv_pool.available_size())
+            slots = self.kv_pool.alloc(n)
+        if slots is None:
+            raise RuntimeError("KV pool exhausted despite admission control")
+        return slots
+
+    # Results -----------------------------------------------------------------------------------
+    def _process(self, batch: ForwardBatch, logits: torch.Tensor) -> list[Req]:
+        sampled_rows, sampled_reqs = [], []
+        for i, req in enumerate(batch.reqs):
+            req.computed_len += req.extend_len
+            req.extend_len = 0
+            self.runner.embedder.release(req, req.computed_len)
+            if not req.is_prefilling:
+                sampled_rows.append(i)
+                sampled_reqs.append(req)
+        if not sampled_reqs:
+            return []
+        tokens = sample(
+            logits[sampled_rows],
+            [r.sampling_params for r in sampled_reqs],
+            [r.generator for r in sampled_reqs],
+        )
+        now = time.perf_counter()
+        for req, token in zip(sampled_reqs, tokens):
+            req.output_ids.append(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            self._check_finished(req)
+            if req.finished:
+                self._release(req)
+                self.running.remove(req)
+        return sampled_reqs
+
+    def _check_finished(self, req: Req) -> None:
+        sp, token = req.sampling_params, req.output_ids[-1]
+        if token in (sp.stop_token_ids or ()) or (not sp.ignore_eos and token in req.eos_token_ids):
+            req.finish_reason = {"type": "stop", "matched": token}
+        elif len(req.output_ids) >= sp.max_new_tokens:
+            req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+        if sp.stop and req.finish_reason is None:
+            text = self.detokenize(req)
+            for stop in sp.stop:
+                if stop in text:
+                    req.finish_reason = {"type": "stop", "matched": stop}
+                    break
+
+    def _release(self, req: Req) -> None:
+        """Hand the request's KV to the radix cache (or free it) and drop its pins."""
+        row = req.req_pool_idx
+        assert row is not None
+        slots = self.req_to_token.req_to_token[row, : req.computed_len].clone()
+        if self.args.disable_radix_cache:
+            self.kv_pool.free(slots[req.cached_len :])
+        else:
+            dup = self.tree.insert(req.radix_key(req.computed_len), slots)
+            self.kv_pool.free(slots[req.cached_len : dup])
+        self.tree.dec_lock_ref(req.last_node)
+        self.req_to_token.free(row)
+        req.req_pool_idx = None
+        req.status = ReqStatus.FINISHED
+        req.finish_time = time.perf_counter()
+        self.runner.embedder.release(req)
+
+    # Maintenance -------------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        if self.running:
+            return False
+        self.kv_pool.free(self.tree.held_slots())
+        self.tree.reset()
+        self.runner.embedder.cache.clear()
+        return True
+
+    def check_integrity(self) -> None:
+        self.tree.check_integrity()
+        held = self.tree.total_size + sum(r.computed_len - r.cached_len for r in self.running)
+        self.kv_pool.check_integrity(held)
+        self.req_to_token.check_integrity()
+        self.runner.embedder.cache.check_integrity()

@@ -1,0 +1,140 @@
+"""Loads an HF model, owns the KV pools, and runs one forward per batch."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig
+
+from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
+from sglang.srt.model_executor.forward_batch import ForwardBatch
+from sglang.srt.models.adapters import get_adapter
+from sglang.srt.multimodal.embedder import MultimodalEmbedder
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+ATTENTION_NAME = "sglang_engine"
+CPU_KV_BUDGET_BYTES = 1 << 30
+
+
+def _engine_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    batch: ForwardBatch = kwargs["forward_batch"]
+    out = batch.attn_backend.forward(
+        query,
+        key,
+        value,
+        module.layer_idx,
+        batch,
+        scaling=scaling if scaling is not None else module.head_dim**-0.5,
+        sliding_window=kwargs.get("sliding_window"),
+        softcap=kwargs.get("softcap"),
+    )
+    return out, None
+
+
+transformers.AttentionInterface.register(ATTENTION_NAME, _engine_attention)
+
+
+def resolve_dtype(name: str, config: Any, device: str) -> torch.dtype:
+    if name == "auto":
+        if device == "cpu":
+            return torch.float32
+        dtype = getattr(config.get_text_config(), "dtype", None) or getattr(config, "dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype or "bfloat16"))
+    return {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
+            "bfloat16": torch.bfloat16, "float": torch.float32}[name]
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs, model_path: str) -> None:
+        self.args = args
+        self.device = args.resolved_device
+        self.config = AutoConfig.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
+        self.text_config = self.config.get_text_config()
+        self.is_multimodal = hasattr(self.config, "vision_config")
+        self.dtype = resolve_dtype(args.dtype, self.config, self.device)
+        self.model = self._load(model_path)
+        self.adapter = get_adapter(self.model, self.config)
+        self.context_length = args.context_length or self.text_config.max_position_embeddings
+        self.vocab_size = self.text_config.vocab_size
+        self._init_memory()
+        self.attn_backend = create_attention_backend(
+            args.attention_backend or "torch_native",
+            kv_pool=self.kv_pool,
+            req_to_token_pool=self.req_to_token_pool,
+        )
+        self.embedder = MultimodalEmbedder(
+            self.adapter,
+            MultimodalEmbeddingCache(args.mm_cache_bytes),
+            self.device,
+            self.dtype,
+            args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
+        )
+
+    def _load(self, model_path: str) -> torch.nn.Module:
+        if self.is_multimodal:
+            cls = transformers.AutoModelForImageTextToText
+            attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "": "sdpa"}
+        else:
+            cls, attn = transformers.AutoModelForCausalLM, ATTENTION_NAME
+        model = cls.from_pretrained(
+            model_path,
+            dtype=self.dtype,
+            attn_implementation=attn,
+            trust_remote_code=self.args.trust_remote_code,
+        )
+        return model.to(self.device).eval()
+
+    def _init_memory(self) -> None:
+        tc = self.text_config
+        num_kv_heads = getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        per_token = KVPool.bytes_per_token(tc.num_hidden_layers, num_kv_heads, head_dim, self.dtype)
+        size = self.args.max_total_tokens or self._kv_budget_bytes() // per_token
+        size = max(int(size), 16)
+        max_reqs = self.args.max_running_requests or max(min(size // 64, 256), 8)
+        self.max_running_requests = max_reqs
+        self.max_total_tokens = size
+        self.req_to_token_pool = ReqToTokenPool(max_reqs + 1, self.context_length + 8, self.device)
+        self.kv_pool = KVPool(
+            size, tc.num_hidden_layers, num_kv_heads, head_dim, self.dtype, self.device
+        )
+        logger.info("KV pool: %d tokens (%.1f MB)", size, size * per_token / 2**20)
+
+    def _kv_budget_bytes(self) -> int:
+        if self.device == "cpu":
+            return CPU_KV_BUDGET_BYTES
+        free, total = torch.cuda.mem_get_info()
+        fraction = self.args.mem_fraction_static or 0.85
+        return max(int(free - total * (1 - fraction)), 1 << 28)
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run the batch; return float32 logits at each request's last token: (num_reqs, vocab)."""
+        self.attn_backend.prepare_metadata(batch)
+        batch.attn_backend = self.attn_backend
+        ids = batch.input_ids
+        embed = self.model.get_input_embeddings()
+        embeds = embed(torch.where(ids < self.vocab_size, ids, torch.zeros_like(ids)))
+        lm_kwargs: dict[str, Any] = {}
+        if not batch.is_decode and self.is_multimodal:
+            lm_kwargs = self.embedder.embed(batch.reqs, batch.prefix_lens, batch.extend_lens, embeds)
+        positions = batch.positions.unsqueeze(-2)  # (1, T) or (3, 1, T)
+        hidden = self.adapter.language_model(
+            inputs_embeds=embeds.unsqueeze(0),
+            position_ids=positions,
+            use_cache=False,
+            forward_batch=batch,
+            **lm_kwargs,
+        ).last_hidden_state[0]
+        logits = self.model.get_output_embeddings()(hidden[batch.last_token_indices]).float()
+        softcap = getattr(self.text_config, "final_logit_softcapping", None)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits

@@ -1,0 +1,182 @@
+"""Merge image embeddings into a step's text embeddings, encoding only what the step needs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.req import Req
+    from sglang.srt.models.adapters import ModelAdapter
+    from sglang.srt.multimodal.items import MultimodalItem
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EncoderStats:
+    encoder_calls: int = 0
+    encoded_items: int = 0
+    encoded_tokens: int = 0
+    encoder_seconds: float = 0.0
+
+
+def _move_items_to_device(items: list[MultimodalItem], device: torch.device | str) -> list[dict]:
+    """The one place where pixel features leave the host.
+
+    numpy arrays become tensors without a copy, host tensors are pinned when the target is CUDA,
+    and moves are non-blocking. Returns the device-side feature dicts; items keep host features.
+    """
+    device = torch.device(device)
+    moved = []
+    for item in items:
+        out: dict[str, Any] = {}
+        for name, value in item.features.items():
+            tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+            if isinstance(tensor, torch.Tensor):
+                if device.type == "cuda" and tensor.device.type == "cpu":
+                    tensor = tensor.pin_memory()
+                tensor = tensor.to(device, non_blocking=True)
+            out[name] = tensor
+        moved.append(out)
+    return moved
+
+
+class MultimodalEmbedder:
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        cache: MultimodalEmbeddingCache,
+        device: str,
+        dtype: torch.dtype,
+        encoder_token_budget: int,
+    ) -> None:
+        self.adapter = adapter
+        self.cache = cache
+        self.device = device
+        self.dtype = dtype
+        self.encoder_token_budget = encoder_token_budget
+        self.stats = EncoderStats()
+
+    def embed(
+        self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int], embeds: torch.Tensor
+    ) -> dict[str, Any]:
+        """Write image embeddings into ``embeds`` (T, hidden) in place; return extra LM kwargs."""
+        chunks = self._get_chunked_embedding_by_item(reqs, prefix_lens, extend_lens)
+        if not chunks:
+            return {}
+        positions = torch.cat([torch.as_tensor(p) for p, _ in chunks]).to(embeds.device)
+        rows = [entry_rows for _, entry_rows in chunks]
+        embeds[positions] = torch.cat([e.embedding for e in rows]).to(embeds.dtype)
+        if not rows[0].extras:
+            return {}
+        order = torch.argsort(positions)
+        extras = [
+            torch.cat([e.extras[layer] for e in rows])[order].to(embeds.dtype)
+            for layer in range(len(rows[0].extras))
+        ]
+        mask = torch.zeros(1, embeds.shape[0], dtype=torch.bool, device=embeds.device)
+        mask[0, positions] = True
+        return self.adapter.lm_kwargs(mask, extras)
+
+    def _get_chunked_embedding_by_item(
+        self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int]
+    ) -> list[tuple[np.ndarray, CachedEmbedding]]:
+        """For each request, the items overlapping [prefix_len, prefix_len + extend_len): look
+        them up in the per-image cache, encode the misses of the whole batch together, and
+        return (packed token positions, the embedding rows inside the chunk) per item."""
+        needed: list[tuple[int, Req, MultimodalItem, int, int]] = []
+        offset = 0
+        for i, req in enumerate(reqs):
+            lo, hi = prefix_lens[i], prefix_lens[i] + extend_lens[i]
+            for item in req.mm_items:
+                if item.overlaps(lo, hi):
+                    needed.append((offset - lo, req, item, lo, hi))
+            offset += extend_lens[i]
+        if not needed:
+            return []
+
+        found: dict[int, CachedEmbedding] = {}
+        misses: dict[int, MultimodalItem] = {}
+        for _, _, item, _, _ in needed:
+            if item.hash in found or item.hash in misses:
+                continue
+            entry = self.cache.get(item.hash, item.num_tokens)
+            if entry is None:
+                misses[item.hash] = item
+            else:
+                found[item.hash] = entry
+        found.update(self._encode(list(misses.values())))
+
+        out = []
+        for shift, req, item, lo, hi in needed:
+            entry = found[item.hash]
+            positions, rows = item.token_offsets(lo, hi)
+            out.append((positions + shift, _take_rows(entry, rows)))
+            if item.end > hi and item.hash not in req.pinned_hashes and item.hash in self.cache:
+                self.cache.pin(item.hash)
+                req.pinned_hashes.add(item.hash)
+        return out
+
+    def _encode(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
+        """Encode ``items`` in sub-batches of at most ``encoder_token_budget`` tokens."""
+        results: dict[int, CachedEmbedding] = {}
+        batch: list[MultimodalItem] = []
+        tokens = 0
+        for item in items:
+            if batch and tokens + item.num_tokens > self.encoder_token_budget:
+                results.update(self._encode_batch(batch))
+                batch, tokens = [], 0
+            batch.append(item)
+            tokens += item.num_tokens
+        if batch:
+            results.update(self._encode_batch(batch))
+        return results
+
+    def _encode_batch(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
+        start = time.perf_counter()
+        features = _move_items_to_device(items, self.device)
+        with torch.no_grad():
+            entries = self.adapter.encode(features)
+        results = {}
+        for item, entry in zip(items, entries):
+            if entry.num_tokens != item.num_tokens:
+                raise RuntimeError(
+                    f"vision encoder gave {entry.num_tokens} tokens for an image with "
+                    f"{item.num_tokens} placeholders"
+                )
+            entry = CachedEmbedding(
+                entry.embedding.to(self.dtype), [t.to(self.dtype) for t in entry.extras]
+            ).owned()
+            self.cache.put(item.hash, entry)
+            results[item.hash] = entry
+        elapsed = time.perf_counter() - start
+        tokens = sum(item.num_tokens for item in items)
+        self.stats.encoder_calls += 1
+        self.stats.encoded_items += len(items)
+        self.stats.encoded_tokens += tokens
+        self.stats.encoder_seconds += elapsed
+        logger.debug("encoder call: %d items, %d tokens, %.1f ms", len(items), tokens,
+                     elapsed * 1e3)
+        return results
+
+    def release(self, req: Req, computed_len: int | None = None) -> None:
+        """Unpin the items of ``req`` that are fully computed (all of them when None)."""
+        for item in req.mm_items:
+            if item.hash in req.pinned_hashes and (computed_len is None or item.end <= computed_len):
+                self.cache.unpin(item.hash)
+                req.pinned_hashes.discard(item.hash)
+
+
+def _take_rows(entry: CachedEmbedding, rows: np.ndarray) -> CachedEmbedding:
+    if len(rows) == entry.num_tokens:
+        return entry
+    index = torch.as_tensor(rows, device=entry.embedding.device)
+    return CachedEmbedding(entry.embedding[index], [t[index] for t in entry.extras])

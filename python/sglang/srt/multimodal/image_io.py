@@ -1,0 +1,103 @@
+"""Turn user image inputs (PIL image, path, bytes, base64, data URL) into PIL images plus a
+content hash of the raw input."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024
+
+
+class ImageError(ValueError):
+    """Raised for image input that cannot be used; the message says why."""
+
+
+@dataclass
+class LoadedImage:
+    image: Image.Image
+    hash: int
+
+
+def content_hash(*parts: bytes) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(part)
+    return int.from_bytes(h.digest(), "little")
+
+
+def load_image(source: Any, allowed_local_dir: str | None = "*") -> LoadedImage:
+    """Decode one image. ``allowed_local_dir``: "*" allows any local path, None allows none."""
+    if isinstance(source, LoadedImage):
+        return source
+    if isinstance(source, Image.Image):
+        img = source.convert("RGB")
+        return LoadedImage(img, content_hash(f"{img.size}".encode(), img.tobytes()))
+    if isinstance(source, (bytes, bytearray)):
+        return _decode(bytes(source))
+    if not isinstance(source, str):
+        raise ImageError(f"unsupported image input of type {type(source).__name__}")
+    if source.startswith("data:"):
+        header, _, payload = source.partition(",")
+        if ";base64" not in header:
+            raise ImageError("data URL images must be base64 encoded")
+        return _decode(_b64decode(payload))
+    if source.startswith(("http://", "https://")):
+        raise ImageError("remote image URLs are served by the HTTP server only")
+    scheme = source.split("://", 1)[0] if "://" in source else None
+    if scheme not in (None, "file"):
+        raise ImageError(f"unsupported image URL scheme {scheme!r}")
+    if scheme == "file" or (len(source) < 4096 and os.path.exists(source)):
+        path = source[len("file://"):] if scheme == "file" else source
+        return _decode(_read_local(path, allowed_local_dir))
+    try:
+        data = _b64decode(source)
+    except ImageError:
+        if len(source) < 4096:
+            raise ImageError(f"image file not found and not valid base64: {source[:200]!r}")
+        raise
+    return _decode(data)
+
+
+def _read_local(path: str, allowed_local_dir: str | None) -> bytes:
+    real = os.path.realpath(path)
+    if allowed_local_dir is None:
+        raise ImageError("local image paths are not allowed (see --allowed-local-media-path)")
+    if allowed_local_dir != "*":
+        root = os.path.realpath(allowed_local_dir)
+        if os.path.commonpath([root, real]) != root:
+            raise ImageError(f"local image path {path!r} is outside the allowed directory")
+    if not os.path.isfile(real):
+        raise ImageError(f"image file not found: {path!r}")
+    with open(real, "rb") as f:
+        return f.read()
+
+
+def _b64decode(payload: str) -> bytes:
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ImageError(f"invalid base64 image data: {exc}") from exc
+
+
+def _decode(data: bytes) -> LoadedImage:
+    try:
+        with Image.open(io.BytesIO(data)) as probe:
+            width, height = probe.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ImageError(
+                    f"image of {width}x{height} pixels exceeds the limit of {MAX_IMAGE_PIXELS}"
+                )
+            img = probe.convert("RGB")
+    except ImageError:
+        raise
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageError(f"cannot decode image: {exc}") from exc
+    return LoadedImage(img, content_hash(data))

@@ -1,0 +1,87 @@
+"""One multimodal item per image: identity, placeholder spans and raw features."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+# Placeholder ids in radix keys are replaced by values in [PAD_BASE, PAD_BASE + PAD_RANGE): far
+# above any vocabulary, so an image key never equals a text token.
+PAD_BASE = 1 << 31
+PAD_RANGE = 1 << 30
+
+
+@dataclass
+class MultimodalItem:
+    """An image of a request.
+
+    ``spans`` are the [start, end) ranges of its placeholder tokens in the request's input ids (one
+    range for most models; several when separators are interleaved). ``features`` holds what the
+    vision encoder takes (e.g. ``pixel_values``, ``image_grid_thw``), as numpy arrays or host tensors
+    until ``_move_items_to_device`` moves them for a cache miss.
+    """
+
+    hash: int
+    spans: list[tuple[int, int]]
+    features: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(end - start for start, end in self.spans)
+
+    @property
+    def start(self) -> int:
+        return self.spans[0][0]
+
+    @property
+    def end(self) -> int:
+        return self.spans[-1][1]
+
+    @property
+    def pad_value(self) -> int:
+        return PAD_BASE + self.hash % PAD_RANGE
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        return any(start < hi and lo < end for start, end in self.spans)
+
+    def token_offsets(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """For the part of this item inside [lo, hi): (positions in the sequence, rows of its
+        embedding)."""
+        positions, rows, row = [], [], 0
+        for start, end in self.spans:
+            a, b = max(start, lo), min(end, hi)
+            if a < b:
+                positions.append(np.arange(a, b))
+                rows.append(np.arange(row + a - start, row + b - start))
+            row += end - start
+        if not positions:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty
+        return np.concatenate(positions), np.concatenate(rows)
+
+
+def radix_key(input_ids: list[int], items: list[MultimodalItem]) -> list[int]:
+    key = list(input_ids)
+    for item in items:
+        for start, end in item.spans:
+            key[start:end] = [item.pad_value] * (end - start)
+    return key
+
+
+def spans_of(positions: np.ndarray) -> list[tuple[int, int]]:
+    """Group sorted token positions into contiguous [start, end) ranges."""
+    if len(positions) == 0:
+        return []
+    breaks = np.nonzero(np.diff(positions) != 1)[0] + 1
+    return [(int(run[0]), int(run[-1]) + 1) for run in np.split(positions, breaks)]
+
+
+def feature_nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    return 0

@@ -1,0 +1,139 @@
+"""Server arguments: one frozen dataclass; the CLI is derived from its fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
+
+DEFAULT_MM_CACHE_MB = 100
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    # Model
+    model_path: str | None = field(
+        default=None, metadata={"help": "Local HF model folder (default: the embedded tiny model)."}
+    )
+    tokenizer_path: str | None = None
+    served_model_name: str | None = None
+    chat_template: str | None = None
+    dtype: str = field(
+        default="auto", metadata={"help": "auto = float32 on CPU, the checkpoint's dtype on GPU."}
+    )
+    device: str | None = field(default=None, metadata={"help": "cpu or cuda (default: cuda if any)."})
+    context_length: int | None = None
+    trust_remote_code: bool = False
+    enable_multimodal: bool | None = field(
+        default=None, metadata={"help": "Serve images (on by default for VLM folders)."}
+    )
+
+    # Memory and scheduling
+    mem_fraction_static: float | None = None
+    max_total_tokens: int | None = field(
+        default=None, metadata={"help": "KV cache size in tokens (overrides the memory fraction)."}
+    )
+    max_running_requests: int | None = None
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int | None = field(
+        default=None, metadata={"help": "Tokens per prefill chunk; -1 disables chunking."}
+    )
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
+    random_seed: int | None = None
+
+    # Attention
+    attention_backend: str | None = field(
+        default=None, metadata={"help": "torch_native (CPU) or flashinfer (GPU)."}
+    )
+    mm_attention_backend: str = "sdpa"
+
+    # Multimodal embedding cache
+    mm_cache_mode: str = field(
+        default="per-image", metadata={"help": "per-image, combined (legacy) or off."}
+    )
+    mm_embedding_cache_mb: int | None = field(
+        default=None, metadata={"help": "Embedding cache budget (env SGLANG_VLM_CACHE_SIZE_MB)."}
+    )
+    mm_encoder_token_budget: int | None = None
+    limit_mm_data_per_request: str | None = field(
+        default=None, metadata={"help": 'JSON, e.g. {"image": 8}.'}
+    )
+
+    # HTTP server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    enable_metrics: bool = False
+    enable_cache_report: bool = False
+    log_level: str = "info"
+    allowed_local_media_path: str | None = None
+    media_url_max_file_size_mb: int = 20
+    media_url_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.mm_cache_mode not in ("per-image", "combined", "off"):
+            raise ValueError(f"mm_cache_mode must be per-image, combined or off, got {self.mm_cache_mode!r}")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
+            raise ValueError("chunked_prefill_size must be positive or -1")
+        if self.max_prefill_tokens <= 0:
+            raise ValueError("max_prefill_tokens must be positive")
+        if self.limit_mm_data_per_request is not None:
+            self.image_limit  # noqa: B018  (validates the JSON)
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device is not None:
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def image_limit(self) -> int | None:
+        if self.limit_mm_data_per_request is None:
+            return None
+        try:
+            limits = json.loads(self.limit_mm_data_per_request)
+            return int(limits["image"]) if "image" in limits else None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(
+                f"limit_mm_data_per_request must be JSON like '{{\"image\": 8}}': {exc}"
+            ) from exc
+
+    @property
+    def mm_cache_bytes(self) -> int:
+        mb = self.mm_embedding_cache_mb
+        if mb is None:
+            mb = int(os.environ.get("SGLANG_VLM_CACHE_SIZE_MB", DEFAULT_MM_CACHE_MB))
+        return mb * 1024 * 1024
+
+    def replace(self, **changes: Any) -> ServerArgs:
+        return dataclasses.replace(self, **changes)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        hints = get_type_hints(ServerArgs)
+        for f in fields(ServerArgs):
+            flag = "--" + f.name.replace("_", "-")
+            help_text = f.metadata.get("help", "")
+            hint = hints[f.name]
+            if hint is bool or hint == bool | None:
+                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                continue
+            base = _base_type(hint)
+            parser.add_argument(flag, type=base, default=f.default, help=help_text)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def _base_type(hint: Any) -> type:
+    for candidate in (int, float, str):
+        if hint is candidate or hint == candidate | None:
+            return candidate
+    raise TypeError(f"unsupported server-arg type {hint}")

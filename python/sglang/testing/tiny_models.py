@@ -1,0 +1,609 @@
+"""Tiny random Hugging Face model folders for offline tests.
+
+``build_tiny_model(family, out_dir)`` writes a standard HF checkout (config.json,
+model.safetensors, tokenizer.json, tokenizer_config.json, chat template,
+generation_config.json and, for VLMs, preprocessor_config.json /
+processor_config.json) with randomly initialised float32 weights. Everything is
+built locally and deterministically from ``seed``: the byte-level BPE tokenizer is
+trained on the small corpus below, and the weights come from a seeded torch init.
+
+CLI: ``python -m sglang.testing.tiny_models [--family F] [--out DIR] [--seed S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen2", "llama")
+VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
+DEFAULT_FAMILY = "qwen2_5_vl"
+# Bump whenever the recipe changes so that stale cached folders are not reused.
+RECIPE_VERSION = 1
+
+_QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+IMAGE_PLACEHOLDER: dict[str, str] = {
+    "qwen2_vl": _QWEN_IMAGE,
+    "qwen2_5_vl": _QWEN_IMAGE,
+    "qwen3_vl": _QWEN_IMAGE,
+    "llava": "<image>",
+    "gemma3": "<start_of_image>",
+}
+
+_BPE_VOCAB_SIZE = 1280  # trained BPE vocab (incl. 256 bytes + head specials); specials follow
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A small model can still say hello to the world.
+Once upon a time there was a little red house at the edge of a green forest. Every morning the
+sun rose over the hills, and the birds began to sing in the tall trees. The children who lived in
+the house liked to run to the river, where they watched the fish swim between the smooth stones.
+What do you see in this picture? I see a cat sitting on a chair next to a window. The cat is
+black and white, and it looks at a bird outside. There is a blue cup on the table and a book with
+a yellow cover. The room is bright because it is a sunny day.
+Describe the image in one sentence. The image shows a busy street in a large city at night, with
+cars, buses, people walking on the sidewalk, and many shops with colorful lights.
+Please answer the question. What is the capital of France? The capital of France is Paris. What is
+two plus two? Two plus two is four. How many days are in a week? There are seven days in a week:
+Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday. The months of the year are
+January, February, March, April, May, June, July, August, September, October, November and December.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 20 42 100 256 1000 2024 3.14 1/2 50% #1 $5.
+The system is a helpful assistant. The user asks a question and the assistant gives a short, clear
+and honest answer. If the assistant does not know the answer, it says so and explains why.
+Machine learning models learn patterns from data. A language model predicts the next token in a
+sequence of text, and a vision language model also looks at images before it writes an answer.
+Images are split into small patches, each patch becomes a vector, and the vectors are merged into
+image tokens that the language model reads together with the text tokens of the prompt.
+Red, orange, yellow, green, blue, indigo and violet are the colors of the rainbow. Black, white and
+gray are not in the rainbow. A square has four sides, a triangle has three sides and a circle has none.
+She said: "Let's go to the market tomorrow!" He replied, "Sure, I'll bring the bags; we need apples,
+bread, cheese, eggs, milk, rice and tea." They walked for ten minutes and arrived at nine o'clock.
+Write a short poem about the sea. The sea is wide, the sea is deep; it sings the sailors all to sleep.
+The waves come in, the waves go out, and that is what the sea is about.
+def add(a, b):
+    return a + b
+for i in range(10): print(i * 2)
+{"name": "tiny", "type": "model", "size": [64, 128], "ok": true}
+ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz 0123456789 .,;:!?'"()[]{}<>-_=+*/\\|@#$%^&~`
+"""
+
+# ---------------------------------------------------------------------------------------------
+# Chat templates (family style; content may be a string or a list of OpenAI-style parts)
+# ---------------------------------------------------------------------------------------------
+
+_QWEN_TEMPLATE = (
+    "{%- set image_count = namespace(value=0) -%}"
+    "{%- for message in messages -%}"
+    "{%- if loop.first and message['role'] != 'system' and DEFAULT_SYSTEM -%}"
+    "{{- '<|im_start|>system\\nDEFAULT_SYSTEM<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') or 'image' in part or 'image_url' in part -%}"
+    "{%- set image_count.value = image_count.value + 1 -%}"
+    "{%- if add_vision_id -%}{{- 'Picture ' + image_count.value|string + ': ' -}}{%- endif -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif 'text' in part -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _qwen_template(default_system: str | None) -> str:
+    if default_system is None:
+        return _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", " and false")
+    return _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", "").replace("DEFAULT_SYSTEM", default_system)
+
+
+_GEMMA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- else -%}{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}"
+    "{%- endif -%}{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] | trim -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<start_of_image>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] | trim -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+
+_LLAVA_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] != 'system' -%}{{- message['role'].upper() + ': ' -}}{%- endif -%}"
+    "{%- if message['content'] is string -%}{{- message['content'] + ' ' -}}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] + ' ' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'ASSISTANT:' -}}{%- endif -%}"
+)
+
+_LLAMA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] | trim -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] | trim -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|eot_id|>' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{%- endif -%}"
+)
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------
+
+_QWEN_SPECIALS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _TokSpec:
+    head: tuple[str, ...]  # special tokens at ids 0..len(head)-1
+    tail: tuple[str, ...]  # special tokens appended after the BPE vocab
+    roles: dict[str, str]  # tokenizer_config special-token attributes (bos_token, eos_token, ...)
+    chat_template: str
+    add_bos: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # extra tokenizer_config keys
+
+
+_QWEN_ROLES = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+_TOK_SPECS: dict[str, _TokSpec] = {
+    "qwen2_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template("You are a helpful assistant.")),
+    "qwen2_5_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template("You are a helpful assistant.")),
+    "qwen3_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(None)),
+    "qwen2": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template("You are a helpful assistant.")),
+    "gemma3": _TokSpec(
+        ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>"),
+        ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"),
+        {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
+         "mask_token": "<mask>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+         "image_token": "<image_soft_token>"},
+        _GEMMA_TEMPLATE,
+        add_bos=True,
+    ),
+    "llava": _TokSpec(
+        ("<unk>", "<s>", "</s>"),
+        ("<image>", "<pad>"),
+        {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+         "image_token": "<image>"},
+        _LLAVA_TEMPLATE,
+        add_bos=True,
+    ),
+    "llama": _TokSpec(
+        (),
+        ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+         "<|eot_id|>"),
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+        _LLAMA_TEMPLATE,
+        add_bos=True,
+    ),
+}  # fmt: skip
+
+
+def _build_tokenizer(family: str) -> Any:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+    from transformers import PreTrainedTokenizerFast
+
+    spec = _TOK_SPECS[family]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=_BPE_VOCAB_SIZE,
+        min_frequency=1,
+        show_progress=False,
+        special_tokens=list(spec.head),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.head])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.tail])
+    if spec.add_bos:
+        bos = spec.roles["bos_token"]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        chat_template=spec.chat_template,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+        **({"add_bos_token": True} if spec.add_bos else {}),
+        **spec.roles,
+        **spec.extra,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Model configs
+# ---------------------------------------------------------------------------------------------
+
+_TEXT = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.05,
+}
+_QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
+
+
+@dataclass
+class _Recipe:
+    config: Any
+    auto_class: str  # "AutoModelForImageTextToText" | "AutoModelForCausalLM"
+    generation: dict[str, Any]
+    preprocessor: dict[str, Any] | None = None
+    processor: dict[str, Any] | None = None
+
+
+def _qwen_ids(tok: Any) -> dict[str, int]:
+    t = tok.convert_tokens_to_ids
+    return {
+        "image_token_id": t("<|image_pad|>"),
+        "video_token_id": t("<|video_pad|>"),
+        "vision_start_token_id": t("<|vision_start|>"),
+        "vision_end_token_id": t("<|vision_end|>"),
+    }
+
+
+def _qwen_generation(tok: Any) -> dict[str, Any]:
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), eot]
+    return {"bos_token_id": eot, "eos_token_id": eos, "pad_token_id": eot}
+
+
+def _qwen_text(tok: Any, vocab: int, **extra: Any) -> dict[str, Any]:
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    return {**_TEXT, "vocab_size": vocab, "bos_token_id": eot, "eos_token_id": eos, **extra}
+
+
+def _qwen_preprocessor(patch: int, processor_class: str, image_type: str, legacy: bool) -> dict:
+    mean, std = (_CLIP_MEAN, _CLIP_STD) if patch == 14 else ([0.5] * 3, [0.5] * 3)
+    pixels = {"min_pixels": _QWEN_MIN_PIXELS, "max_pixels": _QWEN_MAX_PIXELS} if legacy else {}
+    return {
+        **pixels,
+        "size": {"shortest_edge": _QWEN_MIN_PIXELS, "longest_edge": _QWEN_MAX_PIXELS},
+        "patch_size": patch,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": mean,
+        "image_std": std,
+        "image_processor_type": image_type,
+        "processor_class": processor_class,
+    }
+
+
+def _recipe_qwen2_vl(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Qwen2VLConfig
+
+    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}
+    config = Qwen2VLConfig(
+        text_config=_qwen_text(tok, vocab, rope_parameters=rope),
+        vision_config={"depth": 2, "embed_dim": 64, "hidden_size": 128, "mlp_ratio": 2,
+                       "num_heads": 4, "patch_size": 14, "spatial_merge_size": 2,
+                       "temporal_patch_size": 2, "initializer_range": 0.05},
+        **_qwen_ids(tok),
+    )  # fmt: skip
+    pre = _qwen_preprocessor(14, "Qwen2VLProcessor", "Qwen2VLImageProcessor", legacy=True)
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
+def _recipe_qwen2_5_vl(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Qwen2_5_VLConfig
+
+    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}
+    config = Qwen2_5_VLConfig(
+        text_config=_qwen_text(tok, vocab, rope_parameters=rope),
+        vision_config={"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+                       "out_hidden_size": 128, "patch_size": 14, "spatial_merge_size": 2,
+                       "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1],
+                       "tokens_per_second": 2, "initializer_range": 0.05},
+        **_qwen_ids(tok),
+    )  # fmt: skip
+    pre = _qwen_preprocessor(14, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", legacy=True)
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
+def _recipe_qwen3_vl(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Qwen3VLConfig
+
+    rope = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [6, 5, 5],
+            "mrope_interleaved": True}  # fmt: skip
+    config = Qwen3VLConfig(
+        text_config=_qwen_text(tok, vocab, head_dim=32, rope_parameters=rope),
+        vision_config={"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+                       "out_hidden_size": 128, "patch_size": 16, "spatial_merge_size": 2,
+                       "temporal_patch_size": 2, "num_position_embeddings": 256,
+                       "deepstack_visual_indexes": [0, 1], "initializer_range": 0.05},
+        **_qwen_ids(tok),
+    )  # fmt: skip
+    pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
+def _recipe_llava(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaConfig
+
+    t = tok.convert_tokens_to_ids
+    text = {**_TEXT, "model_type": "llama", "vocab_size": vocab, "bos_token_id": t("<s>"),
+            "eos_token_id": t("</s>"), "pad_token_id": t("<pad>"), "rms_norm_eps": 1e-5}  # fmt: skip
+    vision = {"model_type": "clip_vision_model", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 56,
+              "patch_size": 14, "projection_dim": 64, "hidden_act": "quick_gelu"}  # fmt: skip
+    config = LlavaConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=t("<image>"),
+        image_seq_length=16,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        pad_token_id=t("<pad>"),
+    )
+    pre = {
+        "crop_size": {"height": 56, "width": 56},
+        "do_center_crop": True,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "CLIPImageProcessor",
+        "image_std": _CLIP_STD,
+        "processor_class": "LlavaProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 56},
+    }
+    proc = {
+        "image_token": "<image>",
+        "num_additional_image_tokens": 1,
+        "patch_size": 14,
+        "processor_class": "LlavaProcessor",
+        "vision_feature_select_strategy": "default",
+    }
+    gen = {"bos_token_id": t("<s>"), "eos_token_id": t("</s>"), "pad_token_id": t("<pad>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
+def _recipe_gemma3(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Gemma3Config
+
+    t = tok.convert_tokens_to_ids
+    layer_types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    text = {**_TEXT, "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 32,
+            "vocab_size": vocab, "sliding_window": 32, "layer_types": layer_types,
+            "pad_token_id": t("<pad>"), "eos_token_id": t("<eos>"), "bos_token_id": t("<bos>")}  # fmt: skip
+    vision = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "image_size": 64, "patch_size": 8,
+              "vision_use_head": False}  # fmt: skip
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=16,
+        boi_token_index=t("<start_of_image>"),
+        eoi_token_index=t("<end_of_image>"),
+        image_token_index=t("<image_soft_token>"),
+        initializer_range=0.05,
+    )
+    pre = {
+        "do_convert_rgb": None,
+        "do_normalize": True,
+        "do_pan_and_scan": None,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_processor_type": "Gemma3ImageProcessor",
+        "image_seq_length": 16,
+        "image_std": [0.5, 0.5, 0.5],
+        "pan_and_scan_max_num_crops": None,
+        "pan_and_scan_min_crop_size": None,
+        "pan_and_scan_min_ratio_to_activate": None,
+        "processor_class": "Gemma3Processor",
+        "resample": 2,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 64, "width": 64},
+    }
+    proc = {"image_seq_length": 16, "processor_class": "Gemma3Processor"}
+    gen = {"bos_token_id": t("<bos>"), "eos_token_id": [t("<eos>"), t("<end_of_turn>")],
+           "pad_token_id": t("<pad>")}  # fmt: skip
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
+def _recipe_qwen2(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(**_qwen_text(tok, vocab), tie_word_embeddings=True)
+    return _Recipe(config, "AutoModelForCausalLM", _qwen_generation(tok))
+
+
+def _recipe_llama(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlamaConfig
+
+    t = tok.convert_tokens_to_ids
+    bos, eos = t("<|begin_of_text|>"), [t("<|end_of_text|>"), t("<|eot_id|>")]
+    config = LlamaConfig(**_TEXT, vocab_size=vocab, bos_token_id=bos, eos_token_id=eos,
+                         rms_norm_eps=1e-5)  # fmt: skip
+    return _Recipe(config, "AutoModelForCausalLM", {"bos_token_id": bos, "eos_token_id": eos})
+
+
+_RECIPES: dict[str, Callable[[Any, int], _Recipe]] = {
+    "qwen2_vl": _recipe_qwen2_vl,
+    "qwen2_5_vl": _recipe_qwen2_5_vl,
+    "qwen3_vl": _recipe_qwen3_vl,
+    "llava": _recipe_llava,
+    "gemma3": _recipe_gemma3,
+    "qwen2": _recipe_qwen2,
+    "llama": _recipe_llama,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Build + cache
+# ---------------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Build a tiny random HF checkout of ``family`` into ``out_dir`` and return its path."""
+    import torch
+    import transformers
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = _build_tokenizer(family)
+    vocab = len(tokenizer)
+    recipe = _RECIPES[family](tokenizer, vocab)
+    recipe.config.dtype = torch.float32
+    auto_cls = getattr(transformers, recipe.auto_class)
+    with _torch_seed(seed):
+        model = auto_cls.from_config(recipe.config, dtype=torch.float32)
+    model.generation_config = transformers.GenerationConfig(**recipe.generation)
+    with _quiet_progress_bars():
+        model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # Published-style spellings that older readers expect.
+    _patch_json(out / "config.json", torch_dtype="float32")
+    _patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
+    if recipe.preprocessor is not None:
+        _write_json(out / "preprocessor_config.json", recipe.preprocessor)
+    if recipe.processor is not None:
+        _write_json(out / "processor_config.json", recipe.processor)
+    return out
+
+
+def _patch_json(path: Path, **updates: Any) -> None:
+    _write_json(path, {**json.loads(path.read_text()), **updates})
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _torch_seed(seed: int) -> Iterator[None]:
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang"
+    return Path(base) / "tiny-models"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX: rely on the atomic rename only
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def tiny_model_path(family: str) -> Path:
+    """Return a cached tiny checkout of ``family`` (built once, safe across processes)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    root = _cache_root()
+    final = root / f"{family}-v{RECIPE_VERSION}"
+    if (final / "config.json").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / f".{final.name}.lock"):
+        if (final / "config.json").is_file():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+        try:
+            build_tiny_model(family, tmp)
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / "config.json").is_file():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def default_model_path() -> Path:
+    """Return the cached default tiny model (Qwen2.5-VL)."""
+    return tiny_model_path(DEFAULT_FAMILY)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=FAMILIES, default=None)
+    parser.add_argument("--out", default=None, help="output folder (default: the cache)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    family = args.family or DEFAULT_FAMILY
+    if args.out is None:
+        print(tiny_model_path(family))
+    else:
+        print(build_tiny_model(family, args.out, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()
