@@ -261,8 +261,10 @@ _TEXT = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 4096,
-    "initializer_range": 0.05,
+    "initializer_range": 0.1,
 }
+_VECTOR_NOISE = 0.2
+_GEMMA_POST_NORM_BOOST = 1.0
 _QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
 
 
@@ -503,6 +505,7 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     auto_cls = getattr(transformers, recipe.auto_class)
     with _torch_seed(seed):
         model = auto_cls.from_config(recipe.config, dtype=torch.float32)
+        _perturb_vectors(model)
     model.generation_config = transformers.GenerationConfig(**recipe.generation)
     with _quiet_progress_bars():
         model.save_pretrained(out)
@@ -515,6 +518,22 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     if recipe.processor is not None:
         _write_json(out / "processor_config.json", recipe.processor)
     return out
+
+
+def _perturb_vectors(model: Any) -> None:
+    """Randomise 1-D parameters (norm weights, biases) that HF initialises to constants, so a
+    loader that skips them is caught; amplify Gemma's sandwich post-norms, otherwise the tied,
+    sqrt(hidden)-scaled embeddings dominate the residual stream and greedy decoding just
+    repeats the last prompt token."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 1 and param.is_floating_point():
+                param.add_(torch.randn_like(param) * _VECTOR_NOISE)
+                if "post_attention_layernorm" in name or "post_feedforward_layernorm" in name:
+                    if "gemma" in type(model).__name__.lower():
+                        param.add_(_GEMMA_POST_NORM_BOOST)
 
 
 def _patch_json(path: Path, **updates: Any) -> None:

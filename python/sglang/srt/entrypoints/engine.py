@@ -47,8 +47,11 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         image_data: Any = None,
         rid: str | list[str] | None = None,
+        return_logprob: bool = False,
     ) -> dict | list[dict]:
         reqs, batched = self.make_requests(prompt, sampling_params, input_ids, image_data, rid)
+        for req in reqs:
+            req.return_logprob = return_logprob
         for req in reqs:
             self.scheduler.add_request(req)
         while not all(req.finished for req in reqs):
@@ -90,7 +93,7 @@ class Engine:
         return reqs, batched
 
     def output_of(self, req: Req) -> dict:
-        return {
+        out = {
             "text": self._decode(req),
             "output_ids": list(req.output_ids),
             "meta_info": {
@@ -102,6 +105,11 @@ class Engine:
                 "e2e_latency": (req.finish_time or 0.0) - req.arrival_time,
             },
         }
+        if req.return_logprob:
+            out["meta_info"]["output_token_logprobs"] = [
+                (lp, tok, None) for lp, tok in zip(req.output_logprobs, req.output_ids)
+            ]
+        return out
 
     def get_server_info(self) -> dict:
         runner, scheduler = self.runner, self.scheduler

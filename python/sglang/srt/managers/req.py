@@ -50,6 +50,8 @@ class Req:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finish_time: float | None = None
+    return_logprob: bool = False
+    output_logprobs: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.radix_key_input = radix_key(self.input_ids, self.mm_items)

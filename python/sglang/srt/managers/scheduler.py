@@ -219,9 +219,14 @@ class Scheduler:
             [r.sampling_params for r in sampled_reqs],
             [r.generator for r in sampled_reqs],
         )
+        logprobs = None
+        if any(r.return_logprob for r in sampled_reqs):
+            logprobs = torch.log_softmax(logits[sampled_rows], dim=-1)
         now = time.perf_counter()
-        for req, token in zip(sampled_reqs, tokens):
+        for i, (req, token) in enumerate(zip(sampled_reqs, tokens)):
             req.output_ids.append(token)
+            if req.return_logprob:
+                req.output_logprobs.append(float(logprobs[i, token]))
             if req.first_token_time is None:
                 req.first_token_time = now
             self._check_finished(req)
