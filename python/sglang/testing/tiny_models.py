@@ -505,7 +505,7 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     auto_cls = getattr(transformers, recipe.auto_class)
     with _torch_seed(seed):
         model = auto_cls.from_config(recipe.config, dtype=torch.float32)
-        _perturb_vectors(model)
+        _randomize_constants(model)
     model.generation_config = transformers.GenerationConfig(**recipe.generation)
     with _quiet_progress_bars():
         model.save_pretrained(out)
@@ -520,20 +520,25 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     return out
 
 
-def _perturb_vectors(model: Any) -> None:
-    """Randomise 1-D parameters (norm weights, biases) that HF initialises to constants, so a
-    loader that skips them is caught; amplify Gemma's sandwich post-norms, otherwise the tied,
-    sqrt(hidden)-scaled embeddings dominate the residual stream and greedy decoding just
-    repeats the last prompt token."""
+def _randomize_constants(model: Any) -> None:
+    """Randomise parameters that HF initialises to constants: 1-D ones (norm weights, biases)
+    get noise, so a loader that skips them is caught; constant matrices (Gemma3's zero-init
+    ``mm_input_projection_weight``, which would make images invisible) get a normal init.
+    Gemma's sandwich post-norms are amplified, otherwise the tied, sqrt(hidden)-scaled
+    embeddings dominate the residual stream and greedy decoding mostly repeats a token."""
     import torch
 
+    gemma = "gemma" in type(model).__name__.lower()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim == 1 and param.is_floating_point():
+            if not param.is_floating_point():
+                continue
+            if param.ndim == 1:
                 param.add_(torch.randn_like(param) * _VECTOR_NOISE)
-                if "post_attention_layernorm" in name or "post_feedforward_layernorm" in name:
-                    if "gemma" in type(model).__name__.lower():
-                        param.add_(_GEMMA_POST_NORM_BOOST)
+                if gemma and ("post_attention_layernorm" in name or "post_feedforward_layernorm" in name):
+                    param.add_(_GEMMA_POST_NORM_BOOST)
+            elif param.numel() > 1 and bool((param == param.flatten()[0]).all()):
+                param.normal_(0.0, _TEXT["initializer_range"])
 
 
 def _patch_json(path: Path, **updates: Any) -> None:

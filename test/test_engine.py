@@ -1,0 +1,202 @@
+"""Offline engine API: inputs, outputs, stop conditions, errors, admission control."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from conftest import hf_greedy, make_image, model_dir, placeholder
+
+import sglang
+from sglang.srt.multimodal.image_io import ImageError
+
+FAMILY = "qwen2_5_vl"
+GREEDY = {"temperature": 0, "max_new_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def engine() -> sglang.Engine:
+    return sglang.Engine(model_path=model_dir(FAMILY), chunked_prefill_size=32, random_seed=0)
+
+
+def _png_bytes(seed: int) -> bytes:
+    buf = io.BytesIO()
+    make_image(seed).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_image_input_formats_agree(engine: sglang.Engine, tmp_path) -> None:
+    data = _png_bytes(20)
+    path = tmp_path / "img.png"
+    path.write_bytes(data)
+    b64 = base64.b64encode(data).decode()
+    prompt = f"What is {placeholder(FAMILY)} this?"
+    sources = [str(path), data, b64, f"data:image/png;base64,{b64}", make_image(20)]
+    outs = [engine.generate(prompt, GREEDY, image_data=src) for src in sources]
+    assert all(o["output_ids"] == outs[0]["output_ids"] for o in outs)
+    # Path, bytes and base64 carry the same raw bytes: same hash, so KV is reused in full.
+    assert outs[1]["meta_info"]["cached_tokens"] == outs[1]["meta_info"]["prompt_tokens"] - 1
+
+
+def test_batched_inputs_and_input_ids(engine: sglang.Engine) -> None:
+    ph = placeholder(FAMILY)
+    prompts = [f"A {ph} b", "plain text", f"{ph}{ph} two"]
+    images = [make_image(1), None, [make_image(2), make_image(3, 32, 64)]]
+    params = [GREEDY, {"temperature": 0, "max_new_tokens": 3}, GREEDY]
+    outs = engine.generate(prompts, params, image_data=images)
+    assert isinstance(outs, list) and len(outs) == 3
+    assert outs[1]["meta_info"]["completion_tokens"] == 3
+    for prompt, imgs, out in zip(prompts, images, outs):
+        imgs = [] if imgs is None else imgs if isinstance(imgs, list) else [imgs]
+        assert out["output_ids"][:3] == hf_greedy(FAMILY, prompt, imgs, 3)[0]
+    ids = engine.tokenizer("plain text")["input_ids"]
+    by_ids = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 3})
+    assert by_ids["output_ids"] == outs[1]["output_ids"]
+
+
+def test_stop_conditions(engine: sglang.Engine) -> None:
+    prompt = "The quick brown fox"
+    free = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
+    assert free["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+    third = free["output_ids"][2]
+    by_id = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 12,
+                                     "stop_token_ids": [third]})
+    assert by_id["output_ids"] == free["output_ids"][:3]
+    assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": third}
+    text = free["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    if stop.strip():
+        by_str = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 12, "stop": stop})
+        assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        assert stop not in by_str["text"] and text.startswith(by_str["text"])
+
+
+def test_seeded_sampling_is_reproducible(engine: sglang.Engine) -> None:
+    params = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 8, "seed": 7}
+    a = engine.generate("Once upon a time", params)
+    b = engine.generate("Once upon a time", params)
+    c = engine.generate("Once upon a time", {**params, "seed": 8})
+    assert a["output_ids"] == b["output_ids"]
+    assert a["output_ids"] != c["output_ids"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"prompt": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
+        ({"prompt": "hi " * 5000, "sampling_params": {}}, "context length"),
+        ({"prompt": "x", "image_data": b"not an image"}, "cannot decode"),
+        ({"prompt": "x", "image_data": "%%%notbase64"}, "not valid base64"),
+        ({"prompt": ["a", "b"], "image_data": [None]}, "one entry per prompt"),
+        ({"prompt": None}, "exactly one"),
+    ],
+)
+def test_bad_input_raises_and_changes_nothing(engine: sglang.Engine, kwargs, match) -> None:
+    before = engine.generate("steady", GREEDY)
+    with pytest.raises(ValueError, match=match):
+        engine.generate(**kwargs)
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    engine.scheduler.check_integrity()
+    assert engine.generate("steady", GREEDY)["output_ids"] == before["output_ids"]
+
+
+def test_corrupt_image_is_an_image_error(engine: sglang.Engine) -> None:
+    with pytest.raises(ImageError):
+        engine.generate(f"x {placeholder(FAMILY)}", GREEDY, image_data=_png_bytes(1)[:60])
+
+
+def test_image_limit_and_text_model_rejects_images() -> None:
+    eng = sglang.Engine(model_path=model_dir(FAMILY), limit_mm_data_per_request='{"image": 1}')
+    ph = placeholder(FAMILY)
+    with pytest.raises(ValueError, match="limit"):
+        eng.generate(f"{ph}{ph}", GREEDY, image_data=[make_image(1), make_image(2)])
+    text_engine = sglang.Engine(model_path=model_dir("qwen2"))
+    with pytest.raises(ValueError, match="does not accept images"):
+        text_engine.generate("hello", GREEDY, image_data=make_image(1))
+
+
+def test_flush_cache_and_server_info(engine: sglang.Engine) -> None:
+    prompt = f"Flush {placeholder(FAMILY)} test prompt"
+    engine.generate(prompt, GREEDY, image_data=make_image(30))
+    hit = engine.generate(prompt, GREEDY, image_data=make_image(30))
+    assert hit["meta_info"]["cached_tokens"] > 0
+    assert engine.flush_cache()
+    miss = engine.generate(prompt, GREEDY, image_data=make_image(30))
+    assert miss["meta_info"]["cached_tokens"] == 0
+    assert miss["output_ids"] == hit["output_ids"]
+    info = engine.get_server_info()
+    assert info["model_path"] == model_dir(FAMILY) and "api_key" not in info
+    mm = info["mm_embedding_cache"]
+    assert mm["mode"] == "per-image" and mm["encoded_items"] >= 1 and mm["entries"] >= 1
+
+
+def test_disable_radix_cache_reports_no_hits() -> None:
+    eng = sglang.Engine(model_path=model_dir(FAMILY), disable_radix_cache=True)
+    first = eng.generate("same prompt twice", GREEDY)
+    second = eng.generate("same prompt twice", GREEDY)
+    assert second["meta_info"]["cached_tokens"] == 0
+    assert first["output_ids"] == second["output_ids"]
+    eng.scheduler.check_integrity()
+    assert eng.runner.kv_pool.available_size() == eng.runner.kv_pool.size
+
+
+def test_admission_control_queues_when_kv_is_short() -> None:
+    eng = sglang.Engine(model_path=model_dir(FAMILY), max_total_tokens=160,
+                        chunked_prefill_size=16)
+    ph = placeholder(FAMILY)
+    prompts = [f"request {i} {ph} with words" for i in range(6)]
+    images = [make_image(40 + i) for i in range(6)]
+    solo = [eng.generate(p, GREEDY, image_data=img) for p, img in zip(prompts, images)]
+    eng.flush_cache()
+    peak = []
+    original = eng.scheduler.step
+
+    def step():
+        peak.append(len(eng.scheduler.running))
+        return original()
+
+    eng.scheduler.step = step
+    outs = eng.generate(prompts, GREEDY, image_data=images)
+    assert [o["output_ids"] for o in outs] == [s["output_ids"] for s in solo]
+    assert 1 <= max(peak) < len(prompts)  # not everything fit at once: requests waited
+    eng.scheduler.check_integrity()
+
+
+def test_request_larger_than_kv_pool_is_rejected() -> None:
+    eng = sglang.Engine(model_path=model_dir(FAMILY), max_total_tokens=32)
+    with pytest.raises(ValueError, match="KV slots"):
+        eng.generate("word " * 40, GREEDY)
+    assert eng.generate("short", {"temperature": 0, "max_new_tokens": 4})["output_ids"]
+
+
+def test_gemma3_never_splits_an_image_across_chunks() -> None:
+    family = "gemma3"
+    ph = placeholder(family)
+    eng = sglang.Engine(model_path=model_dir(family), chunked_prefill_size=7)
+    chunks = []
+    original = eng.runner.forward
+
+    def forward(batch):
+        chunks.extend(
+            (req, p, p + e) for req, p, e in zip(batch.reqs, batch.prefix_lens, batch.extend_lens)
+        )
+        return original(batch)
+
+    eng.runner.forward = forward
+    prompt = f"a {ph} b {ph} c"
+    images = [make_image(50), make_image(51)]
+    out = eng.generate(prompt, GREEDY, image_data=images)
+    assert out["output_ids"] == hf_greedy(family, prompt, images, 8)[0]
+    for req, lo, hi in chunks:
+        for item in req.mm_items:
+            assert not (item.start < lo < item.end or item.start < hi < item.end)
+    assert any(hi - lo > 7 for _, lo, hi in chunks)  # an image made a chunk exceed the budget
+
+
+def test_default_model_and_context_manager(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
+    with sglang.Engine(random_seed=0) as eng:
+        out = eng.generate(f"Hi {placeholder(FAMILY)}", GREEDY, image_data=make_image(1))
+        assert out["meta_info"]["completion_tokens"] == 8
+        assert str(tmp_path) in eng.server_args.model_path
