@@ -1,6 +1,6 @@
 """Generate once on the embedded tiny Qwen2.5-VL model (built locally on first use).
 
-    python scripts/demo.py [--model-path DIR] [--image PATH] [--chunked-prefill-size N]
+python scripts/demo.py [--model-path DIR] [--image PATH] [--chunked-prefill-size N]
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import argparse
 import json
 
 import numpy as np
-from PIL import Image
-
 import sglang
+from PIL import Image
 
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 

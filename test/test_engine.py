@@ -6,9 +6,8 @@ import base64
 import io
 
 import pytest
-from conftest import hf_greedy, make_image, model_dir, placeholder
-
 import sglang
+from conftest import hf_greedy, make_image, model_dir, placeholder
 from sglang.srt.multimodal.image_io import ImageError
 
 FAMILY = "qwen2_5_vl"
@@ -60,8 +59,9 @@ def test_stop_conditions(engine: sglang.Engine) -> None:
     free = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
     assert free["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
     third = free["output_ids"][2]
-    by_id = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 12,
-                                     "stop_token_ids": [third]})
+    by_id = engine.generate(
+        prompt, {"temperature": 0, "max_new_tokens": 12, "stop_token_ids": [third]}
+    )
     assert by_id["output_ids"] == free["output_ids"][:3]
     assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": third}
     text = free["text"]
@@ -142,8 +142,7 @@ def test_disable_radix_cache_reports_no_hits() -> None:
 
 
 def test_admission_control_queues_when_kv_is_short() -> None:
-    eng = sglang.Engine(model_path=model_dir(FAMILY), max_total_tokens=160,
-                        chunked_prefill_size=16)
+    eng = sglang.Engine(model_path=model_dir(FAMILY), max_total_tokens=160, chunked_prefill_size=16)
     ph = placeholder(FAMILY)
     prompts = [f"request {i} {ph} with words" for i in range(6)]
     images = [make_image(40 + i) for i in range(6)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
 
 

@@ -4,6 +4,7 @@ that cut through images, radix-cache hits and mixed batches."""
 from __future__ import annotations
 
 import pytest
+import sglang
 from conftest import (
     TEXT_FAMILIES,
     VLM_FAMILIES,
@@ -13,8 +14,6 @@ from conftest import (
     placeholder,
 )
 
-import sglang
-
 MAX_NEW = 10
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
 
@@ -22,8 +21,13 @@ GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
 def _cases(family: str) -> list[tuple[str, list]]:
     ph = placeholder(family)
     if family in TEXT_FAMILIES:
-        return [("The quick brown fox jumps over the lazy dog and then the cat sat on the mat "
-                 "while the bird sang a song about the weather", [])]
+        return [
+            (
+                "The quick brown fox jumps over the lazy dog and then the cat sat on the mat "
+                "while the bird sang a song about the weather",
+                [],
+            )
+        ]
     return [
         (f"Describe {ph} in a few words.", [make_image(1, 64, 64)]),
         (f"First {ph} then {ph} compare them.", [make_image(2, 96, 64), make_image(3, 64, 128)]),

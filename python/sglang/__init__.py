@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.entrypoints.engine import Engine  # noqa: F401
 
 
 def __getattr__(name: str):

@@ -24,7 +24,9 @@ class ServerArgs:
     dtype: str = field(
         default="auto", metadata={"help": "auto = float32 on CPU, the checkpoint's dtype on GPU."}
     )
-    device: str | None = field(default=None, metadata={"help": "cpu or cuda (default: cuda if any)."})
+    device: str | None = field(
+        default=None, metadata={"help": "cpu or cuda (default: cuda if any)."}
+    )
     context_length: int | None = None
     trust_remote_code: bool = False
     enable_multimodal: bool | None = field(
@@ -76,7 +78,9 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         if self.mm_cache_mode not in ("per-image", "combined", "off"):
-            raise ValueError(f"mm_cache_mode must be per-image, combined or off, got {self.mm_cache_mode!r}")
+            raise ValueError(
+                f"mm_cache_mode must be per-image, combined or off, got {self.mm_cache_mode!r}"
+            )
         if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
             raise ValueError("chunked_prefill_size must be positive or -1")
         if self.max_prefill_tokens <= 0:

@@ -244,7 +244,6 @@ def _build_tokenizer(family: str) -> Any:
         chat_template=spec.chat_template,
         model_max_length=4096,
         clean_up_tokenization_spaces=False,
-        **({"add_bos_token": True} if spec.add_bos else {}),
         **spec.roles,
         **spec.extra,
     )
@@ -264,7 +263,7 @@ _TEXT = {
     "initializer_range": 0.1,
 }
 _VECTOR_NOISE = 0.2
-_GEMMA_POST_NORM_BOOST = 1.0
+_GEMMA_POST_NORM_BOOST = 3.0
 _QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
 
 
@@ -413,7 +412,7 @@ def _recipe_gemma3(tok: Any, vocab: int) -> _Recipe:
     t = tok.convert_tokens_to_ids
     layer_types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
     text = {**_TEXT, "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 32,
-            "vocab_size": vocab, "sliding_window": 32, "layer_types": layer_types,
+            "initializer_range": 0.02, "vocab_size": vocab, "sliding_window": 32, "layer_types": layer_types,
             "pad_token_id": t("<pad>"), "eos_token_id": t("<eos>"), "bos_token_id": t("<bos>")}  # fmt: skip
     vision = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "image_size": 64, "patch_size": 8,
@@ -425,7 +424,7 @@ def _recipe_gemma3(tok: Any, vocab: int) -> _Recipe:
         boi_token_index=t("<start_of_image>"),
         eoi_token_index=t("<end_of_image>"),
         image_token_index=t("<image_soft_token>"),
-        initializer_range=0.05,
+        initializer_range=0.02,
     )
     pre = {
         "do_convert_rgb": None,
@@ -512,7 +511,8 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     tokenizer.save_pretrained(out)
     # Published-style spellings that older readers expect.
     _patch_json(out / "config.json", torch_dtype="float32")
-    _patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
+    bos = {"add_bos_token": True, "add_eos_token": False} if _TOK_SPECS[family].add_bos else {}
+    _patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast", **bos)
     if recipe.preprocessor is not None:
         _write_json(out / "preprocessor_config.json", recipe.preprocessor)
     if recipe.processor is not None:

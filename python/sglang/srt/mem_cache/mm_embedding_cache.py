@@ -36,9 +36,7 @@ class CachedEmbedding:
 
     def owned(self) -> CachedEmbedding:
         """A copy whose tensors own their storage."""
-        return CachedEmbedding(
-            self.embedding.clone(), [t.clone() for t in self.extras]
-        )
+        return CachedEmbedding(self.embedding.clone(), [t.clone() for t in self.extras])
 
 
 @dataclass
@@ -70,7 +68,9 @@ class MultimodalEmbeddingCache:
         if entry is not None and entry.num_tokens != num_tokens:
             logger.warning(
                 "embedding cache entry %x has %d tokens, item needs %d: dropping it",
-                key, entry.num_tokens, num_tokens,
+                key,
+                entry.num_tokens,
+                num_tokens,
             )
             self.counters.collisions += 1
             if key not in self._pins:

@@ -47,15 +47,22 @@ def resolve_dtype(name: str, config: Any, device: str) -> torch.dtype:
             return torch.float32
         dtype = getattr(config.get_text_config(), "dtype", None) or getattr(config, "dtype", None)
         return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype or "bfloat16"))
-    return {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
-            "bfloat16": torch.bfloat16, "float": torch.float32}[name]
+    return {
+        "float32": torch.float32,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "float": torch.float32,
+    }[name]
 
 
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str) -> None:
         self.args = args
         self.device = args.resolved_device
-        self.config = AutoConfig.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
+        self.config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=args.trust_remote_code
+        )
         self.text_config = self.config.get_text_config()
         self.is_multimodal = hasattr(self.config, "vision_config")
         self.dtype = resolve_dtype(args.dtype, self.config, self.device)
@@ -124,7 +131,9 @@ class ModelRunner:
         embeds = embed(torch.where(ids < self.vocab_size, ids, torch.zeros_like(ids)))
         lm_kwargs: dict[str, Any] = {}
         if not batch.is_decode and self.is_multimodal:
-            lm_kwargs = self.embedder.embed(batch.reqs, batch.prefix_lens, batch.extend_lens, embeds)
+            lm_kwargs = self.embedder.embed(
+                batch.reqs, batch.prefix_lens, batch.extend_lens, embeds
+            )
         positions = batch.positions.unsqueeze(-2)  # (1, T) or (3, 1, T)
         hidden = self.adapter.language_model(
             inputs_embeds=embeds.unsqueeze(0),

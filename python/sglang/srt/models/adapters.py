@@ -50,7 +50,9 @@ class ModelAdapter:
 
     def encode(self, items: list[dict[str, Any]]) -> list[CachedEmbedding]:
         pixel_values = torch.cat([f["pixel_values"] for f in items])
-        out = self.model.model.get_image_features(pixel_values=pixel_values, **self.encoder_kwargs())
+        out = self.model.model.get_image_features(
+            pixel_values=pixel_values, **self.encoder_kwargs()
+        )
         return [CachedEmbedding(e.reshape(-1, e.shape[-1])) for e in _per_image(out, len(items))]
 
     def encoder_kwargs(self) -> dict[str, Any]:
@@ -115,8 +117,7 @@ class QwenVLAdapter(ModelAdapter):
         embeds = _per_image(out, len(items))
         deepstack = getattr(out, "deepstack_features", None) or []
         return [
-            CachedEmbedding(embeds[i], [layer[i] for layer in deepstack])
-            for i in range(len(items))
+            CachedEmbedding(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(items))
         ]
 
     def mrope(self, input_ids: list[int], items: list[dict[str, Any]]) -> tuple[torch.Tensor, int]:
@@ -147,7 +148,8 @@ def get_adapter(model: nn.Module, config: Any) -> ModelAdapter:
         return TextAdapter(model, config)
     if config.model_type not in _ADAPTERS:
         raise ValueError(
-            f"model type {config.model_type!r} is not supported; supported VLMs: {sorted(_ADAPTERS)}"
+            f"model type {config.model_type!r} is not supported; "
+            f"supported VLMs: {sorted(_ADAPTERS)}"
         )
     return _ADAPTERS[config.model_type](model, config)
 

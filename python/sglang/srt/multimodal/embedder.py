@@ -163,14 +163,17 @@ class MultimodalEmbedder:
         self.stats.encoded_items += len(items)
         self.stats.encoded_tokens += tokens
         self.stats.encoder_seconds += elapsed
-        logger.debug("encoder call: %d items, %d tokens, %.1f ms", len(items), tokens,
-                     elapsed * 1e3)
+        logger.debug(
+            "encoder call: %d items, %d tokens, %.1f ms", len(items), tokens, elapsed * 1e3
+        )
         return results
 
     def release(self, req: Req, computed_len: int | None = None) -> None:
         """Unpin the items of ``req`` that are fully computed (all of them when None)."""
         for item in req.mm_items:
-            if item.hash in req.pinned_hashes and (computed_len is None or item.end <= computed_len):
+            if item.hash in req.pinned_hashes and (
+                computed_len is None or item.end <= computed_len
+            ):
                 self.cache.unpin(item.hash)
                 req.pinned_hashes.discard(item.hash)
 

@@ -55,13 +55,15 @@ def load_image(source: Any, allowed_local_dir: str | None = "*") -> LoadedImage:
     if scheme not in (None, "file"):
         raise ImageError(f"unsupported image URL scheme {scheme!r}")
     if scheme == "file" or (len(source) < 4096 and os.path.exists(source)):
-        path = source[len("file://"):] if scheme == "file" else source
+        path = source[len("file://") :] if scheme == "file" else source
         return _decode(_read_local(path, allowed_local_dir))
     try:
         data = _b64decode(source)
-    except ImageError:
+    except ImageError as exc:
         if len(source) < 4096:
-            raise ImageError(f"image file not found and not valid base64: {source[:200]!r}")
+            raise ImageError(
+                f"image file not found and not valid base64: {source[:200]!r}"
+            ) from exc
         raise
     return _decode(data)
 

@@ -20,8 +20,8 @@ class MultimodalItem:
 
     ``spans`` are the [start, end) ranges of its placeholder tokens in the request's input ids (one
     range for most models; several when separators are interleaved). ``features`` holds what the
-    vision encoder takes (e.g. ``pixel_values``, ``image_grid_thw``), as numpy arrays or host tensors
-    until ``_move_items_to_device`` moves them for a cache miss.
+    vision encoder takes (e.g. ``pixel_values``, ``image_grid_thw``), as numpy arrays or host
+    tensors until ``_move_items_to_device`` moves them for a cache miss.
     """
 
     hash: int

@@ -27,8 +27,14 @@ class SamplingParams:
         params = dict(params or {})
         known = {f.name for f in fields(cls)}
         # Accepted for compatibility; they do not change greedy/stochastic decoding here.
-        for ignored in ("frequency_penalty", "presence_penalty", "repetition_penalty",
-                        "no_stop_trim", "spaces_between_special_tokens", "min_new_tokens"):
+        for ignored in (
+            "frequency_penalty",
+            "presence_penalty",
+            "repetition_penalty",
+            "no_stop_trim",
+            "spaces_between_special_tokens",
+            "min_new_tokens",
+        ):
             params.pop(ignored, None)
         unknown = set(params) - known
         if unknown:
@@ -44,24 +50,40 @@ class SamplingParams:
             if not ok:
                 raise ValueError(message)
 
-        check(_is_int(self.max_new_tokens) and 0 <= self.max_new_tokens <= _INT_MAX,
-              f"max_new_tokens must be a non-negative integer, got {self.max_new_tokens!r}")
-        check(_is_number(self.temperature) and self.temperature >= 0,
-              f"temperature must be >= 0, got {self.temperature!r}")
-        check(_is_number(self.top_p) and 0 < self.top_p <= 1,
-              f"top_p must be in (0, 1], got {self.top_p!r}")
-        check(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1),
-              f"top_k must be -1 (disabled) or >= 1, got {self.top_k!r}")
-        check(_is_number(self.min_p) and 0 <= self.min_p <= 1,
-              f"min_p must be in [0, 1], got {self.min_p!r}")
+        check(
+            _is_int(self.max_new_tokens) and 0 <= self.max_new_tokens <= _INT_MAX,
+            f"max_new_tokens must be a non-negative integer, got {self.max_new_tokens!r}",
+        )
+        check(
+            _is_number(self.temperature) and self.temperature >= 0,
+            f"temperature must be >= 0, got {self.temperature!r}",
+        )
+        check(
+            _is_number(self.top_p) and 0 < self.top_p <= 1,
+            f"top_p must be in (0, 1], got {self.top_p!r}",
+        )
+        check(
+            _is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1),
+            f"top_k must be -1 (disabled) or >= 1, got {self.top_k!r}",
+        )
+        check(
+            _is_number(self.min_p) and 0 <= self.min_p <= 1,
+            f"min_p must be in [0, 1], got {self.min_p!r}",
+        )
         check(self.n == 1, "only n=1 is supported")
-        check(self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        check(
+            self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}"
+        )
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        check(self.stop is None or all(isinstance(s, str) and s for s in self.stop),
-              "stop must be a non-empty string or a list of them")
-        check(self.stop_token_ids is None or all(_is_int(t) for t in self.stop_token_ids),
-              "stop_token_ids must be a list of integers")
+        check(
+            self.stop is None or all(isinstance(s, str) and s for s in self.stop),
+            "stop must be a non-empty string or a list of them",
+        )
+        check(
+            self.stop_token_ids is None or all(_is_int(t) for t in self.stop_token_ids),
+            "stop_token_ids must be a list of integers",
+        )
 
     @property
     def is_greedy(self) -> bool:
