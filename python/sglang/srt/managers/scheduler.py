@@ -71,7 +71,7 @@ class Scheduler:
             )
         if self.runner.adapter.uses_mrope:
             req.mrope_positions, req.mrope_delta = self.runner.adapter.mrope(
-                req.input_ids, [item.features for item in req.mm_items]
+                req.input_ids, [item.layout for item in req.mm_items]
             )
         req.arrival_time = time.perf_counter()
         self.waiting.append(req)

@@ -15,6 +15,8 @@ from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
+from sglang.srt.multimodal.hf_processor import load_hf_processor
+from sglang.srt.multimodal.processor import ImagePreprocessor
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -76,8 +78,12 @@ class ModelRunner:
             kv_pool=self.kv_pool,
             req_to_token_pool=self.req_to_token_pool,
         )
+        image_processor = None
+        if self.is_multimodal:
+            image_processor = load_hf_processor(model_path).image_processor
         self.embedder = MultimodalEmbedder(
             self.adapter,
+            ImagePreprocessor(image_processor, self.adapter),
             MultimodalEmbeddingCache(args.mm_cache_bytes),
             self.device,
             self.dtype,

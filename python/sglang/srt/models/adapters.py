@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
 
@@ -40,12 +41,26 @@ class ModelAdapter:
         return {}
 
     # Vision encoder -------------------------------------------------------------------------
+    # Image layout: what placeholder expansion and positions need, known without pixels -------
+    def layout(self, image_processor: Any, width: int, height: int) -> dict[str, Any] | None:
+        """The layout of a ``width`` x ``height`` image, or None when only preprocessing can
+        tell (the image is then preprocessed eagerly)."""
+        return None
+
+    def layout_of(self, features: dict[str, Any]) -> dict[str, Any]:
+        """The layout of an image from its preprocessed features."""
+        return {}
+
+    def replacement(self, hf_processor: Any, layout: dict[str, Any]) -> str:
+        """The text that replaces one image placeholder (HF's own expansion)."""
+        return hf_processor.replace_image_token(layout, 0)
+
     def split_features(self, processed: dict[str, Any], num_images: int) -> list[dict[str, Any]]:
         pixel_values = processed["pixel_values"]
         return [{"pixel_values": pixel_values[i : i + 1]} for i in range(num_images)]
 
-    def num_tokens(self, features: dict[str, Any]) -> int | None:
-        """Placeholder count of one image, when known from its features alone."""
+    def num_tokens(self, layout: dict[str, Any]) -> int | None:
+        """Placeholder count of one image, when known from its layout."""
         return None
 
     def encode(self, items: list[dict[str, Any]]) -> list[CachedEmbedding]:
@@ -58,7 +73,7 @@ class ModelAdapter:
     def encoder_kwargs(self) -> dict[str, Any]:
         return {}
 
-    def mrope(self, input_ids: list[int], items: list[dict[str, Any]]) -> tuple[torch.Tensor, int]:
+    def mrope(self, input_ids: list[int], layouts: list[dict[str, Any]]) -> tuple[torch.Tensor, int]:
         raise NotImplementedError
 
 
@@ -67,10 +82,24 @@ class TextAdapter(ModelAdapter):
 
 
 class LlavaAdapter(ModelAdapter):
-    def num_tokens(self, features: dict[str, Any]) -> int | None:
-        vision = self.config.vision_config
-        patches = (vision.image_size // vision.patch_size) ** 2
-        return patches + int(self.config.vision_feature_select_strategy == "full")
+    def layout(self, image_processor: Any, width: int, height: int) -> dict[str, Any] | None:
+        if not image_processor.do_center_crop:
+            return None
+        crop = image_processor.crop_size
+        return {"pixel_shape": (int(crop["height"]), int(crop["width"]))}
+
+    def layout_of(self, features: dict[str, Any]) -> dict[str, Any]:
+        return {"pixel_shape": tuple(int(d) for d in features["pixel_values"].shape[-2:])}
+
+    def replacement(self, hf_processor: Any, layout: dict[str, Any]) -> str:
+        shaped = np.empty((3, *layout["pixel_shape"]), dtype=np.float32)
+        return hf_processor.replace_image_token({"pixel_values": [shaped]}, 0)
+
+    def num_tokens(self, layout: dict[str, Any]) -> int | None:
+        patch = self.config.vision_config.patch_size
+        height, width = layout["pixel_shape"]
+        tokens = (height // patch) * (width // patch)
+        return tokens + int(self.config.vision_feature_select_strategy == "full")
 
     def encoder_kwargs(self) -> dict[str, Any]:
         return {
@@ -82,7 +111,16 @@ class LlavaAdapter(ModelAdapter):
 class Gemma3Adapter(ModelAdapter):
     bidirectional_images = True
 
-    def num_tokens(self, features: dict[str, Any]) -> int | None:
+    def layout(self, image_processor: Any, width: int, height: int) -> dict[str, Any] | None:
+        return None if image_processor.do_pan_and_scan else {"num_crops": [0]}
+
+    def layout_of(self, features: dict[str, Any]) -> dict[str, Any]:
+        crops = [int(c) for c in np.asarray(features.get("num_crops", [0])).reshape(-1)]
+        if any(crops):
+            raise ValueError("Gemma3 pan-and-scan crops are not supported")
+        return {"num_crops": crops}
+
+    def num_tokens(self, layout: dict[str, Any]) -> int | None:
         return self.config.mm_tokens_per_image
 
 
@@ -106,8 +144,22 @@ class QwenVLAdapter(ModelAdapter):
             for i in range(num_images)
         ]
 
-    def num_tokens(self, features: dict[str, Any]) -> int | None:
-        return int(np.prod(_as_numpy(features["image_grid_thw"]))) // self.merge_size**2
+    def layout(self, image_processor: Any, width: int, height: int) -> dict[str, Any] | None:
+        patch = image_processor.patch_size
+        resized_h, resized_w = smart_resize(
+            height,
+            width,
+            patch * image_processor.merge_size,
+            min_pixels=image_processor.size["shortest_edge"],
+            max_pixels=image_processor.size["longest_edge"],
+        )
+        return {"image_grid_thw": np.array([[1, resized_h // patch, resized_w // patch]])}
+
+    def layout_of(self, features: dict[str, Any]) -> dict[str, Any]:
+        return {"image_grid_thw": _as_numpy(features["image_grid_thw"]).reshape(1, 3)}
+
+    def num_tokens(self, layout: dict[str, Any]) -> int | None:
+        return int(np.prod(_as_numpy(layout["image_grid_thw"]))) // self.merge_size**2
 
     def encode(self, items: list[dict[str, Any]]) -> list[CachedEmbedding]:
         out = self.model.model.get_image_features(
@@ -120,9 +172,11 @@ class QwenVLAdapter(ModelAdapter):
             CachedEmbedding(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(items))
         ]
 
-    def mrope(self, input_ids: list[int], items: list[dict[str, Any]]) -> tuple[torch.Tensor, int]:
+    def mrope(self, input_ids: list[int], layouts: list[dict[str, Any]]) -> tuple[torch.Tensor, int]:
         ids = torch.tensor([input_ids])
-        grids = torch.cat([torch.as_tensor(f["image_grid_thw"]) for f in items]) if items else None
+        grids = None
+        if layouts:
+            grids = torch.cat([torch.as_tensor(lay["image_grid_thw"]) for lay in layouts])
         positions, delta = self.model.model.get_rope_index(
             ids, mm_token_type_ids=(ids == self.image_token_id).int(), image_grid_thw=grids
         )

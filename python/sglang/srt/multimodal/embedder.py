@@ -15,6 +15,7 @@ from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalE
 if TYPE_CHECKING:
     from sglang.srt.managers.req import Req
     from sglang.srt.models.adapters import ModelAdapter
+    from sglang.srt.multimodal.processor import ImagePreprocessor
     from sglang.srt.multimodal.items import MultimodalItem
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def _move_items_to_device(items: list[MultimodalItem], device: torch.device | st
     device = torch.device(device)
     moved = []
     for item in items:
+        assert item.features is not None, "items are preprocessed before they move"
         out: dict[str, Any] = {}
         for name, value in item.features.items():
             tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
@@ -53,12 +55,14 @@ class MultimodalEmbedder:
     def __init__(
         self,
         adapter: ModelAdapter,
+        preprocess: ImagePreprocessor,
         cache: MultimodalEmbeddingCache,
         device: str,
         dtype: torch.dtype,
         encoder_token_budget: int,
     ) -> None:
         self.adapter = adapter
+        self.preprocess = preprocess
         self.cache = cache
         self.device = device
         self.dtype = dtype
@@ -142,6 +146,7 @@ class MultimodalEmbedder:
 
     def _encode_batch(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
         start = time.perf_counter()
+        self.preprocess(items)
         features = _move_items_to_device(items, self.device)
         with torch.no_grad():
             entries = self.adapter.encode(features)

@@ -18,15 +18,20 @@ PAD_RANGE = 1 << 30
 class MultimodalItem:
     """An image of a request.
 
-    ``spans`` are the [start, end) ranges of its placeholder tokens in the request's input ids (one
-    range for most models; several when separators are interleaved). ``features`` holds what the
-    vision encoder takes (e.g. ``pixel_values``, ``image_grid_thw``), as numpy arrays or host
-    tensors until ``_move_items_to_device`` moves them for a cache miss.
+    ``hash`` identifies the raw image and the preprocessing settings. ``spans`` are the
+    [start, end) ranges of its placeholder tokens in the request's input ids (one range for most
+    models; several when separators are interleaved). ``layout`` is what expansion and positions
+    need (e.g. Qwen's ``image_grid_thw``), known without touching pixels. ``source`` is the image
+    itself (PIL image or encoded bytes). ``features`` holds what the vision encoder takes, as
+    numpy arrays or host tensors; it stays None until a cache miss needs it, so an image whose
+    embedding is cached is never preprocessed.
     """
 
     hash: int
     spans: list[tuple[int, int]]
-    features: dict[str, Any] = field(default_factory=dict)
+    layout: dict[str, Any] = field(default_factory=dict)
+    source: Any = None
+    features: dict[str, Any] | None = None
 
     @property
     def num_tokens(self) -> int:
