@@ -110,9 +110,18 @@ class ServerArgs:
 
     @property
     def mm_cache_bytes(self) -> int:
+        """--mm-embedding-cache-mb, else env SGLANG_VLM_CACHE_SIZE_MB, else 100 MB on CPU and
+        1% of device memory (at least 100 MB, at most 4 GB) on GPU."""
         mb = self.mm_embedding_cache_mb
+        if mb is None and "SGLANG_VLM_CACHE_SIZE_MB" in os.environ:
+            mb = int(os.environ["SGLANG_VLM_CACHE_SIZE_MB"])
         if mb is None:
-            mb = int(os.environ.get("SGLANG_VLM_CACHE_SIZE_MB", DEFAULT_MM_CACHE_MB))
+            mb = DEFAULT_MM_CACHE_MB
+            if self.resolved_device.startswith("cuda"):
+                import torch
+
+                total_mb = torch.cuda.get_device_properties(0).total_memory // 2**20
+                mb = min(max(total_mb // 100, DEFAULT_MM_CACHE_MB), 4096)
         return mb * 1024 * 1024
 
     def replace(self, **changes: Any) -> ServerArgs:

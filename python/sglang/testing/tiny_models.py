@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen2", "l
 VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
 DEFAULT_FAMILY = "qwen2_5_vl"
 # Bump whenever the recipe changes so that stale cached folders are not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_PLACEHOLDER: dict[str, str] = {
@@ -63,12 +63,13 @@ Machine learning models learn patterns from data. A language model predicts the 
 sequence of text, and a vision language model also looks at images before it writes an answer.
 Images are split into small patches, each patch becomes a vector, and the vectors are merged into
 image tokens that the language model reads together with the text tokens of the prompt.
-Red, orange, yellow, green, blue, indigo and violet are the colors of the rainbow. Black, white and
-gray are not in the rainbow. A square has four sides, a triangle has three sides and a circle has none.
+Red, orange, yellow, green, blue, indigo and violet are the colors of the rainbow. Black, white
+and gray are not in the rainbow. A square has four sides, a triangle has three sides and a circle
+has none.
 She said: "Let's go to the market tomorrow!" He replied, "Sure, I'll bring the bags; we need apples,
 bread, cheese, eggs, milk, rice and tea." They walked for ten minutes and arrived at nine o'clock.
-Write a short poem about the sea. The sea is wide, the sea is deep; it sings the sailors all to sleep.
-The waves come in, the waves go out, and that is what the sea is about.
+Write a short poem about the sea. The sea is wide, the sea is deep; it sings the sailors all to
+sleep. The waves come in, the waves go out, and that is what the sea is about.
 def add(a, b):
     return a + b
 for i in range(10): print(i * 2)
@@ -102,9 +103,10 @@ _QWEN_TEMPLATE = (
 
 
 def _qwen_template(default_system: str | None) -> str:
-    if default_system is None:
+    if default_system is None:  # Qwen3-VL style: no implicit system turn
         return _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", " and false")
-    return _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", "").replace("DEFAULT_SYSTEM", default_system)
+    template = _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", "")
+    return template.replace("DEFAULT_SYSTEM", default_system)
 
 
 _GEMMA_TEMPLATE = (
@@ -114,7 +116,8 @@ _GEMMA_TEMPLATE = (
     "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
     "{%- else -%}{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}"
     "{%- endif -%}{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
     "{%- for message in loop_messages -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
     "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') -}}"
@@ -175,42 +178,55 @@ class _TokSpec:
     tail: tuple[str, ...]  # special tokens appended after the BPE vocab
     roles: dict[str, str]  # tokenizer_config special-token attributes (bos_token, eos_token, ...)
     chat_template: str
-    add_bos: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)  # extra tokenizer_config keys
+    add_bos: bool = False  # the tokenizer prepends bos_token (post-processor in tokenizer.json)
 
 
 _QWEN_ROLES = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+_QWEN_SYSTEM = "You are a helpful assistant."
+_GEMMA_TAIL = (
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+)
+_GEMMA_ROLES = {
+    "pad_token": "<pad>",
+    "eos_token": "<eos>",
+    "bos_token": "<bos>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+_LLAVA_ROLES = {
+    "unk_token": "<unk>",
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "pad_token": "<pad>",
+    "image_token": "<image>",
+}
+_LLAMA_TAIL = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
+_LLAMA_ROLES = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+_GEMMA_HEAD = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
 _TOK_SPECS: dict[str, _TokSpec] = {
-    "qwen2_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template("You are a helpful assistant.")),
-    "qwen2_5_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template("You are a helpful assistant.")),
+    "qwen2_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(_QWEN_SYSTEM)),
+    "qwen2_5_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(_QWEN_SYSTEM)),
     "qwen3_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(None)),
-    "qwen2": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template("You are a helpful assistant.")),
-    "gemma3": _TokSpec(
-        ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>"),
-        ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"),
-        {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
-         "mask_token": "<mask>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
-         "image_token": "<image_soft_token>"},
-        _GEMMA_TEMPLATE,
-        add_bos=True,
-    ),
+    "qwen2": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(_QWEN_SYSTEM)),
+    "gemma3": _TokSpec(_GEMMA_HEAD, _GEMMA_TAIL, _GEMMA_ROLES, _GEMMA_TEMPLATE, add_bos=True),
     "llava": _TokSpec(
-        ("<unk>", "<s>", "</s>"),
-        ("<image>", "<pad>"),
-        {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
-         "image_token": "<image>"},
-        _LLAVA_TEMPLATE,
-        add_bos=True,
+        ("<unk>", "<s>", "</s>"), ("<image>", "<pad>"), _LLAVA_ROLES, _LLAVA_TEMPLATE, add_bos=True
     ),
-    "llama": _TokSpec(
-        (),
-        ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-         "<|eot_id|>"),
-        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
-        _LLAMA_TEMPLATE,
-        add_bos=True,
-    ),
-}  # fmt: skip
+    "llama": _TokSpec((), _LLAMA_TAIL, _LLAMA_ROLES, _LLAMA_TEMPLATE, add_bos=True),
+}
 
 
 def _build_tokenizer(family: str) -> Any:
@@ -235,7 +251,9 @@ def _build_tokenizer(family: str) -> Any:
     if spec.add_bos:
         bos = spec.roles["bos_token"]
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+            single=f"{bos} $A",
+            pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tok.token_to_id(bos))],
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -245,7 +263,6 @@ def _build_tokenizer(family: str) -> Any:
         model_max_length=4096,
         clean_up_tokenization_spaces=False,
         **spec.roles,
-        **spec.extra,
     )
 
 
@@ -264,6 +281,14 @@ _TEXT = {
 }
 _VECTOR_NOISE = 0.2
 _GEMMA_POST_NORM_BOOST = 3.0
+_GEMMA_POST_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
+_QWEN_VISION = {
+    "depth": 2,
+    "num_heads": 4,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "initializer_range": 0.05,
+}
 _QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
 
 
@@ -320,11 +345,9 @@ def _recipe_qwen2_vl(tok: Any, vocab: int) -> _Recipe:
     rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}
     config = Qwen2VLConfig(
         text_config=_qwen_text(tok, vocab, rope_parameters=rope),
-        vision_config={"depth": 2, "embed_dim": 64, "hidden_size": 128, "mlp_ratio": 2,
-                       "num_heads": 4, "patch_size": 14, "spatial_merge_size": 2,
-                       "temporal_patch_size": 2, "initializer_range": 0.05},
+        vision_config=dict(_QWEN_VISION, embed_dim=64, hidden_size=128, mlp_ratio=2, patch_size=14),
         **_qwen_ids(tok),
-    )  # fmt: skip
+    )
     pre = _qwen_preprocessor(14, "Qwen2VLProcessor", "Qwen2VLImageProcessor", legacy=True)
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
@@ -335,12 +358,18 @@ def _recipe_qwen2_5_vl(tok: Any, vocab: int) -> _Recipe:
     rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}
     config = Qwen2_5_VLConfig(
         text_config=_qwen_text(tok, vocab, rope_parameters=rope),
-        vision_config={"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
-                       "out_hidden_size": 128, "patch_size": 14, "spatial_merge_size": 2,
-                       "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1],
-                       "tokens_per_second": 2, "initializer_range": 0.05},
+        vision_config=dict(
+            _QWEN_VISION,
+            hidden_size=64,
+            intermediate_size=128,
+            out_hidden_size=128,
+            patch_size=14,
+            window_size=56,  # 2x2 merged patches per window: several windows per image
+            fullatt_block_indexes=[1],  # block 0 windowed, block 1 full attention
+            tokens_per_second=2,
+        ),
         **_qwen_ids(tok),
-    )  # fmt: skip
+    )
     pre = _qwen_preprocessor(14, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", legacy=True)
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
@@ -348,16 +377,25 @@ def _recipe_qwen2_5_vl(tok: Any, vocab: int) -> _Recipe:
 def _recipe_qwen3_vl(tok: Any, vocab: int) -> _Recipe:
     from transformers import Qwen3VLConfig
 
-    rope = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [6, 5, 5],
-            "mrope_interleaved": True}  # fmt: skip
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 5000000.0,
+        "mrope_section": [6, 5, 5],
+        "mrope_interleaved": True,
+    }
     config = Qwen3VLConfig(
         text_config=_qwen_text(tok, vocab, head_dim=32, rope_parameters=rope),
-        vision_config={"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
-                       "out_hidden_size": 128, "patch_size": 16, "spatial_merge_size": 2,
-                       "temporal_patch_size": 2, "num_position_embeddings": 256,
-                       "deepstack_visual_indexes": [0, 1], "initializer_range": 0.05},
+        vision_config=dict(
+            _QWEN_VISION,
+            hidden_size=64,
+            intermediate_size=128,
+            out_hidden_size=128,
+            patch_size=16,
+            num_position_embeddings=256,
+            deepstack_visual_indexes=[0, 1],
+        ),
         **_qwen_ids(tok),
-    )  # fmt: skip
+    )
     pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
@@ -366,11 +404,26 @@ def _recipe_llava(tok: Any, vocab: int) -> _Recipe:
     from transformers import LlavaConfig
 
     t = tok.convert_tokens_to_ids
-    text = {**_TEXT, "model_type": "llama", "vocab_size": vocab, "bos_token_id": t("<s>"),
-            "eos_token_id": t("</s>"), "pad_token_id": t("<pad>"), "rms_norm_eps": 1e-5}  # fmt: skip
-    vision = {"model_type": "clip_vision_model", "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 56,
-              "patch_size": 14, "projection_dim": 64, "hidden_act": "quick_gelu"}  # fmt: skip
+    text = dict(
+        _TEXT,
+        model_type="llama",
+        vocab_size=vocab,
+        bos_token_id=t("<s>"),
+        eos_token_id=t("</s>"),
+        pad_token_id=t("<pad>"),
+        rms_norm_eps=1e-5,
+    )
+    vision = dict(
+        model_type="clip_vision_model",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=56,
+        patch_size=14,
+        projection_dim=64,
+        hidden_act="quick_gelu",
+    )
     config = LlavaConfig(
         text_config=text,
         vision_config=vision,
@@ -411,12 +464,28 @@ def _recipe_gemma3(tok: Any, vocab: int) -> _Recipe:
 
     t = tok.convert_tokens_to_ids
     layer_types = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
-    text = {**_TEXT, "num_hidden_layers": 4, "head_dim": 32, "query_pre_attn_scalar": 32,
-            "initializer_range": 0.02, "vocab_size": vocab, "sliding_window": 32, "layer_types": layer_types,
-            "pad_token_id": t("<pad>"), "eos_token_id": t("<eos>"), "bos_token_id": t("<bos>")}  # fmt: skip
-    vision = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "image_size": 64, "patch_size": 8,
-              "vision_use_head": False}  # fmt: skip
+    text = dict(
+        _TEXT,
+        num_hidden_layers=4,
+        layer_types=layer_types,
+        sliding_window=32,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        initializer_range=0.02,
+        vocab_size=vocab,
+        pad_token_id=t("<pad>"),
+        eos_token_id=t("<eos>"),
+        bos_token_id=t("<bos>"),
+    )
+    vision = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=64,
+        patch_size=8,
+        vision_use_head=False,
+    )
     config = Gemma3Config(
         text_config=text,
         vision_config=vision,
@@ -445,8 +514,8 @@ def _recipe_gemma3(tok: Any, vocab: int) -> _Recipe:
         "size": {"height": 64, "width": 64},
     }
     proc = {"image_seq_length": 16, "processor_class": "Gemma3Processor"}
-    gen = {"bos_token_id": t("<bos>"), "eos_token_id": [t("<eos>"), t("<end_of_turn>")],
-           "pad_token_id": t("<pad>")}  # fmt: skip
+    eos = [t("<eos>"), t("<end_of_turn>")]
+    gen = {"bos_token_id": t("<bos>"), "eos_token_id": eos, "pad_token_id": t("<pad>")}
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
 
 
@@ -462,8 +531,9 @@ def _recipe_llama(tok: Any, vocab: int) -> _Recipe:
 
     t = tok.convert_tokens_to_ids
     bos, eos = t("<|begin_of_text|>"), [t("<|end_of_text|>"), t("<|eot_id|>")]
-    config = LlamaConfig(**_TEXT, vocab_size=vocab, bos_token_id=bos, eos_token_id=eos,
-                         rms_norm_eps=1e-5)  # fmt: skip
+    config = LlamaConfig(
+        **_TEXT, vocab_size=vocab, bos_token_id=bos, eos_token_id=eos, rms_norm_eps=1e-5
+    )
     return _Recipe(config, "AutoModelForCausalLM", {"bos_token_id": bos, "eos_token_id": eos})
 
 
@@ -535,7 +605,7 @@ def _randomize_constants(model: Any) -> None:
                 continue
             if param.ndim == 1:
                 param.add_(torch.randn_like(param) * _VECTOR_NOISE)
-                if gemma and ("post_attention_layernorm" in name or "post_feedforward_layernorm" in name):
+                if gemma and name.endswith(_GEMMA_POST_NORMS):
                     param.add_(_GEMMA_POST_NORM_BOOST)
             elif param.numel() > 1 and bool((param == param.flatten()[0]).all()):
                 param.normal_(0.0, _TEXT["initializer_range"])
@@ -600,6 +670,7 @@ def tiny_model_path(family: str) -> Path:
         if (final / "config.json").is_file():
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+        os.chmod(tmp, 0o755)
         try:
             build_tiny_model(family, tmp)
             os.replace(tmp, final)

@@ -133,6 +133,9 @@ class Engine:
                 "bytes_used": cache.bytes_used,
                 "capacity_bytes": cache.capacity_bytes,
                 "encoder_seconds": stats.encoder_seconds,
+                "max_encoder_call_tokens": stats.max_call_tokens,
+                "preprocess_skipped": stats.preprocess_skipped,
+                "pinned": cache.num_pinned,
             },
         }
 

@@ -44,7 +44,7 @@ class Req:
     mrope_positions: torch.Tensor | None = None  # (3, len(input_ids))
     mrope_delta: int = 0
     generator: torch.Generator | None = None
-    pinned_hashes: set[int] = field(default_factory=set)
+    pins: dict[int, int] = field(default_factory=dict)  # cache key -> end of its placeholders
     finish_reason: dict[str, Any] | None = None
     output_text: str = ""
     arrival_time: float = 0.0

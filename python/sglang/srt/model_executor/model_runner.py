@@ -88,6 +88,7 @@ class ModelRunner:
             self.device,
             self.dtype,
             args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
+            args.mm_cache_mode,
         )
 
     def _load(self, model_path: str) -> torch.nn.Module:

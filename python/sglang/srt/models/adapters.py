@@ -73,7 +73,9 @@ class ModelAdapter:
     def encoder_kwargs(self) -> dict[str, Any]:
         return {}
 
-    def mrope(self, input_ids: list[int], layouts: list[dict[str, Any]]) -> tuple[torch.Tensor, int]:
+    def mrope(
+        self, input_ids: list[int], layouts: list[dict[str, Any]]
+    ) -> tuple[torch.Tensor, int]:
         raise NotImplementedError
 
 
@@ -172,7 +174,9 @@ class QwenVLAdapter(ModelAdapter):
             CachedEmbedding(embeds[i], [layer[i] for layer in deepstack]) for i in range(len(items))
         ]
 
-    def mrope(self, input_ids: list[int], layouts: list[dict[str, Any]]) -> tuple[torch.Tensor, int]:
+    def mrope(
+        self, input_ids: list[int], layouts: list[dict[str, Any]]
+    ) -> tuple[torch.Tensor, int]:
         ids = torch.tensor([input_ids])
         grids = None
         if layouts:

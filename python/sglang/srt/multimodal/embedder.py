@@ -11,12 +11,13 @@ import numpy as np
 import torch
 
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
+from sglang.srt.multimodal.image_io import content_hash
 
 if TYPE_CHECKING:
     from sglang.srt.managers.req import Req
     from sglang.srt.models.adapters import ModelAdapter
-    from sglang.srt.multimodal.processor import ImagePreprocessor
     from sglang.srt.multimodal.items import MultimodalItem
+    from sglang.srt.multimodal.processor import ImagePreprocessor
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ class EncoderStats:
     encoded_items: int = 0
     encoded_tokens: int = 0
     encoder_seconds: float = 0.0
+    preprocess_skipped: int = 0
+    max_call_tokens: int = 0
 
 
 def _move_items_to_device(items: list[MultimodalItem], device: torch.device | str) -> list[dict]:
@@ -60,6 +63,7 @@ class MultimodalEmbedder:
         device: str,
         dtype: torch.dtype,
         encoder_token_budget: int,
+        mode: str = "per-image",
     ) -> None:
         self.adapter = adapter
         self.preprocess = preprocess
@@ -67,6 +71,7 @@ class MultimodalEmbedder:
         self.device = device
         self.dtype = dtype
         self.encoder_token_budget = encoder_token_budget
+        self.mode = mode
         self.stats = EncoderStats()
 
     def embed(
@@ -93,9 +98,9 @@ class MultimodalEmbedder:
     def _get_chunked_embedding_by_item(
         self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int]
     ) -> list[tuple[np.ndarray, CachedEmbedding]]:
-        """For each request, the items overlapping [prefix_len, prefix_len + extend_len): look
-        them up in the per-image cache, encode the misses of the whole batch together, and
-        return (packed token positions, the embedding rows inside the chunk) per item."""
+        """For each request, the items overlapping [prefix_len, prefix_len + extend_len): resolve
+        their embeddings (cache lookups; the misses of the whole batch deduplicated and encoded
+        together) and return (packed token positions, the embedding rows inside the chunk)."""
         needed: list[tuple[int, Req, MultimodalItem, int, int]] = []
         offset = 0
         for i, req in enumerate(reqs):
@@ -106,28 +111,72 @@ class MultimodalEmbedder:
             offset += extend_lens[i]
         if not needed:
             return []
+        if self.mode == "combined":
+            found = self._resolve_combined(needed)
+        else:
+            found = self._resolve_per_image(needed)
+        out = []
+        for shift, _, item, lo, hi in needed:
+            positions, rows = item.token_offsets(lo, hi)
+            out.append((positions + shift, _take_rows(found[item.hash], rows)))
+        return out
 
+    def _resolve_per_image(
+        self, needed: list[tuple[int, Req, MultimodalItem, int, int]]
+    ) -> dict[int, CachedEmbedding]:
+        """One cache entry per image; with mode "off" nothing is cached or looked up."""
         found: dict[int, CachedEmbedding] = {}
         misses: dict[int, MultimodalItem] = {}
         for _, _, item, _, _ in needed:
             if item.hash in found or item.hash in misses:
                 continue
-            entry = self.cache.get(item.hash, item.num_tokens)
+            entry = self.cache.get(item.hash, item.num_tokens) if self.mode != "off" else None
             if entry is None:
                 misses[item.hash] = item
             else:
                 found[item.hash] = entry
-        found.update(self._encode(list(misses.values())))
+        encoded = self._encode(list(misses.values()))
+        if self.mode != "off":
+            for key, entry in encoded.items():
+                self.cache.put(key, entry)
+            for _, req, item, _, hi in needed:
+                self._pin_until(req, item.hash, item.end, hi)
+        return {**found, **encoded}
 
-        out = []
-        for shift, req, item, lo, hi in needed:
-            entry = found[item.hash]
-            positions, rows = item.token_offsets(lo, hi)
-            out.append((positions + shift, _take_rows(entry, rows)))
-            if item.end > hi and item.hash not in req.pinned_hashes and item.hash in self.cache:
-                self.cache.pin(item.hash)
-                req.pinned_hashes.add(item.hash)
-        return out
+    def _resolve_combined(
+        self, needed: list[tuple[int, Req, MultimodalItem, int, int]]
+    ) -> dict[int, CachedEmbedding]:
+        """The legacy scheme: one entry per request keyed by all its images; a miss encodes
+        every image of the request."""
+        found: dict[int, CachedEmbedding] = {}
+        missing: dict[int, tuple[Req, int]] = {}
+        for _, req, _, _, hi in needed:
+            key = _combined_key(req.mm_items)
+            if key in missing or all(item.hash in found for item in req.mm_items):
+                continue
+            entry = self.cache.get(key, sum(item.num_tokens for item in req.mm_items))
+            if entry is None:
+                missing[key] = (req, hi)
+            else:
+                found.update(_split_combined(entry, req.mm_items))
+                self._pin_until(req, key, req.mm_items[-1].end, hi)
+        items = {item.hash: item for req, _ in missing.values() for item in req.mm_items}
+        encoded = self._encode(list(items.values()))
+        for key, (req, hi) in missing.items():
+            parts = [encoded[item.hash] for item in req.mm_items]
+            combined = CachedEmbedding(
+                torch.cat([p.embedding for p in parts]),
+                [torch.cat(layer) for layer in zip(*(p.extras for p in parts))],
+            )
+            self.cache.put(key, combined)
+            self._pin_until(req, key, req.mm_items[-1].end, hi)
+        return {**found, **encoded}
+
+    def _pin_until(self, req: Req, key: int, end: int, chunk_end: int) -> None:
+        """Keep ``key`` cached while ``req`` still has placeholders of it beyond this chunk."""
+        if end > chunk_end and key not in req.pins and key in self.cache:
+            self.cache.pin(key)
+            req.pins[key] = end
 
     def _encode(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
         """Encode ``items`` in sub-batches of at most ``encoder_token_budget`` tokens."""
@@ -157,30 +206,30 @@ class MultimodalEmbedder:
                     f"vision encoder gave {entry.num_tokens} tokens for an image with "
                     f"{item.num_tokens} placeholders"
                 )
-            entry = CachedEmbedding(
+            results[item.hash] = CachedEmbedding(
                 entry.embedding.to(self.dtype), [t.to(self.dtype) for t in entry.extras]
             ).owned()
-            self.cache.put(item.hash, entry)
-            results[item.hash] = entry
         elapsed = time.perf_counter() - start
         tokens = sum(item.num_tokens for item in items)
         self.stats.encoder_calls += 1
         self.stats.encoded_items += len(items)
         self.stats.encoded_tokens += tokens
         self.stats.encoder_seconds += elapsed
+        self.stats.max_call_tokens = max(self.stats.max_call_tokens, tokens)
         logger.debug(
             "encoder call: %d items, %d tokens, %.1f ms", len(items), tokens, elapsed * 1e3
         )
         return results
 
     def release(self, req: Req, computed_len: int | None = None) -> None:
-        """Unpin the items of ``req`` that are fully computed (all of them when None)."""
-        for item in req.mm_items:
-            if item.hash in req.pinned_hashes and (
-                computed_len is None or item.end <= computed_len
-            ):
-                self.cache.unpin(item.hash)
-                req.pinned_hashes.discard(item.hash)
+        """Drop the pins of ``req`` whose placeholders are all computed (every pin when None);
+        at the end of a request, count the images it never had to preprocess."""
+        for key, end in list(req.pins.items()):
+            if computed_len is None or end <= computed_len:
+                self.cache.unpin(key)
+                del req.pins[key]
+        if computed_len is None:
+            self.stats.preprocess_skipped += sum(item.features is None for item in req.mm_items)
 
 
 def _take_rows(entry: CachedEmbedding, rows: np.ndarray) -> CachedEmbedding:
@@ -188,3 +237,18 @@ def _take_rows(entry: CachedEmbedding, rows: np.ndarray) -> CachedEmbedding:
         return entry
     index = torch.as_tensor(rows, device=entry.embedding.device)
     return CachedEmbedding(entry.embedding[index], [t[index] for t in entry.extras])
+
+
+def _combined_key(items: list[MultimodalItem]) -> int:
+    return content_hash(*(item.hash.to_bytes(8, "little") for item in items))
+
+
+def _split_combined(
+    entry: CachedEmbedding, items: list[MultimodalItem]
+) -> dict[int, CachedEmbedding]:
+    out, row = {}, 0
+    for item in items:
+        rows = slice(row, row + item.num_tokens)
+        out[item.hash] = CachedEmbedding(entry.embedding[rows], [t[rows] for t in entry.extras])
+        row += item.num_tokens
+    return out

@@ -40,8 +40,13 @@ def _processor_class(name: str, drop_video: bool) -> type:
     if not drop_video:
         return base
 
-    def __init__(self: Any, image_processor: Any = None, tokenizer: Any = None,
-                 chat_template: str | None = None, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self: Any,
+        image_processor: Any = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
     # ProcessorMixin derives the sub-processor list from the __init__ signature.
