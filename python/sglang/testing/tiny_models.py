@@ -7,7 +7,11 @@ processor_config.json) with randomly initialised float32 weights. Everything is
 built locally and deterministically from ``seed``: the byte-level BPE tokenizer is
 trained on the small corpus below, and the weights come from a seeded torch init.
 
-CLI: ``python -m sglang.testing.tiny_models [--family F] [--out DIR] [--seed S]``.
+``size="small"`` (Qwen families only) gives a heavier model for benchmarks: text hidden 256 with
+4 layers, a depth-4 width-384 vision tower and Qwen's real pixel range, so that the vision
+encoder's cost is visible and grows with the image's resolution on a CPU.
+
+CLI: ``python -m sglang.testing.tiny_models [--family F] [--out DIR] [--seed S] [--size S]``.
 """
 
 from __future__ import annotations
@@ -290,6 +294,38 @@ _QWEN_VISION = {
     "initializer_range": 0.05,
 }
 _QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
+SIZES = ("tiny", "small")
+SMALL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+# "small": overrides of the tiny recipe (text, vision tower, pixel range).
+_SMALL_TEXT = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,  # head_dim stays 32: the mrope sections still fit
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 65536,
+}
+_SMALL_VISION = {
+    "qwen2_vl": {"depth": 4, "embed_dim": 384, "num_heads": 6, "mlp_ratio": 4, "hidden_size": 256},
+    "qwen2_5_vl": {
+        "depth": 4,
+        "hidden_size": 384,
+        "num_heads": 6,
+        "intermediate_size": 1024,
+        "out_hidden_size": 256,
+        "window_size": 112,
+        "fullatt_block_indexes": [1, 3],
+    },
+    "qwen3_vl": {
+        "depth": 4,
+        "hidden_size": 384,
+        "num_heads": 6,
+        "intermediate_size": 1024,
+        "out_hidden_size": 256,
+        "deepstack_visual_indexes": [1, 3],
+    },
+}
+_SMALL_MIN_PIXELS, _SMALL_MAX_PIXELS = 56 * 56, 16384 * 28 * 28
 
 
 @dataclass
@@ -557,19 +593,26 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """Build a tiny random HF checkout of ``family`` into ``out_dir`` and return its path."""
+def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, size: str = "tiny") -> Path:
+    """Build a tiny random HF checkout of ``family`` into ``out_dir`` and return its path.
+
+    ``size="small"`` (Qwen VLM families) builds the heavier benchmark variant."""
     import torch
     import transformers
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    if size not in SIZES or (size == "small" and family not in SMALL_FAMILIES):
+        raise ValueError(f"size {size!r} is not available for {family!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = _build_tokenizer(family)
     vocab = len(tokenizer)
     recipe = _RECIPES[family](tokenizer, vocab)
+    if size == "small":
+        recipe = _small(recipe, family)
+        tokenizer.model_max_length = _SMALL_TEXT["max_position_embeddings"]
     recipe.config.dtype = torch.float32
     auto_cls = getattr(transformers, recipe.auto_class)
     with _torch_seed(seed):
@@ -588,6 +631,20 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     if recipe.processor is not None:
         _write_json(out / "processor_config.json", recipe.processor)
     return out
+
+
+def _small(recipe: _Recipe, family: str) -> _Recipe:
+    """The "small" variant of a Qwen VLM recipe: the same config class rebuilt with overrides."""
+    data = recipe.config.to_dict()
+    text = {k: v for k, v in data["text_config"].items() if k != "layer_types"}
+    data["text_config"] = {**text, **_SMALL_TEXT}
+    data["vision_config"] = {**data["vision_config"], **_SMALL_VISION[family]}
+    config = type(recipe.config)(**data)
+    pre = dict(recipe.preprocessor or {})
+    pre["size"] = {"shortest_edge": _SMALL_MIN_PIXELS, "longest_edge": _SMALL_MAX_PIXELS}
+    if "max_pixels" in pre:
+        pre.update(min_pixels=_SMALL_MIN_PIXELS, max_pixels=_SMALL_MAX_PIXELS)
+    return _Recipe(config, recipe.auto_class, recipe.generation, pre, recipe.processor)
 
 
 def _randomize_constants(model: Any) -> None:
@@ -657,12 +714,13 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def tiny_model_path(family: str) -> Path:
+def tiny_model_path(family: str, size: str = "tiny") -> Path:
     """Return a cached tiny checkout of ``family`` (built once, safe across processes)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
     root = _cache_root()
-    final = root / f"{family}-v{RECIPE_VERSION}"
+    suffix = "" if size == "tiny" else f"-{size}"
+    final = root / f"{family}{suffix}-v{RECIPE_VERSION}"
     if (final / "config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -672,7 +730,7 @@ def tiny_model_path(family: str) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
         os.chmod(tmp, 0o755)
         try:
-            build_tiny_model(family, tmp)
+            build_tiny_model(family, tmp, size=size)
             os.replace(tmp, final)
         except OSError:
             if not (final / "config.json").is_file():
@@ -692,12 +750,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--family", choices=FAMILIES, default=None)
     parser.add_argument("--out", default=None, help="output folder (default: the cache)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=SIZES, default="tiny")
     args = parser.parse_args(argv)
     family = args.family or DEFAULT_FAMILY
     if args.out is None:
-        print(tiny_model_path(family))
+        print(tiny_model_path(family, size=args.size))
     else:
-        print(build_tiny_model(family, args.out, seed=args.seed))
+        print(build_tiny_model(family, args.out, seed=args.seed, size=args.size))
 
 
 if __name__ == "__main__":

@@ -7,13 +7,18 @@ Requests join and leave between steps.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import random
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.req import Req, ReqStatus
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
@@ -35,10 +40,13 @@ class StepOutput:
 
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, runner: ModelRunner, detokenize) -> None:
+    def __init__(self, args: ServerArgs, runner: ModelRunner, tokenizer: Any) -> None:
         self.args = args
         self.runner = runner
-        self.detokenize = detokenize
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids(runner.model_path, tokenizer)
+        self.seed = args.random_seed if args.random_seed is not None else random.randrange(2**31)
+        self._num_reqs = 0
         self.kv_pool = runner.kv_pool
         self.req_to_token = runner.req_to_token_pool
         self.tree = RadixCache(self.kv_pool.free)
@@ -52,8 +60,9 @@ class Scheduler:
         self.forward_steps = 0
 
     # Intake ------------------------------------------------------------------------------------
-    def add_request(self, req: Req) -> None:
-        prompt_len = len(req.input_ids)
+    def check_request(self, tokenized: TokenizedRequest) -> None:
+        """Raise ValueError when the request can never run here."""
+        prompt_len = len(tokenized.input_ids)
         limit = self.runner.context_length
         if prompt_len == 0:
             raise ValueError("the prompt is empty")
@@ -62,19 +71,40 @@ class Scheduler:
                 f"the prompt has {prompt_len} tokens, more than the context length allows "
                 f"({limit}, leaving room for at least one new token)"
             )
-        room = limit - prompt_len
-        req.sampling_params.max_new_tokens = min(req.sampling_params.max_new_tokens, room)
-        if self._footprint(req) > self.kv_pool.size:
+        max_new = min(tokenized.sampling_params.max_new_tokens, limit - prompt_len)
+        if prompt_len + max_new > self.kv_pool.size:
             raise ValueError(
-                f"the request needs {self._footprint(req)} KV slots, more than the cache holds "
+                f"the request needs {prompt_len + max_new} KV slots, more than the cache holds "
                 f"({self.kv_pool.size})"
             )
+
+    def add_request(self, tokenized: TokenizedRequest) -> Req:
+        self.check_request(tokenized)
+        sp = tokenized.sampling_params
+        sp.max_new_tokens = min(
+            sp.max_new_tokens, self.runner.context_length - len(tokenized.input_ids)
+        )
+        self._num_reqs += 1
+        generator = None
+        if not sp.is_greedy:
+            seed = sp.seed if sp.seed is not None else self.seed + self._num_reqs
+            generator = torch.Generator().manual_seed(seed)
+        req = Req(
+            rid=tokenized.rid,
+            input_ids=tokenized.input_ids,
+            sampling_params=sp,
+            mm_items=tokenized.mm_items,
+            eos_token_ids=self.eos_token_ids,
+            generator=generator,
+            return_logprob=tokenized.return_logprob,
+        )
         if self.runner.adapter.uses_mrope:
             req.mrope_positions, req.mrope_delta = self.runner.adapter.mrope(
                 req.input_ids, [item.layout for item in req.mm_items]
             )
         req.arrival_time = time.perf_counter()
         self.waiting.append(req)
+        return req
 
     def abort(self, rid: str) -> bool:
         for req in list(self.waiting):
@@ -242,7 +272,7 @@ class Scheduler:
         elif len(req.output_ids) >= sp.max_new_tokens:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
         if sp.stop and req.finish_reason is None:
-            text = self.detokenize(req)
+            text = self.tokenizer.decode(req.output_ids, skip_special_tokens=sp.skip_special_tokens)
             for stop in sp.stop:
                 if stop in text:
                     req.finish_reason = {"type": "stop", "matched": stop}
@@ -280,3 +310,16 @@ class Scheduler:
         self.kv_pool.check_integrity(held)
         self.req_to_token.check_integrity()
         self.runner.embedder.cache.check_integrity()
+
+
+def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:
+    """EOS ids from generation_config.json plus the tokenizer's."""
+    ids: set[int] = set()
+    path = os.path.join(model_path, "generation_config.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            eos = json.load(f).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)

@@ -61,6 +61,7 @@ def resolve_dtype(name: str, config: Any, device: str) -> torch.dtype:
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str) -> None:
         self.args = args
+        self.model_path = model_path
         self.device = args.resolved_device
         self.config = AutoConfig.from_pretrained(
             model_path, trust_remote_code=args.trust_remote_code

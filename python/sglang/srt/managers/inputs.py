@@ -1,0 +1,93 @@
+"""Normalising SGLang-style generate inputs (single or batched) into tokenized requests; shared
+by the offline engine and the HTTP server."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.srt.managers.io_struct import TokenizedRequest
+from sglang.srt.multimodal.image_io import LoadedImage
+from sglang.srt.multimodal.processor import MultimodalProcessor
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+
+@dataclass
+class GenerateInput:
+    """One request of a (possibly batched) generate call, before tokenization."""
+
+    rid: str
+    prompt: str | None
+    input_ids: list[int] | None
+    images: list[Any]
+    sampling_params: SamplingParams
+
+
+def split_generate_inputs(
+    prompt: str | list[str] | None,
+    sampling_params: dict | list[dict] | None,
+    input_ids: list[int] | list[list[int]] | None,
+    image_data: Any,
+    rid: str | list[str] | None = None,
+) -> tuple[list[GenerateInput], bool]:
+    """Validate the shapes of a generate call; returns (one input per request, batched?)."""
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("give exactly one of text/prompt and input_ids")
+    batched = isinstance(prompt, list) or bool(input_ids and isinstance(input_ids[0], list))
+    if prompt is not None:
+        prompts = prompt if batched else [prompt]
+        if not all(isinstance(p, str) for p in prompts):
+            raise ValueError("prompts must be strings")
+        n = len(prompts)
+    else:
+        ids_list = input_ids if batched else [input_ids]
+        if not all(isinstance(t, int) for ids in ids_list for t in ids):  # type: ignore[union-attr]
+            raise ValueError("input_ids must be integers")
+        n = len(ids_list)  # type: ignore[arg-type]
+    if n == 0:
+        raise ValueError("the batch is empty")
+    images = _per_request(image_data, n, batched, "image_data")
+    params = _per_request(sampling_params, n, batched, "sampling_params", allow_dict=True)
+    rids = _per_request(rid, n, batched, "rid")
+    return [
+        GenerateInput(
+            rid=rids[i] or uuid.uuid4().hex,
+            prompt=prompts[i] if prompt is not None else None,
+            input_ids=ids_list[i] if input_ids is not None else None,  # type: ignore[index]
+            images=_as_list(images[i]),
+            sampling_params=SamplingParams.from_dict(params[i]),
+        )
+        for i in range(n)
+    ], batched
+
+
+def tokenize(
+    processor: MultimodalProcessor,
+    args: ServerArgs,
+    inp: GenerateInput,
+    images: list[LoadedImage],
+    return_logprob: bool = False,
+) -> TokenizedRequest:
+    limit = args.image_limit
+    if limit is not None and len(images) > limit:
+        raise ValueError(f"{len(images)} images in one request; the limit is {limit}")
+    ids, items = processor.process(inp.prompt, inp.input_ids, images)
+    return TokenizedRequest(inp.rid, ids, inp.sampling_params, items, return_logprob)
+
+
+def _per_request(value: Any, n: int, batched: bool, name: str, allow_dict: bool = False) -> list:
+    if not batched:
+        return [value]
+    if value is None or (allow_dict and isinstance(value, dict)):
+        return [value] * n
+    if not isinstance(value, list) or len(value) != n:
+        raise ValueError(f"{name} must be a list with one entry per prompt ({n})")
+    return value
+
+
+def _as_list(images: Any) -> list:
+    if images is None:
+        return []
+    return list(images) if isinstance(images, (list, tuple)) else [images]
