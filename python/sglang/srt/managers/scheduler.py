@@ -129,9 +129,26 @@ class Scheduler:
         batch = self._schedule_extend() or self._schedule_decode()
         if batch is None:
             return StepOutput([])
-        logits = self.runner.forward(batch)
+        try:
+            logits = self.runner.forward(batch)
+        except Exception as exc:  # a bad request must not take the server down
+            logger.exception(
+                "forward failed; aborting the %d request(s) of the batch", len(batch.reqs)
+            )
+            return StepOutput(self._abort_batch(batch, f"internal error: {exc}"))
         self.forward_steps += 1
         return StepOutput(self._process(batch, logits))
+
+    def _abort_batch(self, batch: ForwardBatch, message: str) -> list[Req]:
+        for req in batch.reqs:
+            row = req.req_pool_idx
+            start, end = req.computed_len, req.computed_len + req.extend_len
+            self.kv_pool.free(self.req_to_token.req_to_token[row, start:end].clone())
+            req.extend_len = 0
+            req.finish_reason = {"type": "abort", "message": message}
+            self._release(req)
+            self.running.remove(req)
+        return batch.reqs
 
     def _schedule_extend(self) -> ForwardBatch | None:
         budget = self.chunk_size if self.chunk_size is not None else self.args.max_prefill_tokens

@@ -24,6 +24,7 @@ class ImageError(ValueError):
 class LoadedImage:
     image: Image.Image
     hash: int
+    data: bytes | None = None  # the encoded bytes, when the image came as bytes
 
 
 def content_hash(*parts: bytes) -> int:
@@ -102,4 +103,4 @@ def _decode(data: bytes) -> LoadedImage:
         raise
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageError(f"cannot decode image: {exc}") from exc
-    return LoadedImage(img, content_hash(data))
+    return LoadedImage(img, content_hash(data), data)

@@ -1,0 +1,91 @@
+"""``python -m sglang.launch_server``: the HTTP server with the scheduler in its own process."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import uuid
+
+import uvicorn
+
+from sglang.srt.entrypoints.engine import resolve_model_path
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger("sglang.launch_server")
+
+
+def parse_args(argv: list[str] | None = None) -> ServerArgs:
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server", description=__doc__)
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(argv))
+
+
+def launch_server(args: ServerArgs) -> None:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s"
+    )
+    model_path = resolve_model_path(args.model_path)
+    args = dataclasses.replace(args, model_path=model_path)
+    logger.info(
+        "server args: %s", {k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"}
+    )
+
+    from sglang.srt.managers.scheduler_process import run_scheduler_process
+
+    ipc_dir = tempfile.mkdtemp(prefix="sglang-")
+    tag = uuid.uuid4().hex[:8]
+    to_scheduler = f"ipc://{ipc_dir}/to-scheduler-{tag}"
+    from_scheduler = f"ipc://{ipc_dir}/from-scheduler-{tag}"
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=run_scheduler_process,
+        args=(args, model_path, to_scheduler, from_scheduler, writer),
+        daemon=True,
+        name="sglang-scheduler",
+    )
+    proc.start()
+    ready = reader.recv()
+    if isinstance(ready, Exception):
+        proc.join(timeout=5)
+        raise SystemExit(f"scheduler failed to start: {ready}")
+
+    def stop_scheduler() -> None:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+
+    try:
+        _serve(args, model_path, ready, (to_scheduler, from_scheduler))
+    finally:
+        stop_scheduler()
+
+
+def _serve(args: ServerArgs, model_path: str, ready, addrs: tuple[str, str]) -> None:
+    from sglang.srt.entrypoints.http_server import create_app
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    manager = TokenizerManager(args, model_path, ready, addrs)
+    app = create_app(manager, args, warm_up=True)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=5
+    )
+    uvicorn.Server(config).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    launch_server(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

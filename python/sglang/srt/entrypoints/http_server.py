@@ -1,0 +1,474 @@
+"""FastAPI app: OpenAI-compatible and SGLang endpoints over the tokenizer manager."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from sglang.srt.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    sampling_dict,
+)
+from sglang.srt.managers.inputs import GenerateInput, split_generate_inputs
+from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+OPEN_PATHS = {"/health", "/health_generate", "/ready", "/metrics"}
+
+
+def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = False) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await manager.start()
+        task = asyncio.create_task(_warm_up(args)) if warm_up else None
+        yield
+        if task is not None:
+            task.cancel()
+        manager.close()
+
+    app = FastAPI(title="sglang-vitcache", version="0.1.0", lifespan=lifespan)
+    model_name = args.served_model_name or args.model_path or "default"
+
+    @app.middleware("http")
+    async def api_key_guard(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
+        if args.api_key and request.url.path not in OPEN_PATHS:
+            if request.headers.get("authorization") != f"Bearer {args.api_key}":
+                return _error(401, "invalid or missing API key")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError):
+        return _error(400, f"invalid request: {_first_error(exc)}")
+
+    @app.exception_handler(ValueError)
+    async def on_value_error(request: Request, exc: ValueError):
+        return _error(getattr(exc, "status_code", 400), str(exc))
+
+    # Health and info ---------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/ready")
+    async def ready() -> dict:
+        return {"status": "ready"}
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        inp = GenerateInput(uuid.uuid4().hex, "ping", None, [], _params({"max_new_tokens": 1}))
+        tokenized = await manager.tokenize(inp)
+        async for _ in manager.generate(tokenized):
+            pass
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "sglang",
+                    "root": args.model_path,
+                    "max_model_len": manager.context_length,
+                }
+            ],
+        }
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info() -> dict:
+        return {
+            "model_path": args.model_path,
+            "tokenizer_path": args.model_path,
+            "is_generation": True,
+            "model_type": manager.model_type,
+            "has_image_understanding": manager.is_multimodal,
+        }
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> dict:
+        return await manager.rpc("server_info")
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        ok = await manager.rpc("flush_cache")
+        if not ok:
+            return Response("Cache not flushed: requests are running.\n", status_code=400)
+        return Response("Cache flushed.\n", status_code=200)
+
+    @app.get("/debug/check_integrity")
+    async def check_integrity() -> dict:
+        """KV pool, radix tree and embedding cache invariants (for tests and operators)."""
+        try:
+            await manager.rpc("check_integrity")
+        except RuntimeError as exc:
+            return JSONResponse({"ok": False, "error": str(exc)}, status_code=500)
+        return {"ok": True}
+
+    if args.enable_metrics:
+        from sglang.srt.entrypoints.metrics import Metrics
+
+        manager.metrics = Metrics()
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            info = await manager.rpc("server_info")
+            body, content_type = manager.metrics.render(info)
+            return Response(body, media_type=content_type)
+
+    # SGLang native -----------------------------------------------------------------------------
+    @app.post("/generate")
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        inputs, batched = split_generate_inputs(
+            body.text, body.sampling_params, body.input_ids, body.image_data, body.rid
+        )
+        tokenized = await asyncio.gather(
+            *(manager.tokenize(inp, body.return_logprob) for inp in inputs)
+        )
+        streams = [manager.generate(t) for t in tokenized]
+        if body.stream:
+            return _sse(_generate_chunks(streams, batched), request)
+        finals = await _collect_all(streams, request)
+        outs = [_generate_output(event) for event in finals]
+        return JSONResponse(outs if batched else outs[0])
+
+    # OpenAI ------------------------------------------------------------------------------------
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        max_new = body.max_tokens
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            prompt, ids = None, [prompt]
+        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt, ids = None, prompt
+        else:
+            ids = None
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        inputs, _ = split_generate_inputs(prompts, sampling_dict(body, max_new), ids, None)
+        tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
+        streams = [manager.generate(t) for t in tokenized]
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            return _sse(
+                _openai_chunks(streams, rid, created, model_name, "text_completion", body, args),
+                request,
+            )
+        finals = await _collect_all(streams, request)
+        choices = [
+            {
+                "index": i,
+                "text": e.text,
+                "logprobs": None,
+                "finish_reason": _openai_finish(e.finish_reason),
+            }
+            for i, e in enumerate(finals)
+        ]
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model_name,
+                "choices": choices,
+                "usage": _usage(finals, args),
+            }
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        prompt, images = _render_chat(manager, body, args)
+        max_new = body.max_completion_tokens or body.max_tokens or manager.context_length
+        inp = GenerateInput(
+            uuid.uuid4().hex, prompt, None, images, _params(sampling_dict(body, max_new))
+        )
+        tokenized = await manager.tokenize(inp)
+        stream = manager.generate(tokenized)
+        rid, created = f"chatcmpl-{tokenized.rid}", int(time.time())
+        if body.stream:
+            return _sse(
+                _openai_chunks(
+                    [stream], rid, created, model_name, "chat.completion.chunk", body, args
+                ),
+                request,
+            )
+        (final,) = await _collect_all([stream], request)
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": final.text},
+                        "logprobs": None,
+                        "finish_reason": _openai_finish(final.finish_reason),
+                    }
+                ],
+                "usage": _usage([final], args),
+            }
+        )
+
+    return app
+
+
+# Helpers -------------------------------------------------------------------------------------
+def _params(params: dict[str, Any]):
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return SamplingParams.from_dict(params)
+
+
+def _render_chat(
+    manager: TokenizerManager, body: ChatCompletionRequest, args: ServerArgs
+) -> tuple[str, list[str]]:
+    """Chat template over messages whose image parts become the template's image entries;
+    returns the prompt and the image references in order."""
+    images: list[str] = []
+    messages = []
+    for msg in body.messages:
+        content: Any = msg.content or ""
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if part.type == "text":
+                    parts.append({"type": "text", "text": part.text})
+                else:
+                    images.append(part.image_url.url)
+                    parts.append({"type": "image"})
+            content = parts
+        messages.append({"role": msg.role, "content": content})
+    tokenizer = manager.tokenizer
+    template = _chat_template(args)
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise RequestError("the model has no chat template; use /v1/completions or /generate")
+    prompt = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, chat_template=template
+    )
+    return prompt, images
+
+
+def _chat_template(args: ServerArgs) -> str | None:
+    if not args.chat_template:
+        return None
+    if args.chat_template.endswith(".jinja"):
+        with open(args.chat_template) as f:
+            return f.read()
+    return args.chat_template
+
+
+async def _collect_all(
+    streams: list[AsyncIterator[StreamEvent]], request: Request
+) -> list[StreamEvent]:
+    """Run the streams to completion; abort them all if the client goes away."""
+
+    async def last(stream: AsyncIterator[StreamEvent]) -> StreamEvent:
+        event = None
+        async for event in stream:  # noqa: B007
+            pass
+        assert event is not None
+        return event
+
+    tasks = [asyncio.create_task(last(s)) for s in streams]
+    watcher = asyncio.create_task(_wait_disconnect(request))
+    try:
+        pending: set[asyncio.Task] = set(tasks)
+        while pending:
+            done, _ = await asyncio.wait(pending | {watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher in done:
+                raise RequestError("client disconnected", status_code=499)
+            for task in done:
+                task.result()  # surface a failed request now
+            pending -= done
+        return [t.result() for t in tasks]
+    finally:
+        watcher.cancel()
+        for task in tasks:
+            task.cancel()  # a cancelled stream aborts its request in the scheduler
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.2)
+
+
+def _sse(chunks: AsyncIterator[dict | str], request: Request) -> StreamingResponse:
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                if await request.is_disconnected():
+                    return
+                data = chunk if isinstance(chunk, str) else json.dumps(chunk)
+                yield f"data: {data}\n\n".encode()
+        except RequestError as exc:
+            yield f"data: {json.dumps(_error_body(exc.status_code, str(exc)))}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+async def _merge(
+    streams: list[AsyncIterator[StreamEvent]],
+) -> AsyncIterator[tuple[int, StreamEvent]]:
+    """Interleave several request streams as their events arrive."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[StreamEvent]) -> None:
+        try:
+            async for event in stream:
+                await queue.put((i, event, None))
+        except Exception as exc:  # surfaced to the consumer
+            await queue.put((i, None, exc))
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    open_streams = len(streams)
+    try:
+        while open_streams:
+            i, event, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if event is None:
+                open_streams -= 1
+                continue
+            yield i, event
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _generate_chunks(
+    streams: list[AsyncIterator[StreamEvent]], batched: bool
+) -> AsyncIterator[dict]:
+    async for i, event in _merge(streams):
+        out = _generate_output(event)
+        if batched:
+            out["index"] = i
+        yield out
+
+
+def _generate_output(event: StreamEvent) -> dict:
+    return {"text": event.text, "output_ids": event.output_ids, "meta_info": event.meta}
+
+
+async def _openai_chunks(
+    streams: list[AsyncIterator[StreamEvent]],
+    rid: str,
+    created: int,
+    model: str,
+    kind: str,
+    body: Any,
+    args: ServerArgs,
+) -> AsyncIterator[dict]:
+    chat = kind == "chat.completion.chunk"
+    finals: list[StreamEvent] = []
+    if chat:
+        yield _chunk(rid, created, model, kind, 0, {"delta": {"role": "assistant", "content": ""}})
+    async for i, event in _merge(streams):
+        finish = _openai_finish(event.finish_reason)
+        if not event.delta and finish is None:
+            continue
+        payload = {"delta": {"content": event.delta}} if chat else {"text": event.delta}
+        yield _chunk(rid, created, model, kind, i, {**payload, "finish_reason": finish})
+        if finish is not None:
+            finals.append(event)
+    if body.stream_options and body.stream_options.include_usage:
+        yield {
+            "id": rid,
+            "object": kind,
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": _usage(finals, args),
+        }
+
+
+def _chunk(rid: str, created: int, model: str, kind: str, index: int, choice: dict) -> dict:
+    choice = {"index": index, "logprobs": None, "finish_reason": None, **choice}
+    return {"id": rid, "object": kind, "created": created, "model": model, "choices": [choice]}
+
+
+def _openai_finish(reason: dict | None) -> str | None:
+    return None if reason is None else reason.get("type", "stop")
+
+
+def _usage(events: list[StreamEvent], args: ServerArgs) -> dict:
+    prompt = sum(e.meta["prompt_tokens"] for e in events)
+    completion = sum(e.meta["completion_tokens"] for e in events)
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if args.enable_cache_report:
+        cached = sum(e.meta["cached_tokens"] for e in events)
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
+
+
+def _error_body(status: int, message: str) -> dict:
+    kind = "invalid_request_error" if status < 500 else "internal_error"
+    return {
+        "object": "error",
+        "error": {"message": message, "type": kind, "code": status},
+        "message": message,
+        "code": status,
+    }
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(_error_body(status, message), status_code=status)
+
+
+def _first_error(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "malformed body"
+    err = errors[0]
+    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+    return f"{where}: {err.get('msg')}" if where else str(err.get("msg"))
+
+
+async def _warm_up(args: ServerArgs) -> None:
+    """One tiny generation through the whole stack, then the "ready" log line."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = f"http://{args.host}:{args.port}"
+    async with httpx.AsyncClient(timeout=600) as client:
+        for _ in range(100):
+            try:
+                await client.get(f"{url}/health")
+                break
+            except httpx.HTTPError:
+                await asyncio.sleep(0.1)
+        resp = await client.post(
+            f"{url}/generate",
+            json={"text": "warm up", "sampling_params": {"max_new_tokens": 1}},
+            headers=headers,
+        )
+    if resp.status_code != 200:
+        logger.error("warm-up request failed: %s %s", resp.status_code, resp.text)
+        return
+    logger.info("The server is fired up and ready to roll! (ready on %s)", url)

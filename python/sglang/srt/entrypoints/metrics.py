@@ -1,0 +1,103 @@
+"""Prometheus metrics under SGLang's ``sglang:`` names (only with --enable-metrics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Time to first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "End-to-end request latency",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds",
+            "Inter-token latency",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens", registry=r)
+        self.generation_tokens = Counter("sglang:generation_tokens", "Generated tokens", registry=r)
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens", "Prompt tokens from the prefix cache", registry=r
+        )
+        self.requests = Counter("sglang:num_requests", "Finished requests", registry=r)
+        gauges = {
+            "num_running_reqs": "Running requests",
+            "num_queue_reqs": "Queued requests",
+            "token_usage": "Fraction of KV slots in use",
+            "cache_hit_rate": "Prefix cache hit rate (cached / prompt tokens)",
+            "mm_cache_hits": "Embedding cache hits",
+            "mm_cache_misses": "Embedding cache misses",
+            "mm_cache_evictions": "Embedding cache evictions",
+            "mm_cache_entries": "Embedding cache entries",
+            "mm_cache_bytes_used": "Embedding cache bytes in use",
+            "mm_encoded_items": "Images encoded by the vision tower",
+            "mm_encoded_tokens": "Image tokens encoded by the vision tower",
+            "mm_encoder_seconds": "Seconds spent in the vision tower",
+            "mm_preprocess_skipped": "Images whose pixel preprocessing was skipped",
+        }
+        self.gauges = {k: Gauge(f"sglang:{k}", doc, registry=r) for k, doc in gauges.items()}
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    def observe(self, state: Any, out: Any, now: float) -> None:
+        """Called for every scheduler output of a request."""
+        if out.new_token_ids:
+            if state.first_token_time is None:
+                state.first_token_time = now
+                self.ttft.observe(now - state.created)
+            elif state.last_token_time is not None:
+                gap = (now - state.last_token_time) / len(out.new_token_ids)
+                self.itl.observe(gap)
+            state.last_token_time = now
+            self.generation_tokens.inc(len(out.new_token_ids))
+        if out.finish_reason is not None:
+            self.e2e.observe(now - state.created)
+            self.requests.inc()
+            self.prompt_tokens.inc(out.prompt_tokens)
+            self.cached_tokens.inc(out.cached_tokens)
+            self._prompt_total += out.prompt_tokens
+            self._cached_total += out.cached_tokens
+
+    def render(self, info: dict) -> tuple[bytes, str]:
+        mm = info.get("mm_embedding_cache", {})
+        values = {
+            "num_running_reqs": info.get("num_running_reqs", 0),
+            "num_queue_reqs": info.get("num_queue_reqs", 0),
+            "token_usage": info.get("token_usage", 0.0),
+            "cache_hit_rate": self._cached_total / max(self._prompt_total, 1),
+            "mm_cache_hits": mm.get("hits", 0),
+            "mm_cache_misses": mm.get("misses", 0),
+            "mm_cache_evictions": mm.get("evictions", 0),
+            "mm_cache_entries": mm.get("entries", 0),
+            "mm_cache_bytes_used": mm.get("bytes_used", 0),
+            "mm_encoded_items": mm.get("encoded_items", 0),
+            "mm_encoded_tokens": mm.get("encoded_tokens", 0),
+            "mm_encoder_seconds": mm.get("encoder_seconds", 0.0),
+            "mm_preprocess_skipped": mm.get("preprocess_skipped", 0),
+        }
+        for name, value in values.items():
+            self.gauges[name].set(value)
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
