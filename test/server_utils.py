@@ -1,0 +1,65 @@
+"""Start the real server process on a free port for end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def launch_server(model_path: str, *flags: str, timeout: float = 180) -> Iterator[tuple[str, int]]:
+    """Yield (base URL, server pid); the server is ready (warm) when this yields."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *flags,
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = tempfile.NamedTemporaryFile("w+", prefix="sglang-server-", suffix=".log")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"server exited early:\n{log.read()}")
+            try:
+                if httpx.get(f"{url}/health_generate", timeout=30).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            raise TimeoutError("server did not become ready")
+        yield url, proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        log.close()
