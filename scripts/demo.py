@@ -9,8 +9,9 @@ import argparse
 import json
 
 import numpy as np
-import sglang
 from PIL import Image
+
+import sglang
 
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 

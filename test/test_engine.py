@@ -6,8 +6,9 @@ import base64
 import io
 
 import pytest
-import sglang
 from conftest import hf_greedy, make_image, model_dir, placeholder
+
+import sglang
 from sglang.srt.multimodal.image_io import ImageError
 
 FAMILY = "qwen2_5_vl"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
 
 

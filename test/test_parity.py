@@ -4,7 +4,6 @@ that cut through images, radix-cache hits and mixed batches."""
 from __future__ import annotations
 
 import pytest
-import sglang
 from conftest import (
     TEXT_FAMILIES,
     VLM_FAMILIES,
@@ -13,6 +12,8 @@ from conftest import (
     model_dir,
     placeholder,
 )
+
+import sglang
 
 MAX_NEW = 10
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}

@@ -4,10 +4,11 @@ log-probabilities equal HF ``generate`` (Qwen family, M-RoPE)."""
 from __future__ import annotations
 
 import pytest
-import sglang
 from conftest import hf_greedy, make_image, model_dir, placeholder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import sglang
 
 FAMILY = "qwen2_5_vl"
 SIZES = [(32, 32), (64, 32), (32, 96), (64, 64), (96, 64)]

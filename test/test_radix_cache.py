@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sglang.srt.mem_cache.memory_pool import KVPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
 

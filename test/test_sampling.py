@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from sglang.srt.sampling.sampler import sample
 from sglang.srt.sampling.sampling_params import SamplingParams
 

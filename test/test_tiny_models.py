@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 from PIL import Image
+
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.testing import tiny_models
 from sglang.testing.tiny_models import (

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import sglang
 import torch
 from conftest import hf_greedy, make_image, model_dir, placeholder
+
+import sglang
 from sglang.srt.multimodal.embedder import _move_items_to_device
 
 FAMILY = "qwen2_5_vl"

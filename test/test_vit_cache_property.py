@@ -7,11 +7,12 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-import sglang
 import torch
 from conftest import make_image, model_dir, placeholder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import sglang
 from sglang.srt.managers.req import Req
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.multimodal.embedder import MultimodalEmbedder, _move_items_to_device
