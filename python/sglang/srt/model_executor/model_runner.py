@@ -98,6 +98,7 @@ class ModelRunner:
             attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "": "sdpa"}
         else:
             cls, attn = transformers.AutoModelForCausalLM, ATTENTION_NAME
+        transformers.utils.logging.disable_progress_bar()
         model = cls.from_pretrained(
             model_path,
             dtype=self.dtype,
