@@ -25,7 +25,6 @@ from sglang.srt.managers.io_struct import (
     RpcResponse,
     TokenizedRequest,
 )
-from sglang.srt.multimodal.image_io import load_image
 from sglang.srt.multimodal.media_fetch import allowed_local_dir, fetch_image_source
 from sglang.srt.multimodal.processor import MultimodalProcessor
 from sglang.srt.server_args import ServerArgs
@@ -111,11 +110,11 @@ class TokenizerManager:
         return tokenized
 
     def _tokenize_sync(self, inp: GenerateInput, sources: list, return_logprob: bool):
-        local = self.processor.allowed_local_dir
-        images = [load_image(src, local) for src in sources]
+        images = self.processor.load_images(sources)
         tokenized = tokenize(self.processor, self.args, inp, images, return_logprob)
         for item, img in zip(tokenized.mm_items, images):
-            item.source = img.data if img.data is not None else item.source
+            if img.data is not None:
+                item.source = img.data  # ship the encoded bytes, not decoded pixels
         return tokenized
 
     async def generate(self, tokenized: TokenizedRequest) -> AsyncIterator[StreamEvent]:

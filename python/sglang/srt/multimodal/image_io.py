@@ -8,6 +8,8 @@ import binascii
 import hashlib
 import io
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +24,47 @@ class ImageError(ValueError):
 
 @dataclass
 class LoadedImage:
-    image: Image.Image
+    """A validated image: its content hash, its size, and the decoded image or the encoded
+    bytes (at least one of the two)."""
+
     hash: int
-    data: bytes | None = None  # the encoded bytes, when the image came as bytes
+    size: tuple[int, int]  # (width, height)
+    image: Image.Image | None = None
+    data: bytes | None = None
+
+    @property
+    def source(self) -> Image.Image | bytes:
+        """What preprocessing decodes from: the image itself, else its bytes."""
+        return self.image if self.image is not None else self.data  # type: ignore[return-value]
+
+    def pil(self) -> Image.Image:
+        if self.image is None:
+            assert self.data is not None
+            return _decode(self.data).image  # type: ignore[return-value]
+        return self.image
+
+
+class DecodedImageCache:
+    """Hashes of encoded images already decoded and validated, with their sizes: a repeated
+    image (e.g. earlier turns of a chat, re-sent each turn) is hashed but not decoded again."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._sizes: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: int) -> tuple[int, int] | None:
+        with self._lock:
+            size = self._sizes.get(key)
+            if size is not None:
+                self._sizes.move_to_end(key)
+            return size
+
+    def put(self, key: int, size: tuple[int, int]) -> None:
+        with self._lock:
+            self._sizes[key] = size
+            if len(self._sizes) > self.capacity:
+                self._sizes.popitem(last=False)
 
 
 def content_hash(*parts: bytes) -> int:
@@ -34,22 +74,37 @@ def content_hash(*parts: bytes) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-def load_image(source: Any, allowed_local_dir: str | None = "*") -> LoadedImage:
-    """Decode one image. ``allowed_local_dir``: "*" allows any local path, None allows none."""
+def load_image(
+    source: Any, allowed_local_dir: str | None = "*", seen: DecodedImageCache | None = None
+) -> LoadedImage:
+    """Validate one image. ``allowed_local_dir``: "*" allows any local path, None allows none.
+    With ``seen``, encoded images decoded before are not decoded again."""
     if isinstance(source, LoadedImage):
         return source
     if isinstance(source, Image.Image):
         img = source.convert("RGB")
-        return LoadedImage(img, content_hash(f"{img.size}".encode(), img.tobytes()))
+        return LoadedImage(content_hash(f"{img.size}".encode(), img.tobytes()), img.size, img)
+    data = _read_bytes(source, allowed_local_dir)
+    key = content_hash(data)
+    size = seen.get(key) if seen is not None else None
+    if size is not None:
+        return LoadedImage(key, size, data=data)
+    loaded = _decode(data)
+    if seen is not None:
+        seen.put(key, loaded.size)
+    return loaded
+
+
+def _read_bytes(source: Any, allowed_local_dir: str | None) -> bytes:
     if isinstance(source, (bytes, bytearray)):
-        return _decode(bytes(source))
+        return bytes(source)
     if not isinstance(source, str):
         raise ImageError(f"unsupported image input of type {type(source).__name__}")
     if source.startswith("data:"):
         header, _, payload = source.partition(",")
         if ";base64" not in header:
             raise ImageError("data URL images must be base64 encoded")
-        return _decode(_b64decode(payload))
+        return _b64decode(payload)
     if source.startswith(("http://", "https://")):
         raise ImageError("remote image URLs are served by the HTTP server only")
     scheme = source.split("://", 1)[0] if "://" in source else None
@@ -57,7 +112,7 @@ def load_image(source: Any, allowed_local_dir: str | None = "*") -> LoadedImage:
         raise ImageError(f"unsupported image URL scheme {scheme!r}")
     if scheme == "file" or (len(source) < 4096 and os.path.exists(source)):
         path = source[len("file://") :] if scheme == "file" else source
-        return _decode(_read_local(path, allowed_local_dir))
+        return _read_local(path, allowed_local_dir)
     try:
         data = _b64decode(source)
     except ImageError as exc:
@@ -66,7 +121,7 @@ def load_image(source: Any, allowed_local_dir: str | None = "*") -> LoadedImage:
                 f"image file not found and not valid base64: {source[:200]!r}"
             ) from exc
         raise
-    return _decode(data)
+    return data
 
 
 def _read_local(path: str, allowed_local_dir: str | None) -> bytes:
@@ -103,4 +158,4 @@ def _decode(data: bytes) -> LoadedImage:
         raise
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ImageError(f"cannot decode image: {exc}") from exc
-    return LoadedImage(img, content_hash(data), data)
+    return LoadedImage(content_hash(data), img.size, img, data)

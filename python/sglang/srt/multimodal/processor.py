@@ -16,7 +16,12 @@ from PIL import Image
 
 from sglang.srt.models.adapters import ModelAdapter, get_adapter
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.srt.multimodal.image_io import LoadedImage, content_hash, load_image
+from sglang.srt.multimodal.image_io import (
+    DecodedImageCache,
+    LoadedImage,
+    content_hash,
+    load_image,
+)
 from sglang.srt.multimodal.items import MultimodalItem, spans_of
 
 
@@ -56,12 +61,13 @@ class MultimodalProcessor:
         self.adapter = get_adapter(None, hf_config)  # type: ignore[arg-type]
         self.is_multimodal = hasattr(hf_config, "vision_config")
         self.allowed_local_dir = allowed_local_dir
+        self.seen = DecodedImageCache()
         self.preprocessor = ImagePreprocessor(
             getattr(self.hf_processor, "image_processor", None), self.adapter
         )
 
     def load_images(self, image_data: Sequence[Any]) -> list[LoadedImage]:
-        return [load_image(src, self.allowed_local_dir) for src in image_data]
+        return [load_image(src, self.allowed_local_dir, self.seen) for src in image_data]
 
     def process(
         self,
@@ -79,7 +85,12 @@ class MultimodalProcessor:
             assert input_ids is not None
             prompt = self.tokenizer.decode(input_ids)
         proc = self.hf_processor
-        proc.validate_inputs(images=[[img.image for img in images]], text=[prompt])
+        found = prompt.count(proc.image_token)
+        if found != len(images):
+            raise ValueError(
+                f"the prompt has {found} image placeholder(s) ({proc.image_token!r}) but "
+                f"{len(images)} image(s) were given"
+            )
         items = [self._item(img) for img in images]
         replacements = [self.adapter.replacement(proc, item.layout) for item in items]
         (text,), _ = proc.get_text_with_replacements([prompt], replacements)
@@ -88,10 +99,10 @@ class MultimodalProcessor:
         return ids, items
 
     def _item(self, img: LoadedImage) -> MultimodalItem:
-        item = MultimodalItem(self.preprocessor.item_hash(img.hash), [], source=img.image)
-        layout = self.adapter.layout(self.preprocessor.image_processor, *img.image.size)
+        item = MultimodalItem(self.preprocessor.item_hash(img.hash), [], source=img.source)
+        layout = self.adapter.layout(self.preprocessor.image_processor, *img.size)
         if layout is None:
-            item.features = self.preprocessor.features([img.image])[0]
+            item.features = self.preprocessor.features([img.pil()])[0]
             layout = self.adapter.layout_of(item.features)
         item.layout = layout
         return item
