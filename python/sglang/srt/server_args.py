@@ -18,7 +18,6 @@ class ServerArgs:
     model_path: str | None = field(
         default=None, metadata={"help": "Local HF model folder (default: the embedded tiny model)."}
     )
-    tokenizer_path: str | None = None
     served_model_name: str | None = None
     chat_template: str | None = None
     dtype: str = field(
@@ -85,6 +84,12 @@ class ServerArgs:
             raise ValueError("chunked_prefill_size must be positive or -1")
         if self.max_prefill_tokens <= 0:
             raise ValueError("max_prefill_tokens must be positive")
+        if self.schedule_policy != "fcfs":
+            raise ValueError(
+                f"only the fcfs schedule policy is implemented, not {self.schedule_policy!r}"
+            )
+        if self.mm_attention_backend != "sdpa":
+            raise ValueError("the vision tower runs on sdpa (--mm-attention-backend sdpa)")
         if self.limit_mm_data_per_request is not None:
             self.image_limit  # noqa: B018  (validates the JSON)
 

@@ -151,7 +151,7 @@ class Scheduler:
         return batch.reqs
 
     def _schedule_extend(self) -> ForwardBatch | None:
-        budget = self.chunk_size if self.chunk_size is not None else self.args.max_prefill_tokens
+        budget = min(self.chunk_size or self.args.max_prefill_tokens, self.args.max_prefill_tokens)
         unbounded = self.chunk_size is None
         chosen: list[Req] = []
         for req in self.running:
