@@ -22,17 +22,28 @@ class _ReqAttn:
     kv_indices: torch.Tensor
     q_pos: torch.Tensor  # (q_len,) absolute positions of the queries
     kv_pos: torch.Tensor  # (seq_len,)
-    base_mask: torch.Tensor | None  # (q_len, seq_len) bool; None = attend to everything
-    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    allowed: torch.Tensor | None  # (q_len, seq_len) bool; None = attend to everything
+    dtype: torch.dtype
+    masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor | None:
-        if sliding_window is None or self.kv_pos.numel() <= 1:
-            return self.base_mask
-        if sliding_window not in self.window_masks:
-            in_window = self.kv_pos[None, :] > self.q_pos[:, None] - sliding_window
-            base = self.base_mask
-            self.window_masks[sliding_window] = in_window if base is None else base & in_window
-        return self.window_masks[sliding_window]
+        """Additive mask (0 / -inf) in the model dtype, built once per batch and window: SDPA's
+        fused CPU kernel takes it as is, while a boolean mask is converted on every call."""
+        if sliding_window is not None and self.kv_pos.numel() <= 1:
+            sliding_window = None
+        if sliding_window not in self.masks:
+            allowed = self.allowed
+            if sliding_window is not None:
+                in_window = self.kv_pos[None, :] > self.q_pos[:, None] - sliding_window
+                allowed = in_window if allowed is None else allowed & in_window
+            self.masks[sliding_window] = None if allowed is None else _additive(allowed, self.dtype)
+        return self.masks[sliding_window]
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, float("-inf")
+    )
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -42,7 +53,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self._reqs: list[_ReqAttn] = []
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
-        device = self.kv_pool.device
+        device, dtype = self.kv_pool.device, self.kv_pool.dtype
         self._reqs = []
         q_start = 0
         for row, prefix, extend, spans in zip(
@@ -59,9 +70,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                         q_in = (q_pos >= start) & (q_pos < end)
                         kv_in = (kv_pos >= start) & (kv_pos < end)
                         mask |= q_in[:, None] & kv_in[None, :]
-            self._reqs.append(
-                _ReqAttn(q_start, extend, self.req_to_token[row, :seq_len], q_pos, kv_pos, mask)
-            )
+            kv_indices = self.req_to_token[row, :seq_len]
+            self._reqs.append(_ReqAttn(q_start, extend, kv_indices, q_pos, kv_pos, mask, dtype))
             q_start += extend
 
     def forward(
@@ -108,6 +118,6 @@ def _softcapped_attention(
     scores = torch.matmul(q, k.transpose(2, 3)) * scaling
     scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores + mask
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return torch.matmul(probs, v)
