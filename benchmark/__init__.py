@@ -1,0 +1,1 @@
+"""Benchmarks for the chunk-aware ViT embedding cache (see benchmark/README.md)."""

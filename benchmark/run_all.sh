@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Reproduce benchmark/results/ (2-core CPU: ~15 min without the full multiturn preset, ~1 h with).
+#   bash benchmark/run_all.sh [--with-full]
+# Peers (vLLM CPU, transformers serve) need: bash benchmark/peers/setup_peers.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python}"
+R=benchmark/results
+SMALL="$($PY -m sglang.testing.tiny_models --size small)"
+$PY -m benchmark.multiturn_image --quick --repeats 3 --engines ours,vllm,hf --out $R/multiturn_image_quick
+$PY -m benchmark.serving_throughput --quick --num-prompts 32 --engines ours,vllm,hf --out $R/serving_throughput_quick
+$PY -m benchmark.vit_per_chunk --out $R/vit_per_chunk
+$PY -m benchmark.image_limit --quick --cap 24 --out $R/image_limit_quick
+$PY -m benchmark.ocrbench_synth --out /tmp/ocrbench-synth --count 40
+$PY -m benchmark.ocrbench --data /tmp/ocrbench-synth --model-path "$SMALL" --max-tokens 16 --out $R/ocrbench_synth
+$PY -m benchmark.profile_server --resolution 1280x720 --out $R/profile_server_720p
+if [ "${1:-}" = "--with-full" ]; then
+  $PY -m benchmark.multiturn_image --preset full --engines ours,vllm,hf --out $R/multiturn_image_full
+fi

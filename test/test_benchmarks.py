@@ -1,0 +1,203 @@
+"""Benchmarks: OCRBench scoring, and smoke runs of every benchmark at tiny settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+pytest.importorskip("httpx")
+pytest.importorskip("tqdm")
+
+from benchmark.ocrbench import is_correct, score  # noqa: E402
+
+HAS_SERVER = importlib.util.find_spec("sglang.launch_server") is not None
+needs_server = pytest.mark.skipif(not HAS_SERVER, reason="sglang.launch_server not available")
+needs_plots = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed"
+)
+
+
+# OCRBench scoring ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "prediction, answers, ok",
+    [
+        ("The word is HELLO.", ["hello"], True),  # case-insensitive
+        ("  hello\nworld ", "hello world", True),  # newline -> space, string answer
+        ("hel lo", ["hello"], False),  # spaces matter outside HME100k
+        ("nothing here", ["cat", "dog"], False),
+        ("a big Dog", ["cat", "dog"], True),  # any of several answers
+        ("", ["x"], False),
+    ],
+)
+def test_normal_rule(prediction: str, answers: list[str] | str, ok: bool) -> None:
+    assert is_correct(prediction, answers, "IIIT5K") is ok
+
+
+@pytest.mark.parametrize(
+    "prediction, answers, ok",
+    [
+        ("x ^ { 2 } + 1", ["x^{2}+1"], True),  # all spaces removed from both sides
+        ("x^{2}+1", ["x ^ { 2 } + 1"], True),
+        ("X^{2}+1", ["x^{2}+1"], False),  # case-sensitive
+        ("= \\frac { a } { b }", ["\\frac{a}{b}"], True),
+        ("x^{3}", ["x^{2}"], False),
+    ],
+)
+def test_hme_rule(prediction: str, answers: list[str], ok: bool) -> None:
+    assert is_correct(prediction, answers, "HME100k") is ok
+
+
+def test_score_groups_categories() -> None:
+    entries = [
+        {"type": "Regular Text Recognition", "dataset_name": "IIIT5K", "answers": ["cat"]},
+        {"type": "Regular Text Recognition", "dataset_name": "IIIT5K", "answers": ["dog"]},
+        {"type": "Doc-oriented VQA", "dataset_name": "docVQA", "answers": ["Paris"]},
+        {
+            "type": "Handwritten Mathematical Expression Recognition",
+            "dataset_name": "HME100k",
+            "answers": ["a+b"],
+        },
+    ]
+    result = score(entries, ["a cat", "a cow", "it is paris", "A + B"])
+    assert result["categories"]["Regular Text Recognition"] == {"correct": 1, "total": 2}
+    assert result["categories"]["Doc-oriented VQA"] == {"correct": 1, "total": 1}
+    hme = result["categories"]["Handwritten Mathematical Expression Recognition"]
+    assert hme == {"correct": 0, "total": 1}  # case-sensitive
+    assert result["text_recognition"] == {"correct": 1, "total": 2}
+    assert (result["correct"], result["total"], result["accuracy"]) == (2, 4, 0.5)
+
+
+def test_synthetic_set_format(tmp_path: Path) -> None:
+    from benchmark.ocrbench import CATEGORIES, load_dataset
+    from benchmark.ocrbench_synth import generate
+
+    folder = generate(tmp_path / "ocr", count=20)
+    entries = load_dataset(folder)
+    assert len(entries) == 20
+    assert {e["type"] for e in entries} == set(CATEGORIES)
+    for e in entries:
+        assert {"dataset_name", "id", "image_path", "question", "answers", "type"} <= e.keys()
+        assert Path(e["_image_file"]).is_file()
+        assert (e["dataset_name"] == "HME100k") == (e["type"] == CATEGORIES[-1])
+
+
+# Smoke runs (tiny model, tiny settings) ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from sglang.testing.tiny_models import build_tiny_model
+
+    return str(build_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("bench") / "qwen2_5_vl"))
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.with_suffix(".json").read_text())
+
+
+@needs_server
+@needs_plots
+def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path) -> None:
+    from benchmark.multiturn_image import main
+
+    out = tmp_path / "mt"
+    main(["--model-path", tiny_model, "--resolutions", "64x64", "--rounds", "3",
+          "--max-tokens", "4", "--modes", "per-image,combined", "--out", str(out)])  # fmt: skip
+    data = _load(out)
+    assert [run["label"] for run in data["runs"]] == ["ours:per-image", "ours:combined"]
+    for run in data["runs"]:
+        assert [r["round"] for r in run["rounds"]] == [0, 1, 2]
+        for r in run["rounds"]:
+            assert r["ttft_ms"] > 0 and r["prompt_tokens"] > 0
+            assert r["cached_tokens"] is not None and 0 <= r["hit_rate"] <= 1
+        assert run["rounds"][2]["cached_tokens"] > 0  # the conversation prefix is reused
+    per_image, combined = (run["rounds"] for run in data["runs"])
+    assert [r["encoded_items"] for r in per_image] == [1, 1, 1]
+    assert [r["encoded_items"] for r in combined] == [1, 2, 3]
+    assert data["goals"]["64x64"]["per_image_one_item_per_round"] is True
+    assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".md").exists()
+
+
+@needs_plots
+def test_vit_per_chunk_smoke(tiny_model: str, tmp_path: Path) -> None:
+    from benchmark.vit_per_chunk import main
+
+    out = tmp_path / "vpc"
+    main(["--model-path", tiny_model, "--images", "3", "--resolution", "96x96",
+          "--chunk", "32", "--out", str(out)])  # fmt: skip
+    data = _load(out)
+    by_mode = {r["mode"]: r["passes"] for r in data["results"]}
+    assert set(by_mode) == {"per-image", "combined", "off"}
+    for mode, (cold, warm) in by_mode.items():
+        cold_items = sum(c["encoded_items"] for c in cold["chunks"])
+        warm_items = sum(c["encoded_items"] for c in warm["chunks"])
+        if mode == "off":  # nothing cached: an image split over two chunks is encoded twice
+            assert cold_items == warm_items > 3
+        else:
+            assert (cold_items, warm_items) == (3, 0)
+    assert by_mode["combined"][0]["max_items_per_chunk"] == 3  # chunk 1 encodes all
+    assert by_mode["per-image"][0]["max_items_per_chunk"] < 3
+
+
+@needs_server
+@needs_plots
+def test_image_limit_smoke(tiny_model: str, tmp_path: Path) -> None:
+    from benchmark.image_limit import main
+
+    out = tmp_path / "il"
+    main(["--model-path", tiny_model, "--resolution", "64x64", "--cap", "3",
+          "--chunk", "64", "--modes", "per-image", "--out", str(out)])  # fmt: skip
+    steps = _load(out)["results"][0]["steps"]
+    assert [s["images"] for s in steps] == [1, 2, 3]
+    assert all(s["ok"] and s["ttft_ms"] > 0 and s["peak_mb"] > 0 for s in steps)
+
+
+@needs_plots
+def test_image_limit_offline_stops_at_failure(tiny_model: str, tmp_path: Path) -> None:
+    """The tiny model's context (4096) fits 48 images of 81 tokens: the probe stops at 49."""
+    from benchmark.image_limit import main
+
+    out = tmp_path / "ilo"
+    main(["--model-path", tiny_model, "--resolution", "256x256", "--cap", "60", "--chunk",
+          "4096", "--modes", "per-image", "--offline", "--out", str(out)])  # fmt: skip
+    result = _load(out)["results"][0]
+    assert result["max_ok_images"] == 48 and len(result["steps"]) == 49
+    assert not result["steps"][-1]["ok"] and "context length" in result["steps"][-1]["error"]
+
+
+@needs_server
+@needs_plots
+def test_serving_throughput_smoke(tiny_model: str, tmp_path: Path) -> None:
+    from benchmark.serving_throughput import main
+
+    out = tmp_path / "tp"
+    main(["--model-path", tiny_model, "--num-prompts", "6", "--resolution", "64x64",
+          "--max-concurrency", "3", "--output-len", "4", "--modes", "per-image",
+          "--out", str(out)])  # fmt: skip
+    (run,) = _load(out)["runs"]
+    assert run["completed"] == 6 and run["failed"] == 0
+    assert run["request_throughput"] > 0 and run["ttft_ms"]["n"] == 6
+    assert run["ttft_ms"]["median"] <= run["ttft_ms"]["p99"]
+    assert run["tpot_ms"]["n"] == 6  # ignore_eos: every request produced 4 tokens
+
+
+@needs_server
+def test_ocrbench_same_accuracy_in_every_mode(tiny_model: str, tmp_path: Path) -> None:
+    from benchmark.ocrbench import main
+    from benchmark.ocrbench_synth import generate
+
+    data = generate(tmp_path / "ocr", count=12)
+    out = tmp_path / "ocr-report"
+    main(["--data", str(data), "--model-path", tiny_model, "--max-tokens", "8",
+          "--concurrency", "4", "--out", str(out)])  # fmt: skip
+    reports = _load(out)["reports"]
+    assert [r["label"] for r in reports] == ["ours:per-image", "ours:combined", "ours:off"]
+    assert all(r["errors"] == 0 and r["total"] == 12 for r in reports)
+    assert len({r["correct"] for r in reports}) == 1
+    predictions = [[p["prediction"] for p in r["predictions"]] for r in reports]
+    assert predictions[0] == predictions[1] == predictions[2]  # greedy: identical outputs
