@@ -200,3 +200,31 @@ def test_default_model_and_context_manager(tmp_path, monkeypatch) -> None:
         out = eng.generate(f"Hi {placeholder(FAMILY)}", GREEDY, image_data=make_image(1))
         assert out["meta_info"]["completion_tokens"] == 8
         assert str(tmp_path) in eng.server_args.model_path
+
+
+def test_rendered_chat_prompt_keeps_a_single_bos() -> None:
+    from types import SimpleNamespace
+
+    from sglang.srt.entrypoints.http_server import _render_chat
+    from sglang.srt.entrypoints.protocol import ChatCompletionRequest
+    from sglang.srt.server_args import ServerArgs
+
+    eng = sglang.Engine(model_path=model_dir("gemma3"))
+    bos, bos_id = eng.tokenizer.bos_token, eng.tokenizer.bos_token_id
+    body = ChatCompletionRequest(
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "unused"}},
+                    {"type": "text", "text": "hi"},
+                ],
+            }
+        ]
+    )
+    prompt, images = _render_chat(SimpleNamespace(tokenizer=eng.tokenizer), body, ServerArgs())
+    assert prompt.startswith(bos) and images == ["unused"]
+    loaded = eng.processor.load_images([make_image(1)])
+    doubled, _ = eng.processor.process(prompt, None, loaded)
+    single, _ = eng.processor.process(prompt, None, loaded, add_special_tokens=False)
+    assert doubled[:2] == [bos_id, bos_id] and single.count(bos_id) == 1

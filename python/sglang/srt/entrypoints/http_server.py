@@ -196,8 +196,14 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         prompt, images = _render_chat(manager, body, args)
         max_new = body.max_completion_tokens or body.max_tokens or manager.context_length
+        bos = manager.tokenizer.bos_token
         inp = GenerateInput(
-            uuid.uuid4().hex, prompt, None, images, _params(sampling_dict(body, max_new))
+            uuid.uuid4().hex,
+            prompt,
+            None,
+            images,
+            _params(sampling_dict(body, max_new)),
+            add_special_tokens=not (bos and prompt.startswith(bos)),
         )
         tokenized = await manager.tokenize(inp)
         stream = manager.generate(tokenized)

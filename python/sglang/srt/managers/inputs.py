@@ -23,6 +23,7 @@ class GenerateInput:
     input_ids: list[int] | None
     images: list[Any]
     sampling_params: SamplingParams
+    add_special_tokens: bool = True
 
 
 def split_generate_inputs(
@@ -73,7 +74,7 @@ def tokenize(
     limit = args.image_limit
     if limit is not None and len(images) > limit:
         raise ValueError(f"{len(images)} images in one request; the limit is {limit}")
-    ids, items = processor.process(inp.prompt, inp.input_ids, images)
+    ids, items = processor.process(inp.prompt, inp.input_ids, images, inp.add_special_tokens)
     return TokenizedRequest(inp.rid, ids, inp.sampling_params, items, return_logprob)
 
 

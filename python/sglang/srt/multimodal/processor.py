@@ -74,10 +74,15 @@ class MultimodalProcessor:
         prompt: str | None,
         input_ids: list[int] | None,
         images: Sequence[LoadedImage],
+        add_special_tokens: bool = True,
     ) -> tuple[list[int], list[MultimodalItem]]:
+        """``add_special_tokens=False`` for text that already carries them (a rendered chat
+        template that starts with BOS would otherwise get a second one)."""
         if not images:
             if input_ids is None:
-                input_ids = self.tokenizer(prompt)["input_ids"]
+                input_ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens)[
+                    "input_ids"
+                ]
             return list(input_ids), []
         if not self.is_multimodal:
             raise ValueError("this model does not accept images")
@@ -94,7 +99,8 @@ class MultimodalProcessor:
         items = [self._item(img) for img in images]
         replacements = [self.adapter.replacement(proc, item.layout) for item in items]
         (text,), _ = proc.get_text_with_replacements([prompt], replacements)
-        ids = [int(t) for t in self.tokenizer(text)["input_ids"]]
+        encoded = self.tokenizer(text, add_special_tokens=add_special_tokens)
+        ids = [int(t) for t in encoded["input_ids"]]
         self._assign_spans(ids, items)
         return ids, items
 
