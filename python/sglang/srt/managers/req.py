@@ -23,7 +23,7 @@ class Req:
     """Token bookkeeping rests on three integers:
 
     - ``cached_len``: leading tokens whose KV came from the radix cache at admission;
-    - ``computed_len``: leading tokens of ``fill_ids`` whose KV is in the pool;
+    - ``computed_len``: leading tokens of input + output ids whose KV is in the pool;
     - ``extend_len``: tokens computed in the current step, starting at ``computed_len``.
 
     Positions, the chunk's multimodal items, KV slots and cache insertion all follow from them.
@@ -56,9 +56,12 @@ class Req:
     def __post_init__(self) -> None:
         self.radix_key_input = radix_key(self.input_ids, self.mm_items)
 
-    @property
-    def fill_ids(self) -> list[int]:
-        return self.input_ids + self.output_ids
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of input ids followed by output ids."""
+        n_in = len(self.input_ids)
+        if end <= n_in:
+            return self.input_ids[start:end]
+        return self.input_ids[start:] + self.output_ids[max(start - n_in, 0) : end - n_in]
 
     @property
     def seq_len(self) -> int:

@@ -223,7 +223,7 @@ class Scheduler:
             start, end = req.computed_len, req.computed_len + req.extend_len
             slots = self._alloc_slots(req.extend_len)
             self.req_to_token.req_to_token[req.req_pool_idx, start:end] = slots
-            ids.extend(req.fill_ids[start:end])
+            ids.extend(req.token_ids(start, end))
             positions.append(req.positions(start, end))
             locs.append(slots)
         device = self.runner.device
