@@ -35,7 +35,9 @@ class Engine:
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         self.runner = ModelRunner(args, model_path)
-        self.processor = MultimodalProcessor(model_path, self.runner.config)
+        self.processor = MultimodalProcessor(
+            model_path, self.runner.config, hf_processor=self.runner.hf_processor
+        )
         self.tokenizer = self.processor.tokenizer
         self.scheduler = Scheduler(args, self.runner, self.tokenizer)
 

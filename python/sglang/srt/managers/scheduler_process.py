@@ -135,14 +135,11 @@ def run_scheduler_process(
         import torch
 
         from sglang.srt.model_executor.model_runner import ModelRunner
-        from sglang.srt.multimodal.hf_processor import load_hf_processor
 
         if args.random_seed is not None:
             torch.manual_seed(args.random_seed)
         runner = ModelRunner(args, model_path)
-        processor = load_hf_processor(model_path)
-        tokenizer = getattr(processor, "tokenizer", processor)
-        scheduler = Scheduler(args, runner, tokenizer)
+        scheduler = Scheduler(args, runner, runner.tokenizer)
         ctx = zmq.Context()
         recv = ctx.socket(zmq.PULL)
         recv.bind(recv_addr)

@@ -79,9 +79,9 @@ class ModelRunner:
             kv_pool=self.kv_pool,
             req_to_token_pool=self.req_to_token_pool,
         )
-        image_processor = None
-        if self.is_multimodal:
-            image_processor = load_hf_processor(model_path).image_processor
+        self.hf_processor = load_hf_processor(model_path)
+        self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
+        image_processor = getattr(self.hf_processor, "image_processor", None)
         self.embedder = MultimodalEmbedder(
             self.adapter,
             ImagePreprocessor(image_processor, self.adapter),

@@ -55,8 +55,14 @@ class ImagePreprocessor:
 
 
 class MultimodalProcessor:
-    def __init__(self, model_path: str, hf_config: Any, allowed_local_dir: str | None = "*"):
-        self.hf_processor = load_hf_processor(model_path)
+    def __init__(
+        self,
+        model_path: str,
+        hf_config: Any,
+        allowed_local_dir: str | None = "*",
+        hf_processor: Any = None,
+    ):
+        self.hf_processor = hf_processor or load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
         self.adapter = get_adapter(None, hf_config)  # type: ignore[arg-type]
         self.is_multimodal = hasattr(hf_config, "vision_config")
