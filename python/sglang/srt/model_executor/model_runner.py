@@ -81,10 +81,9 @@ class ModelRunner:
         )
         self.hf_processor = load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
-        image_processor = getattr(self.hf_processor, "image_processor", None)
         self.embedder = MultimodalEmbedder(
             self.adapter,
-            ImagePreprocessor(image_processor, self.adapter),
+            ImagePreprocessor(self.hf_processor, self.adapter),
             MultimodalEmbeddingCache(args.mm_cache_bytes),
             self.device,
             self.dtype,
@@ -152,6 +151,7 @@ class ModelRunner:
             **lm_kwargs,
         ).last_hidden_state[0]
         logits = self.model.get_output_embeddings()(hidden[batch.last_token_indices]).float()
+        logits = self.adapter.scale_logits(logits)
         softcap = getattr(self.text_config, "final_logit_softcapping", None)
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap

@@ -32,11 +32,14 @@ class EncoderStats:
     max_call_tokens: int = 0
 
 
-def _move_items_to_device(items: list[MultimodalItem], device: torch.device | str) -> list[dict]:
-    """The one place where pixel features leave the host.
+def _move_items_to_device(
+    items: list[MultimodalItem], device: torch.device | str, dtype: torch.dtype | None = None
+) -> list[dict]:
+    """The one place where pixel features leave the host (and take the model's dtype).
 
     numpy arrays become tensors without a copy, host tensors are pinned when the target is CUDA,
-    and moves are non-blocking. Returns the device-side feature dicts; items keep host features.
+    and moves are non-blocking; floating features are cast to ``dtype``. Returns the
+    device-side feature dicts; items keep host features.
     """
     device = torch.device(device)
     moved = []
@@ -48,7 +51,8 @@ def _move_items_to_device(items: list[MultimodalItem], device: torch.device | st
             if isinstance(tensor, torch.Tensor):
                 if device.type == "cuda" and tensor.device.type == "cpu":
                     tensor = tensor.pin_memory()
-                tensor = tensor.to(device, non_blocking=True)
+                cast = dtype if dtype is not None and tensor.is_floating_point() else None
+                tensor = tensor.to(device, dtype=cast, non_blocking=True)
             out[name] = tensor
         moved.append(out)
     return moved
@@ -196,9 +200,9 @@ class MultimodalEmbedder:
     def _encode_batch(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
         start = time.perf_counter()
         self.preprocess(items)
-        features = _move_items_to_device(items, self.device)
+        features = _move_items_to_device(items, self.device, self.dtype)
         with torch.no_grad():
-            entries = self.adapter.encode(features)
+            entries = self.adapter.encode(features, [item.num_tokens for item in items])
         results = {}
         for item, entry in zip(items, entries):
             if entry.num_tokens != item.num_tokens:

@@ -1,11 +1,12 @@
 """Build a model's HF processor without torchvision and without a video processor.
 
-``AutoProcessor`` cannot build e.g. ``Qwen2_5_VLProcessor`` without torchvision because it
-also loads the (torchvision-only) video processor. Here the processor is composed by hand:
-the PIL image processor (``AutoImageProcessor(backend="pil")`` honours the folder's
-``image_processor_type``), ``AutoTokenizer``, the chat template and the processor kwargs from
-``processor_config.json``; Qwen processors are wrapped in a subclass whose ``__init__`` takes
-no video processor.
+``AutoProcessor`` cannot build e.g. ``Qwen2_5_VLProcessor`` or ``InternVLProcessor`` without
+torchvision because it also loads the (torchvision-only) video processor. Here every processor
+is composed by hand: the class named by the folder (``processor_class``) or by transformers'
+auto mapping for its ``model_type``, the PIL image processor (``AutoImageProcessor(backend=
+"pil")`` honours the folder's ``image_processor_type``), ``AutoTokenizer``, the chat template and
+the processor kwargs from ``processor_config.json``. A processor that takes a video processor is
+wrapped in a subclass whose ``__init__`` takes none.
 """
 
 from __future__ import annotations
@@ -16,15 +17,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-# config.json model_type -> (processor class name in transformers, drop the video processor)
-PROCESSOR_REGISTRY: dict[str, tuple[str, bool]] = {
-    "qwen2_vl": ("Qwen2VLProcessor", True),
-    "qwen2_5_vl": ("Qwen2_5_VLProcessor", True),
-    "qwen3_vl": ("Qwen3VLProcessor", True),
-    "qwen3_vl_moe": ("Qwen3VLProcessor", True),
-    "llava": ("LlavaProcessor", False),
-    "gemma3": ("Gemma3Processor", False),
-}
 _SUBPROCESSOR_ARGS = ("image_processor", "tokenizer", "video_processor", "chat_template")
 
 
@@ -32,12 +24,26 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def processor_class_name(model_path: str | Path) -> str | None:
+    """The processor class of a model folder: its own ``processor_class``, else transformers'
+    mapping for its ``model_type``."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    path = Path(model_path)
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        cls = _read_json(path / name).get("processor_class")
+        if cls:
+            return cls
+    model_type = _read_json(path / "config.json").get("model_type")
+    return PROCESSOR_MAPPING_NAMES.get(model_type)
+
+
 @functools.cache
-def _processor_class(name: str, drop_video: bool) -> type:
+def _processor_class(name: str) -> type:
     import transformers
 
     base: type = getattr(transformers, name)
-    if not drop_video:
+    if "video_processor" not in inspect.signature(base.__init__).parameters:
         return base
 
     def __init__(
@@ -47,7 +53,14 @@ def _processor_class(name: str, drop_video: bool) -> type:
         chat_template: str | None = None,
         **kwargs: Any,
     ) -> None:
-        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+        base.__init__(
+            self,
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=None,
+            chat_template=chat_template,
+            **kwargs,
+        )
 
     # ProcessorMixin derives the sub-processor list from the __init__ signature.
     return type(name, (base,), {"__init__": __init__, "__module__": __name__})
@@ -63,20 +76,18 @@ def _chat_template(path: Path, tokenizer: Any) -> str | None:
 def load_hf_processor(model_path: str | Path) -> Any:
     """Return the model's HF processor (tokenizer + image processor composed), built without
     torchvision and without a video processor. For text-only models return the tokenizer."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers import AutoImageProcessor, AutoTokenizer
 
     path = Path(model_path)
-    model_type = _read_json(path / "config.json").get("model_type")
     preprocessor = _read_json(path / "preprocessor_config.json")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    if model_type not in PROCESSOR_REGISTRY:
-        if not preprocessor:
-            return tokenizer
-        return AutoProcessor.from_pretrained(path)  # unknown family: best effort
-
-    cls = _processor_class(*PROCESSOR_REGISTRY[model_type])
+    name = processor_class_name(path) if preprocessor else None
+    if name is None:
+        return tokenizer
+    cls = _processor_class(name)
     image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
-    params = inspect.signature(cls.__init__).parameters
+    base = cls.__mro__[1] if cls.__module__ == __name__ else cls
+    params = inspect.signature(base.__init__).parameters
     # Processor kwargs (patch_size, image_seq_length, ...): processor_config.json wins over the
     # legacy copies some folders keep in preprocessor_config.json.
     options = {**preprocessor, **_read_json(path / "processor_config.json")}

@@ -1,0 +1,65 @@
+"""Where a family really differs from the generic adapter, and why.
+
+Most overrides are *size rules*: the layout of an image computed from its size alone, so that
+the placeholder text is known without preprocessing (an image whose embedding is cached is then
+never preprocessed, not even the first time its size is seen).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sglang.srt.models.adapters.base import Layout, ModelAdapter, PixelShape
+
+
+class QwenVLAdapter(ModelAdapter):
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE): ``image_grid_thw`` from Qwen's
+    ``smart_resize`` (M-RoPE and deepstack features come with the generic adapter)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        image_processor = processor.image_processor
+        size = images_kwargs.get("size") or image_processor.size
+        patch = images_kwargs.get("patch_size") or image_processor.patch_size
+        merge = images_kwargs.get("merge_size") or image_processor.merge_size
+        resized_h, resized_w = smart_resize(
+            height,
+            width,
+            patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return {"image_grid_thw": np.array([[1, resized_h // patch, resized_w // patch]])}
+
+
+class LlavaAdapter(ModelAdapter):
+    """LLaVA 1.5: every image becomes the processor's center crop (the replacement reads only
+    the pixel shape)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        image_processor = processor.image_processor
+        if not images_kwargs.get("do_center_crop", image_processor.do_center_crop):
+            return None
+        crop = images_kwargs.get("crop_size") or image_processor.crop_size
+        return {"pixel_values": PixelShape((1, 3, int(crop["height"]), int(crop["width"])))}
+
+
+class Gemma3Adapter(ModelAdapter):
+    """Gemma3: image tokens attend bidirectionally, so a chunk never splits an image; without
+    pan-and-scan every image is one fixed-size crop."""
+
+    bidirectional_images = True
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        if images_kwargs.get("do_pan_and_scan"):
+            return None
+        return {"num_crops": np.array([0])}
