@@ -13,15 +13,23 @@ import transformers
 from PIL import Image
 
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.testing.tiny_models import IMAGE_PLACEHOLDER, build_tiny_model
+from sglang.testing.tiny_models import (
+    BASE_VLM_FAMILIES,
+    EXTRA_VLM_FAMILIES,
+    IMAGE_PLACEHOLDER,
+    build_tiny_model,
+)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
-VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
+VLM_FAMILIES = BASE_VLM_FAMILIES  # test_parity.py; the others are in test_families.py
+ALL_VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES
 TEXT_FAMILIES = ("qwen2", "llama")
+# Granite LMs divide logits by ``logits_scaling``; HF's LLaVA-NeXT wrapper skips it.
+HF_SKIPS_LOGITS_SCALING = ("granite_vision",)
 
 _MODEL_ROOT: Path | None = None
 
@@ -52,7 +60,7 @@ def _hf(family: str):
     path = model_dir(family)
     cls = (
         transformers.AutoModelForImageTextToText
-        if family in VLM_FAMILIES
+        if family in ALL_VLM_FAMILIES
         else transformers.AutoModelForCausalLM
     )
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
@@ -62,7 +70,9 @@ def _hf(family: str):
 def hf_greedy(
     family: str, prompt: str, images: list[Image.Image], max_new_tokens: int
 ) -> tuple[list[int], list[float]]:
-    """HF ``generate`` greedy ids and the log-probabilities of the chosen tokens."""
+    """HF ``generate`` greedy ids and the log-probabilities of the chosen tokens. Where HF's
+    wrapper skips the Granite LM's ``logits_scaling``, log-probs are taken after it (the engine
+    applies it as Granite's own head does); greedy ids do not depend on it."""
     model, processor = _hf(family)
     if images:
         inputs = processor(text=[prompt], images=images, return_tensors="pt")
@@ -78,7 +88,11 @@ def hf_greedy(
             return_dict_in_generate=True,
         )
     ids = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    scaling = 1.0
+    if family in HF_SKIPS_LOGITS_SCALING:
+        scaling = model.config.get_text_config().logits_scaling
     logprobs = [
-        float(torch.log_softmax(step[0].float(), -1)[tok]) for step, tok in zip(out.logits, ids)
+        float(torch.log_softmax(step[0].float() / scaling, -1)[tok])
+        for step, tok in zip(out.logits, ids)
     ]
     return ids, logprobs

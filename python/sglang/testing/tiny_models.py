@@ -23,12 +23,32 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen2", "llama")
-VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
+from sglang.testing.tiny_common import (
+    _BPE_VOCAB_SIZE,
+    _CLIP_MEAN,
+    _CLIP_STD,
+    _CORPUS,
+    _QWEN_ROLES,
+    _QWEN_SPECIALS,
+    _QWEN_SYSTEM,
+    _TEXT,
+    _VECTOR_NOISE,
+    _qwen_generation,
+    _qwen_ids,
+    _qwen_template,
+    _qwen_text,
+    _Recipe,
+    _TokSpec,
+)
+from sglang.testing.tiny_families import FAMILIES as EXTRA_FAMILIES
+
+BASE_VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
+EXTRA_VLM_FAMILIES = tuple(EXTRA_FAMILIES)
+VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES
+FAMILIES = (*VLM_FAMILIES, "qwen2", "llama")
 DEFAULT_FAMILY = "qwen2_5_vl"
 # Bump whenever the recipe changes so that stale cached folders are not reused.
 RECIPE_VERSION = 2
@@ -40,78 +60,21 @@ IMAGE_PLACEHOLDER: dict[str, str] = {
     "qwen3_vl": _QWEN_IMAGE,
     "llava": "<image>",
     "gemma3": "<start_of_image>",
+    **{name: family.placeholder for name, family in EXTRA_FAMILIES.items()},
 }
-
-_BPE_VOCAB_SIZE = 1280  # trained BPE vocab (incl. 256 bytes + head specials); specials follow
-_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
-_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
-
-_CORPUS = """\
-The quick brown fox jumps over the lazy dog. A small model can still say hello to the world.
-Once upon a time there was a little red house at the edge of a green forest. Every morning the
-sun rose over the hills, and the birds began to sing in the tall trees. The children who lived in
-the house liked to run to the river, where they watched the fish swim between the smooth stones.
-What do you see in this picture? I see a cat sitting on a chair next to a window. The cat is
-black and white, and it looks at a bird outside. There is a blue cup on the table and a book with
-a yellow cover. The room is bright because it is a sunny day.
-Describe the image in one sentence. The image shows a busy street in a large city at night, with
-cars, buses, people walking on the sidewalk, and many shops with colorful lights.
-Please answer the question. What is the capital of France? The capital of France is Paris. What is
-two plus two? Two plus two is four. How many days are in a week? There are seven days in a week:
-Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday. The months of the year are
-January, February, March, April, May, June, July, August, September, October, November and December.
-Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 20 42 100 256 1000 2024 3.14 1/2 50% #1 $5.
-The system is a helpful assistant. The user asks a question and the assistant gives a short, clear
-and honest answer. If the assistant does not know the answer, it says so and explains why.
-Machine learning models learn patterns from data. A language model predicts the next token in a
-sequence of text, and a vision language model also looks at images before it writes an answer.
-Images are split into small patches, each patch becomes a vector, and the vectors are merged into
-image tokens that the language model reads together with the text tokens of the prompt.
-Red, orange, yellow, green, blue, indigo and violet are the colors of the rainbow. Black, white
-and gray are not in the rainbow. A square has four sides, a triangle has three sides and a circle
-has none.
-She said: "Let's go to the market tomorrow!" He replied, "Sure, I'll bring the bags; we need apples,
-bread, cheese, eggs, milk, rice and tea." They walked for ten minutes and arrived at nine o'clock.
-Write a short poem about the sea. The sea is wide, the sea is deep; it sings the sailors all to
-sleep. The waves come in, the waves go out, and that is what the sea is about.
-def add(a, b):
-    return a + b
-for i in range(10): print(i * 2)
-{"name": "tiny", "type": "model", "size": [64, 128], "ok": true}
-ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz 0123456789 .,;:!?'"()[]{}<>-_=+*/\\|@#$%^&~`
-"""
+# The token whose embedding rows are an image's (the model's image_token_id).
+IMAGE_TOKEN: dict[str, str] = {
+    "qwen2_vl": "<|image_pad|>",
+    "qwen2_5_vl": "<|image_pad|>",
+    "qwen3_vl": "<|image_pad|>",
+    "llava": "<image>",
+    "gemma3": "<image_soft_token>",
+    **{name: family.image_token for name, family in EXTRA_FAMILIES.items()},
+}
 
 # ---------------------------------------------------------------------------------------------
 # Chat templates (family style; content may be a string or a list of OpenAI-style parts)
 # ---------------------------------------------------------------------------------------------
-
-_QWEN_TEMPLATE = (
-    "{%- set image_count = namespace(value=0) -%}"
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' and DEFAULT_SYSTEM -%}"
-    "{{- '<|im_start|>system\\nDEFAULT_SYSTEM<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] in ('image', 'image_url') or 'image' in part or 'image_url' in part -%}"
-    "{%- set image_count.value = image_count.value + 1 -%}"
-    "{%- if add_vision_id -%}{{- 'Picture ' + image_count.value|string + ': ' -}}{%- endif -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif 'text' in part -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-
-
-def _qwen_template(default_system: str | None) -> str:
-    if default_system is None:  # Qwen3-VL style: no implicit system turn
-        return _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", " and false")
-    template = _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", "")
-    return template.replace("DEFAULT_SYSTEM", default_system)
-
 
 _GEMMA_TEMPLATE = (
     "{{- bos_token -}}"
@@ -169,24 +132,6 @@ _LLAMA_TEMPLATE = (
 # Tokenizer
 # ---------------------------------------------------------------------------------------------
 
-_QWEN_SPECIALS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _TokSpec:
-    head: tuple[str, ...]  # special tokens at ids 0..len(head)-1
-    tail: tuple[str, ...]  # special tokens appended after the BPE vocab
-    roles: dict[str, str]  # tokenizer_config special-token attributes (bos_token, eos_token, ...)
-    chat_template: str
-    add_bos: bool = False  # the tokenizer prepends bos_token (post-processor in tokenizer.json)
-
-
-_QWEN_ROLES = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
-_QWEN_SYSTEM = "You are a helpful assistant."
 _GEMMA_TAIL = (
     "<start_of_turn>",
     "<end_of_turn>",
@@ -230,6 +175,7 @@ _TOK_SPECS: dict[str, _TokSpec] = {
         ("<unk>", "<s>", "</s>"), ("<image>", "<pad>"), _LLAVA_ROLES, _LLAVA_TEMPLATE, add_bos=True
     ),
     "llama": _TokSpec((), _LLAMA_TAIL, _LLAMA_ROLES, _LLAMA_TEMPLATE, add_bos=True),
+    **{name: family.tokenizer for name, family in EXTRA_FAMILIES.items()},
 }
 
 
@@ -274,16 +220,6 @@ def _build_tokenizer(family: str) -> Any:
 # Model configs
 # ---------------------------------------------------------------------------------------------
 
-_TEXT = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "initializer_range": 0.1,
-}
-_VECTOR_NOISE = 0.2
 _GEMMA_POST_NORM_BOOST = 3.0
 _GEMMA_POST_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
 _QWEN_VISION = {
@@ -326,37 +262,6 @@ _SMALL_VISION = {
     },
 }
 _SMALL_MIN_PIXELS, _SMALL_MAX_PIXELS = 56 * 56, 16384 * 28 * 28
-
-
-@dataclass
-class _Recipe:
-    config: Any
-    auto_class: str  # "AutoModelForImageTextToText" | "AutoModelForCausalLM"
-    generation: dict[str, Any]
-    preprocessor: dict[str, Any] | None = None
-    processor: dict[str, Any] | None = None
-
-
-def _qwen_ids(tok: Any) -> dict[str, int]:
-    t = tok.convert_tokens_to_ids
-    return {
-        "image_token_id": t("<|image_pad|>"),
-        "video_token_id": t("<|video_pad|>"),
-        "vision_start_token_id": t("<|vision_start|>"),
-        "vision_end_token_id": t("<|vision_end|>"),
-    }
-
-
-def _qwen_generation(tok: Any) -> dict[str, Any]:
-    eot = tok.convert_tokens_to_ids("<|endoftext|>")
-    eos = [tok.convert_tokens_to_ids("<|im_end|>"), eot]
-    return {"bos_token_id": eot, "eos_token_id": eos, "pad_token_id": eot}
-
-
-def _qwen_text(tok: Any, vocab: int, **extra: Any) -> dict[str, Any]:
-    eot = tok.convert_tokens_to_ids("<|endoftext|>")
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    return {**_TEXT, "vocab_size": vocab, "bos_token_id": eot, "eos_token_id": eos, **extra}
 
 
 def _qwen_preprocessor(patch: int, processor_class: str, image_type: str, legacy: bool) -> dict:
@@ -581,6 +486,7 @@ _RECIPES: dict[str, Callable[[Any, int], _Recipe]] = {
     "gemma3": _recipe_gemma3,
     "qwen2": _recipe_qwen2,
     "llama": _recipe_llama,
+    **{name: family.recipe for name, family in EXTRA_FAMILIES.items()},
 }
 
 

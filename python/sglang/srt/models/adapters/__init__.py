@@ -8,7 +8,12 @@ from typing import Any
 from torch import nn
 
 from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
-from sglang.srt.models.adapters.families import Gemma3Adapter, LlavaAdapter, QwenVLAdapter
+from sglang.srt.models.adapters.families import (
+    Gemma3Adapter,
+    LlavaAdapter,
+    QwenVLAdapter,
+    TiledAdapter,
+)
 
 # model_type -> adapter: the families tested at parity with HF (tiny builders in
 # sglang.testing.tiny_models). ModelAdapter itself means the generic path needs no override.
@@ -18,6 +23,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "qwen3_vl": QwenVLAdapter,
     "llava": LlavaAdapter,
     "gemma3": Gemma3Adapter,
+    "internvl": TiledAdapter,
 }
 
 

@@ -63,3 +63,14 @@ class Gemma3Adapter(ModelAdapter):
         if images_kwargs.get("do_pan_and_scan"):
             return None
         return {"num_crops": np.array([0])}
+
+
+class TiledAdapter(ModelAdapter):
+    """InternVL, Aya Vision (GotOCR2 tiling): the replacement reads only the tile count, which
+    the image processor computes from the size (``get_number_of_image_patches``)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        tiles = processor.image_processor.get_number_of_image_patches(height, width, images_kwargs)
+        return {"num_patches": np.array([tiles])}
