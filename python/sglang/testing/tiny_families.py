@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang.testing.tiny_common import (
+    _CLIP_MEAN,
+    _CLIP_STD,
     _QWEN_ROLES,
     _QWEN_SPECIALS,
     _QWEN_SYSTEM,
+    _TEXT,
     _qwen_generation,
     _qwen_template,
     _qwen_text,
@@ -88,6 +91,168 @@ def _recipe_internvl(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
 
 
+# LLaVA-NeXT (llava-v1.6-mistral-7b-hf layout): anyres tiles at 336 (here 28) -------------------
+_LLAVA_HEAD = ("<unk>", "<s>", "</s>")
+_LLAVA_ROLES = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+_MISTRAL_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{{- '[INST] ' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image>\\n' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{- ' [/INST]' -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- ' ' + (message['content'] if message['content'] is string"
+    " else message['content'][0]['text']) + eos_token -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+_ANYRES_PINPOINTS = [[28, 56], [56, 28], [56, 56], [84, 28], [28, 84]]
+
+
+def _clip_vision(**extra: Any) -> dict[str, Any]:
+    return dict(
+        _SMALL_VIT,
+        model_type="clip_vision_model",
+        image_size=28,
+        patch_size=14,
+        projection_dim=64,
+        hidden_act="quick_gelu",
+        **extra,
+    )
+
+
+def _llava_text(tok: Any, vocab: int, model_type: str, **extra: Any) -> dict[str, Any]:
+    t = tok.convert_tokens_to_ids
+    return dict(
+        _TEXT,
+        model_type=model_type,
+        vocab_size=vocab,
+        bos_token_id=t("<s>"),
+        eos_token_id=t("</s>"),
+        pad_token_id=t("<pad>"),
+        rms_norm_eps=1e-5,
+        **extra,
+    )
+
+
+def _llava_generation(tok: Any) -> dict[str, Any]:
+    t = tok.convert_tokens_to_ids
+    return {"bos_token_id": t("<s>"), "eos_token_id": t("</s>"), "pad_token_id": t("<pad>")}
+
+
+def _anyres_preprocessor(processor_class: str, mean: list, std: list, **extra: Any) -> dict:
+    return {
+        "aspect_ratio_setting": "anyres",
+        "crop_size": {"height": 28, "width": 28},
+        "do_center_crop": True,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_grid_pinpoints": _ANYRES_PINPOINTS,
+        "image_mean": mean,
+        "image_processor_type": "LlavaNextImageProcessor",
+        "image_std": std,
+        "processor_class": processor_class,
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 28},
+        **extra,
+    }
+
+
+def _recipe_llava_next(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaNextConfig
+
+    config = LlavaNextConfig(
+        text_config=_llava_text(tok, vocab, "mistral", sliding_window=None, head_dim=32),
+        vision_config=_clip_vision(),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=_ANYRES_PINPOINTS,
+        image_seq_length=4,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    pre = _anyres_preprocessor("LlavaNextProcessor", _CLIP_MEAN, _CLIP_STD)
+    proc = {
+        "image_token": "<image>",
+        "num_additional_image_tokens": 1,
+        "patch_size": 14,
+        "processor_class": "LlavaNextProcessor",
+        "vision_feature_select_strategy": "default",
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _llava_generation(tok), pre, proc)
+
+
+# Granite Vision 3.x: LLaVA-NeXT with a SigLIP tower, several feature layers concatenated and a
+# Granite LM (embedding / residual / attention multipliers, logits scaling) ---------------------
+_GRANITE_TAIL = ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<image>", "<pad>")
+_GRANITE_ROLES = {
+    "bos_token": "<|end_of_text|>",
+    "eos_token": "<|end_of_text|>",
+    "pad_token": "<pad>",
+    "unk_token": "<|end_of_text|>",
+}
+_GRANITE_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image>\\n' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|end_of_text|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}"
+    "{%- endif -%}"
+)
+
+
+def _recipe_granite_vision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaNextConfig
+
+    t = tok.convert_tokens_to_ids
+    text = dict(
+        _TEXT,
+        model_type="granite",
+        vocab_size=vocab,
+        bos_token_id=t("<|end_of_text|>"),
+        eos_token_id=t("<|end_of_text|>"),
+        pad_token_id=t("<pad>"),
+        embedding_multiplier=12.0,
+        logits_scaling=8.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.015625,
+        tie_word_embeddings=True,
+    )
+    vision = dict(_SMALL_VIT, model_type="siglip_vision_model", image_size=28, patch_size=14)
+    vision["num_hidden_layers"] = 3
+    config = LlavaNextConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=t("<image>"),
+        image_grid_pinpoints=_ANYRES_PINPOINTS,
+        image_seq_length=4,
+        vision_feature_layer=[-3, -2, -1],
+        vision_feature_select_strategy="full",
+        tie_word_embeddings=True,
+    )
+    pre = _anyres_preprocessor("LlavaNextProcessor", [0.5] * 3, [0.5] * 3)
+    proc = {
+        "image_token": "<image>",
+        "num_additional_image_tokens": 0,
+        "patch_size": 14,
+        "processor_class": "LlavaNextProcessor",
+        "vision_feature_select_strategy": "full",
+    }
+    gen = {"bos_token_id": t("<|end_of_text|>"), "eos_token_id": t("<|end_of_text|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -99,5 +264,23 @@ FAMILIES: dict[str, Family] = {
         _recipe_internvl,
         "<IMG_CONTEXT>",
         "<IMG_CONTEXT>",
+    ),
+    "llava_next": Family(
+        _TokSpec(
+            _LLAVA_HEAD,
+            ("<image>", "<pad>"),
+            {**_LLAVA_ROLES, "image_token": "<image>"},
+            _MISTRAL_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_llava_next,
+        "<image>",
+        "<image>",
+    ),
+    "granite_vision": Family(
+        _TokSpec((), _GRANITE_TAIL, _GRANITE_ROLES, _GRANITE_TEMPLATE),
+        _recipe_granite_vision,
+        "<image>",
+        "<image>",
     ),
 }

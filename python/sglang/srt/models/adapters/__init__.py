@@ -24,6 +24,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "llava": LlavaAdapter,
     "gemma3": Gemma3Adapter,
     "internvl": TiledAdapter,
+    "llava_next": ModelAdapter,  # Granite Vision 3.x too (a Granite LM inside)
 }
 
 
