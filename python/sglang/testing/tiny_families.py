@@ -253,6 +253,95 @@ def _recipe_granite_vision(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
 
 
+# LLaVA-OneVision (llava-onevision-qwen2-*-ov-hf): SigLIP + Qwen2, anyres_max_9 ----------------
+def _recipe_llava_onevision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaOnevisionConfig
+
+    config = LlavaOnevisionConfig(
+        text_config=dict(_qwen_text(tok, vocab), model_type="qwen2"),
+        vision_config=dict(
+            _SMALL_VIT, model_type="siglip_vision_model", image_size=28, patch_size=14
+        ),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        video_token_index=tok.convert_tokens_to_ids("<video>"),
+        image_grid_pinpoints=_ANYRES_PINPOINTS,
+        vision_aspect_ratio="anyres_max_9",
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+    )
+    pre = _anyres_preprocessor("LlavaOnevisionProcessor", [0.5] * 3, [0.5] * 3)
+    pre.update(
+        image_processor_type="LlavaOnevisionImageProcessor", size={"height": 28, "width": 28}
+    )
+    del pre["crop_size"], pre["do_center_crop"], pre["aspect_ratio_setting"]
+    proc = {
+        "image_token": "<image>",
+        "num_image_tokens": 4,
+        "processor_class": "LlavaOnevisionProcessor",
+        "video_token": "<video>",
+        "vision_aspect_ratio": "anyres_max_9",
+        "vision_feature_select_strategy": "full",
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+
+
+# Mistral3 (Mistral-Small-3.1): Pixtral tower, [IMG] runs broken by [IMG_BREAK] per row ------------
+_MISTRAL3_TAIL = ("[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]")
+_MISTRAL3_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{{- '[INST]' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '[IMG]' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{- '[/INST]' -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- (message['content'] if message['content'] is string"
+    " else message['content'][0]['text']) + eos_token -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+
+
+def _recipe_mistral3(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Mistral3Config
+
+    vision = dict(_SMALL_VIT, model_type="pixtral", image_size=112, patch_size=14, head_dim=16)
+    config = Mistral3Config(
+        text_config=_llava_text(tok, vocab, "mistral", sliding_window=None, head_dim=32),
+        vision_config=vision,
+        image_token_index=tok.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=2,
+        vision_feature_layer=-1,
+        multimodal_projector_bias=False,
+        projector_hidden_act="gelu",
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "PixtralImageProcessor",
+        "image_std": _CLIP_STD,
+        "patch_size": 14,
+        "processor_class": "PixtralProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": 112},
+    }
+    proc = {
+        "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]",
+        "image_token": "[IMG]",
+        "patch_size": 14,
+        "processor_class": "PixtralProcessor",
+        "spatial_merge_size": 2,
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _llava_generation(tok), pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -282,5 +371,28 @@ FAMILIES: dict[str, Family] = {
         _recipe_granite_vision,
         "<image>",
         "<image>",
+    ),
+    "llava_onevision": Family(
+        _TokSpec(
+            (),
+            (*_QWEN_SPECIALS, "<image>", "<video>"),
+            {**_QWEN_ROLES, "image_token": "<image>", "video_token": "<video>"},
+            _chatml("<image>\n"),
+        ),
+        _recipe_llava_onevision,
+        "<image>",
+        "<image>",
+    ),
+    "mistral3": Family(
+        _TokSpec(
+            _LLAVA_HEAD,
+            (*_MISTRAL3_TAIL, "<pad>"),
+            _LLAVA_ROLES,
+            _MISTRAL3_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_mistral3,
+        "[IMG]",
+        "[IMG]",
     ),
 }

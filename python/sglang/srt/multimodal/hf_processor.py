@@ -12,8 +12,11 @@ wrapped in a subclass whose ``__init__`` takes none.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import inspect
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +41,41 @@ def processor_class_name(model_path: str | Path) -> str | None:
     return PROCESSOR_MAPPING_NAMES.get(model_type)
 
 
+def _import_processor_class(name: str) -> type:
+    """``transformers.<name>``; where its module imports a helper from the torchvision image
+    processor module (Pixtral), that module is stood in for by the PIL one, which defines the
+    same helpers."""
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    cls = getattr(transformers, name)
+    if not getattr(cls, "_backends", None):  # else a placeholder for a missing backend
+        return cls
+    for model_type, class_name in PROCESSOR_MAPPING_NAMES.items():
+        package = f"transformers.models.{model_type}"
+        if (
+            class_name != name
+            or importlib.util.find_spec(f"{package}.processing_{model_type}") is None
+        ):
+            continue
+        torchvision_module = f"{package}.image_processing_{model_type}"
+        saved = sys.modules.get(torchvision_module)
+        sys.modules[torchvision_module] = importlib.import_module(
+            f"{package}.image_processing_pil_{model_type}"
+        )
+        try:
+            return getattr(importlib.import_module(f"{package}.processing_{model_type}"), name)
+        finally:
+            if saved is None:
+                del sys.modules[torchvision_module]
+            else:
+                sys.modules[torchvision_module] = saved
+    raise ImportError(f"processor class {name} cannot be imported without torchvision")
+
+
 @functools.cache
 def _processor_class(name: str) -> type:
-    import transformers
-
-    base: type = getattr(transformers, name)
+    base: type = _import_processor_class(name)
     if "video_processor" not in inspect.signature(base.__init__).parameters:
         return base
 

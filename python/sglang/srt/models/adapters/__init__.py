@@ -11,6 +11,7 @@ from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
 from sglang.srt.models.adapters.families import (
     Gemma3Adapter,
     LlavaAdapter,
+    PixtralAdapter,
     QwenVLAdapter,
     TiledAdapter,
 )
@@ -25,6 +26,8 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "gemma3": Gemma3Adapter,
     "internvl": TiledAdapter,
     "llava_next": ModelAdapter,  # Granite Vision 3.x too (a Granite LM inside)
+    "llava_onevision": ModelAdapter,
+    "mistral3": PixtralAdapter,
 }
 
 

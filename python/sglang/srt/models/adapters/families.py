@@ -74,3 +74,23 @@ class TiledAdapter(ModelAdapter):
     ) -> Layout | None:
         tiles = processor.image_processor.get_number_of_image_patches(height, width, images_kwargs)
         return {"num_patches": np.array([tiles])}
+
+
+class PixtralAdapter(ModelAdapter):
+    """Mistral3 (Pixtral tower): the replacement reads the resized size, which Pixtral's resize
+    rule gives from the size (rows of ``[IMG]`` tokens broken by ``[IMG_BREAK]``)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.pixtral.image_processing_pil_pixtral import (
+            get_resize_output_image_size,
+        )
+
+        longest = (images_kwargs.get("size") or processor.image_processor.size)["longest_edge"]
+        patch = processor.patch_size * processor.spatial_merge_size
+        shape_only = np.broadcast_to(np.uint8(0), (height, width, 3))
+        resized = get_resize_output_image_size(
+            shape_only, size=(longest, longest), patch_size=(patch, patch)
+        )
+        return {"image_sizes": np.array([resized])}
