@@ -28,6 +28,8 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "llava_next": ModelAdapter,  # Granite Vision 3.x too (a Granite LM inside)
     "llava_onevision": ModelAdapter,
     "mistral3": PixtralAdapter,
+    "idefics3": ModelAdapter,
+    "smolvlm": ModelAdapter,
 }
 
 
