@@ -134,3 +134,29 @@ def _qwen_text(tok: Any, vocab: int, **extra: Any) -> dict[str, Any]:
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     return {**_TEXT, "vocab_size": vocab, "bos_token_id": eot, "eos_token_id": eos, **extra}
+
+
+_QWEN_VISION = {
+    "depth": 2,
+    "num_heads": 4,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "initializer_range": 0.05,
+}
+_QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
+
+
+def _qwen_preprocessor(patch: int, processor_class: str, image_type: str, legacy: bool) -> dict:
+    mean, std = (_CLIP_MEAN, _CLIP_STD) if patch == 14 else ([0.5] * 3, [0.5] * 3)
+    pixels = {"min_pixels": _QWEN_MIN_PIXELS, "max_pixels": _QWEN_MAX_PIXELS} if legacy else {}
+    return {
+        **pixels,
+        "size": {"shortest_edge": _QWEN_MIN_PIXELS, "longest_edge": _QWEN_MAX_PIXELS},
+        "patch_size": patch,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": mean,
+        "image_std": std,
+        "image_processor_type": image_type,
+        "processor_class": processor_class,
+    }

@@ -18,8 +18,11 @@ from sglang.testing.tiny_common import (
     _QWEN_ROLES,
     _QWEN_SPECIALS,
     _QWEN_SYSTEM,
+    _QWEN_VISION,
     _TEXT,
     _qwen_generation,
+    _qwen_ids,
+    _qwen_preprocessor,
     _qwen_template,
     _qwen_text,
     _Recipe,
@@ -446,6 +449,120 @@ def _recipe_smolvlm(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
 
 
+# Qwen3-VL-MoE (Qwen3-VL-30B-A3B): the Qwen3-VL layout and deepstack with an MoE LM ------------
+def _recipe_qwen3_vl_moe(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Qwen3VLMoeConfig
+
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 5000000.0,
+        "mrope_section": [6, 5, 5],
+        "mrope_interleaved": True,
+    }
+    text = _qwen_text(
+        tok,
+        vocab,
+        head_dim=32,
+        rope_parameters=rope,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        decoder_sparse_step=1,
+    )
+    config = Qwen3VLMoeConfig(
+        text_config=text,
+        vision_config=dict(
+            _QWEN_VISION,
+            hidden_size=64,
+            intermediate_size=128,
+            out_hidden_size=128,
+            patch_size=16,
+            num_position_embeddings=256,
+            deepstack_visual_indexes=[0, 1],
+        ),
+        **_qwen_ids(tok),
+    )
+    pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
+# GLM-4.1V (GLM-4.1V-9B-Thinking): <|begin_of_image|> <|image|>*N <|end_of_image|>, M-RoPE -------
+_GLM_SPECIALS = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
+    "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>",
+)  # fmt: skip
+_GLM_IMAGE = "<|begin_of_image|><|image|><|end_of_image|>"
+_GLM_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{%- for message in messages -%}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + _GLM_IMAGE + "' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+)
+
+
+def _recipe_glm4v(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Glm4vConfig
+
+    t = tok.convert_tokens_to_ids
+    eos = [t("<|endoftext|>"), t("<|user|>"), t("<|observation|>")]
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+        "partial_rotary_factor": 0.5,
+    }
+    text = dict(
+        _TEXT,
+        vocab_size=vocab,
+        rope_parameters=rope,
+        eos_token_id=eos,
+        pad_token_id=t("<|endoftext|>"),
+    )
+    vision = dict(
+        _QWEN_VISION,
+        hidden_size=64,
+        intermediate_size=128,
+        out_hidden_size=128,
+        patch_size=14,
+        image_size=56,
+    )
+    config = Glm4vConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=t("<|image|>"),
+        video_token_id=t("<|video|>"),
+        image_start_token_id=t("<|begin_of_image|>"),
+        image_end_token_id=t("<|end_of_image|>"),
+        video_start_token_id=t("<|begin_of_video|>"),
+        video_end_token_id=t("<|end_of_video|>"),
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "Glm4vImageProcessor",
+        "image_std": _CLIP_STD,
+        "merge_size": 2,
+        "patch_size": 14,
+        "processor_class": "Glm4vProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 56 * 56, "longest_edge": 112 * 112},
+        "temporal_patch_size": 2,
+    }
+    gen = {"eos_token_id": eos, "pad_token_id": t("<|endoftext|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -521,5 +638,22 @@ FAMILIES: dict[str, Family] = {
         _recipe_smolvlm,
         "<image>",
         "<image>",
+    ),
+    "qwen3_vl_moe": Family(
+        _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(None)),
+        _recipe_qwen3_vl_moe,
+        "<|vision_start|><|image_pad|><|vision_end|>",
+        "<|image_pad|>",
+    ),
+    "glm4v": Family(
+        _TokSpec(
+            (),
+            _GLM_SPECIALS,
+            {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+            _GLM_TEMPLATE,
+        ),
+        _recipe_glm4v,
+        _GLM_IMAGE,
+        "<|image|>",
     ),
 }

@@ -34,10 +34,12 @@ from sglang.testing.tiny_common import (
     _QWEN_ROLES,
     _QWEN_SPECIALS,
     _QWEN_SYSTEM,
+    _QWEN_VISION,
     _TEXT,
     _VECTOR_NOISE,
     _qwen_generation,
     _qwen_ids,
+    _qwen_preprocessor,
     _qwen_template,
     _qwen_text,
     _Recipe,
@@ -222,14 +224,6 @@ def _build_tokenizer(family: str) -> Any:
 
 _GEMMA_POST_NORM_BOOST = 3.0
 _GEMMA_POST_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
-_QWEN_VISION = {
-    "depth": 2,
-    "num_heads": 4,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "initializer_range": 0.05,
-}
-_QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
 SIZES = ("tiny", "small")
 SMALL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # "small": overrides of the tiny recipe (text, vision tower, pixel range).
@@ -262,22 +256,6 @@ _SMALL_VISION = {
     },
 }
 _SMALL_MIN_PIXELS, _SMALL_MAX_PIXELS = 56 * 56, 16384 * 28 * 28
-
-
-def _qwen_preprocessor(patch: int, processor_class: str, image_type: str, legacy: bool) -> dict:
-    mean, std = (_CLIP_MEAN, _CLIP_STD) if patch == 14 else ([0.5] * 3, [0.5] * 3)
-    pixels = {"min_pixels": _QWEN_MIN_PIXELS, "max_pixels": _QWEN_MAX_PIXELS} if legacy else {}
-    return {
-        **pixels,
-        "size": {"shortest_edge": _QWEN_MIN_PIXELS, "longest_edge": _QWEN_MAX_PIXELS},
-        "patch_size": patch,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "image_mean": mean,
-        "image_std": std,
-        "image_processor_type": image_type,
-        "processor_class": processor_class,
-    }
 
 
 def _recipe_qwen2_vl(tok: Any, vocab: int) -> _Recipe:

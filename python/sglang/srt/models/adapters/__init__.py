@@ -10,6 +10,7 @@ from torch import nn
 from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
 from sglang.srt.models.adapters.families import (
     Gemma3Adapter,
+    Glm4vAdapter,
     LlavaAdapter,
     PixtralAdapter,
     QwenVLAdapter,
@@ -30,6 +31,8 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "mistral3": PixtralAdapter,
     "idefics3": ModelAdapter,
     "smolvlm": ModelAdapter,
+    "qwen3_vl_moe": QwenVLAdapter,
+    "glm4v": Glm4vAdapter,
 }
 
 

@@ -94,3 +94,28 @@ class PixtralAdapter(ModelAdapter):
             shape_only, size=(longest, longest), patch_size=(patch, patch)
         )
         return {"image_sizes": np.array([resized])}
+
+
+class Glm4vAdapter(ModelAdapter):
+    """GLM-4.1V: ``image_grid_thw`` from GLM's own ``smart_resize`` (M-RoPE is generic)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize
+
+        image_processor = processor.image_processor
+        size = images_kwargs.get("size") or image_processor.size
+        patch = images_kwargs.get("patch_size") or image_processor.patch_size
+        merge = images_kwargs.get("merge_size") or image_processor.merge_size
+        temporal = images_kwargs.get("temporal_patch_size") or image_processor.temporal_patch_size
+        resized_h, resized_w = smart_resize(
+            num_frames=temporal,
+            height=height,
+            width=width,
+            temporal_factor=temporal,
+            factor=patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return {"image_grid_thw": np.array([[1, resized_h // patch, resized_w // patch]])}
