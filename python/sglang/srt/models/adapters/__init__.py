@@ -9,6 +9,7 @@ from torch import nn
 
 from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
 from sglang.srt.models.adapters.families import (
+    FixedCountAdapter,
     Gemma3Adapter,
     Glm4vAdapter,
     LlavaAdapter,
@@ -33,6 +34,9 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "smolvlm": ModelAdapter,
     "qwen3_vl_moe": QwenVLAdapter,
     "glm4v": Glm4vAdapter,
+    "deepseek_vl": FixedCountAdapter,
+    "deepseek_vl_hybrid": FixedCountAdapter,
+    "deepseek_ocr2": ModelAdapter,
 }
 
 

@@ -167,8 +167,10 @@ def batch_features(features: list[dict[str, Any]], names: frozenset[str]) -> dic
     by ``image_sizes`` or by all-zero tiles)."""
     out: dict[str, Any] = {}
     for name in names:
+        # Per-view arrays (DeepSeek-OCR2's local tiles) are absent for an image without such
+        # views: the others' are concatenated, as the processor does for a batch.
         values = [f[name] for f in features if name in f]
-        if len(values) != len(features) or not values:
+        if not values:
             continue
         if all(isinstance(v, torch.Tensor) for v in values):
             out[name] = _pad_cat(values)

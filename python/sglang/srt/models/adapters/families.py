@@ -119,3 +119,13 @@ class Glm4vAdapter(ModelAdapter):
             max_pixels=size["longest_edge"],
         )
         return {"image_grid_thw": np.array([[1, resized_h // patch, resized_w // patch]])}
+
+
+class FixedCountAdapter(ModelAdapter):
+    """DeepSeek-VL (and -Hybrid): every image is resized to one square, so the replacement is
+    the same ``num_image_tokens`` run whatever the size."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        return {}
