@@ -28,8 +28,9 @@ transformers.utils.logging.disable_progress_bar()
 VLM_FAMILIES = BASE_VLM_FAMILIES  # test_parity.py; the others are in test_families.py
 ALL_VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES
 TEXT_FAMILIES = ("qwen2", "llama")
-# Granite LMs divide logits by ``logits_scaling``; HF's LLaVA-NeXT wrapper skips it.
-HF_SKIPS_LOGITS_SCALING = ("granite_vision",)
+# Granite LMs divide logits by ``logits_scaling`` and Cohere LMs multiply them by ``logit_scale``;
+# HF's LLaVA-NeXT and Aya Vision wrappers skip it.
+HF_SKIPS_LOGITS_SCALING = ("granite_vision", "aya_vision")
 
 _MODEL_ROOT: Path | None = None
 
@@ -71,8 +72,8 @@ def hf_greedy(
     family: str, prompt: str, images: list[Image.Image], max_new_tokens: int
 ) -> tuple[list[int], list[float]]:
     """HF ``generate`` greedy ids and the log-probabilities of the chosen tokens. Where HF's
-    wrapper skips the Granite LM's ``logits_scaling``, log-probs are taken after it (the engine
-    applies it as Granite's own head does); greedy ids do not depend on it."""
+    wrapper skips the LM head's own scaling, log-probs are taken after it (the engine applies
+    it as the LM's causal-LM head does); greedy ids do not depend on it."""
     model, processor = _hf(family)
     if images:
         inputs = processor(text=[prompt], images=images, return_tensors="pt")
@@ -90,7 +91,8 @@ def hf_greedy(
     ids = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
     scaling = 1.0
     if family in HF_SKIPS_LOGITS_SCALING:
-        scaling = model.config.get_text_config().logits_scaling
+        text_config = model.config.get_text_config()
+        scaling = getattr(text_config, "logits_scaling", None) or 1 / text_config.logit_scale
     logprobs = [
         float(torch.log_softmax(step[0].float() / scaling, -1)[tok])
         for step, tok in zip(out.logits, ids)

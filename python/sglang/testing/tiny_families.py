@@ -734,6 +734,90 @@ def _recipe_deepseek_ocr2(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _deepseek_generation(tok), pre, proc)
 
 
+# Aya Vision (CohereLabs/aya-vision-*): GotOCR2 tiles, each "TILE_k" + patch tokens, a global tile
+# last, inside <|START_OF_IMG|>...<|END_OF_IMG|>; a Cohere2 LM (3:1 sliding, logit_scale) ---------
+_COHERE_HEAD = ("<PAD>", "<UNK>", "<CLS>", "<SEP>", "<MASK_TOKEN>", "<BOS_TOKEN>", "<EOS_TOKEN>")
+_AYA_TAIL = (
+    "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
+    "<|SYSTEM_TOKEN|>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>",
+    "<|IMG_LINE_BREAK|>", "TILE_GLOBAL", "<image>",
+)  # fmt: skip
+_AYA_ROLES = {
+    "bos_token": "<BOS_TOKEN>",
+    "eos_token": "<|END_OF_TURN_TOKEN|>",
+    "pad_token": "<PAD>",
+    "unk_token": "<UNK>",
+}
+_AYA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'CHATBOT' if message['role'] == 'assistant' else message['role'] | upper -%}"
+    "{{- '<|START_OF_TURN_TOKEN|><|' + role + '_TOKEN|>' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|END_OF_TURN_TOKEN|>' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}{%- endif -%}"
+)
+
+
+def _recipe_aya_vision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import AyaVisionConfig
+
+    t = tok.convert_tokens_to_ids
+    layer_types = ["sliding_attention"] * 3 + ["full_attention"]
+    text = dict(
+        _TEXT,
+        model_type="cohere2",
+        num_hidden_layers=4,
+        layer_types=layer_types,
+        sliding_window=16,
+        vocab_size=vocab,
+        logit_scale=0.25,
+        bos_token_id=t("<BOS_TOKEN>"),
+        eos_token_id=t("<|END_OF_TURN_TOKEN|>"),
+        pad_token_id=t("<PAD>"),
+    )
+    config = AyaVisionConfig(
+        text_config=text,
+        vision_config=dict(
+            _SMALL_VIT, model_type="siglip_vision_model", image_size=56, patch_size=14
+        ),
+        image_token_index=t("<|IMG_PATCH|>"),
+        downsample_factor=2,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+    )
+    pre = {
+        "crop_to_patches": False,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "GotOcr2ImageProcessor",
+        "image_std": [0.5] * 3,
+        "max_patches": 6,
+        "min_patches": 1,
+        "processor_class": "AyaVisionProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 56, "width": 56},
+    }
+    proc = {
+        "downsample_factor": 2,
+        "img_size": 56,
+        "patch_size": 14,
+        "processor_class": "AyaVisionProcessor",
+    }
+    gen = {"bos_token_id": t("<BOS_TOKEN>"), "eos_token_id": t("<|END_OF_TURN_TOKEN|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -862,5 +946,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_deepseek_ocr2,
         "<image>",
         "<image>",
+    ),
+    "aya_vision": Family(
+        _TokSpec(_COHERE_HEAD, _AYA_TAIL, _AYA_ROLES, _AYA_TEMPLATE, add_bos=True),
+        _recipe_aya_vision,
+        "<image>",
+        "<|IMG_PATCH|>",
     ),
 }

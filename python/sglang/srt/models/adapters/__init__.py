@@ -37,6 +37,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "deepseek_vl": FixedCountAdapter,
     "deepseek_vl_hybrid": FixedCountAdapter,
     "deepseek_ocr2": ModelAdapter,
+    "aya_vision": TiledAdapter,
 }
 
 

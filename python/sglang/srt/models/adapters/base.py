@@ -76,10 +76,16 @@ class ModelAdapter:
         return {"visual_pos_masks": image_positions, "deepstack_visual_embeds": extras}
 
     def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Granite language models divide their logits by ``logits_scaling`` (their causal-LM
-        head does it; HF's VLM wrappers around a Granite LM skip it, serving engines apply it)."""
+        """The LM head's own scaling, which its causal-LM class applies and HF's VLM wrappers
+        around it skip: Granite divides by ``logits_scaling``, Cohere multiplies by
+        ``logit_scale``."""
         scaling = getattr(self.text_config, "logits_scaling", None)
-        return logits / scaling if scaling and scaling != 1 else logits
+        if scaling and scaling != 1:
+            logits = logits / scaling
+        scale = getattr(self.text_config, "logit_scale", None)
+        if scale and scale != 1:
+            logits = logits * scale
+        return logits
 
     # Image layout and placeholder text (processor side; ``model`` may be None here) ----------
     def layout_from_size(
