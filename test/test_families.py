@@ -6,12 +6,22 @@ and their break tokens, no chunking, radix hits and a mixed batch."""
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import hf_greedy, make_image, model_dir, placeholder
 
 import sglang
+from sglang.srt.models.adapters import (
+    FAMILY_ADAPTERS,
+    UnsupportedModelError,
+    check_model,
+)
 from sglang.testing.tiny_models import EXTRA_VLM_FAMILIES
 
 MAX_NEW = 8
@@ -121,3 +131,23 @@ def test_family_placeholders_and_cache_hits(family: str) -> None:
     assert engine.processor.preprocessor.num_preprocessed == eager  # layout known by size
     after = (embedder.stats.encoded_items, embedder.preprocess.num_preprocessed)
     assert after[0] - before[0] == 1 and after[1] - before[1] <= 1
+
+
+def test_unservable_model_fails_at_startup_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics2"}))
+    with pytest.raises(UnsupportedModelError, match="cannot serve model type 'idefics2'"):
+        check_model(str(tmp_path))
+    with pytest.raises(UnsupportedModelError, match="cannot serve"):
+        sglang.Engine(model_path=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+    assert errors[0].startswith("error: cannot serve model type 'idefics2'")
+    assert all(family in errors[0] for family in FAMILY_ADAPTERS)

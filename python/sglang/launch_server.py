@@ -37,6 +37,12 @@ def launch_server(args: ServerArgs) -> None:
     )
 
     from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.models.adapters import UnsupportedModelError, check_model
+
+    try:
+        check_model(model_path, args.trust_remote_code)
+    except UnsupportedModelError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
     ipc_dir = tempfile.mkdtemp(prefix="sglang-")
     tag = uuid.uuid4().hex[:8]

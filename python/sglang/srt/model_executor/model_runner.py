@@ -67,6 +67,7 @@ class ModelRunner:
             model_path, trust_remote_code=args.trust_remote_code
         )
         self.text_config = self.config.get_text_config()
+        get_adapter(None, self.config)  # an unservable model fails here, before its weights load
         self.is_multimodal = hasattr(self.config, "vision_config")
         self.dtype = resolve_dtype(args.dtype, self.config, self.device)
         self.model = self._load(model_path)

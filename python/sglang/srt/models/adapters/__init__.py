@@ -41,6 +41,14 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
 }
 
 
+# Families transformers has but this engine cannot serve yet, and what they would need.
+KNOWN_GAPS: dict[str, str] = {
+    "qwen3_5": "Gated DeltaNet linear-attention layers need a per-request state pool",
+    "qwen3_5_moe": "Gated DeltaNet linear-attention layers need a per-request state pool",
+    "gemma3n": "per-layer inputs and audio towers are not wired into the engine",
+}
+
+
 class UnsupportedModelError(ValueError):
     """A model this engine cannot serve; the message is one line meant for the user."""
 
@@ -54,11 +62,28 @@ def get_adapter(model: nn.Module | None, config: Any) -> ModelAdapter:
         return TextAdapter(model, config)
     cls = FAMILY_ADAPTERS.get(config.model_type)
     if cls is None:
+        missing = KNOWN_GAPS.get(
+            config.model_type, "no adapter for this family (its image layout is untested)"
+        )
         raise UnsupportedModelError(
-            f"model type {config.model_type!r} is not supported; "
-            f"supported VLM families: {', '.join(supported_families())}"
+            f"cannot serve model type {config.model_type!r}: {missing}; supported VLM families: "
+            f"{', '.join(supported_families())} (and text-only causal LMs)"
         )
     return cls(model, config)
+
+
+def check_model(model_path: str, trust_remote_code: bool = False) -> None:
+    """Raise ``UnsupportedModelError`` (one line) when the model at ``model_path`` cannot be
+    served; reads only its config."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = f"cannot read a model config at {model_path}: {reason}"
+        raise UnsupportedModelError(message) from None
+    get_adapter(None, config)
 
 
 __all__ = [
@@ -66,6 +91,7 @@ __all__ = [
     "ModelAdapter",
     "TextAdapter",
     "UnsupportedModelError",
+    "check_model",
     "get_adapter",
     "supported_families",
 ]
