@@ -151,3 +151,21 @@ def test_unservable_model_fails_at_startup_with_one_line(tmp_path: Path) -> None
     assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
     assert errors[0].startswith("error: cannot serve model type 'idefics2'")
     assert all(family in errors[0] for family in FAMILY_ADAPTERS)
+
+
+@pytest.mark.parametrize("family", ["internvl", "mistral3"])
+def test_vit_per_chunk_benchmark_encodes_each_image_once(family: str, tmp_path: Path) -> None:
+    """Tiles (InternVL) and row breaks (Mistral3): per-image mode encodes each image once per
+    request while combined re-encodes every image at the first chunk that touches one."""
+    from benchmark.vit_per_chunk import main
+
+    out = tmp_path / "vpc"
+    main(["--family", family, "--model-path", model_dir(family), "--images", "3",
+          "--resolution", "112x80", "--chunk", "8", "--modes", "per-image,combined",
+          "--out", str(out)])  # fmt: skip
+    data = json.loads(out.with_suffix(".json").read_text())
+    by_mode = {r["mode"]: r["passes"][0] for r in data["results"]}
+    per_image, combined = by_mode["per-image"], by_mode["combined"]
+    assert sum(c["encoded_items"] for c in per_image["chunks"]) == 3
+    assert per_image["max_items_per_chunk"] == 1
+    assert combined["max_items_per_chunk"] == 3
