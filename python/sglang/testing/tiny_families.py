@@ -116,15 +116,8 @@ _ANYRES_PINPOINTS = [[28, 56], [56, 28], [56, 56], [84, 28], [28, 84]]
 
 
 def _clip_vision(**extra: Any) -> dict[str, Any]:
-    return dict(
-        _SMALL_VIT,
-        model_type="clip_vision_model",
-        image_size=28,
-        patch_size=14,
-        projection_dim=64,
-        hidden_act="quick_gelu",
-        **extra,
-    )
+    base = dict(_SMALL_VIT, model_type="clip_vision_model", image_size=28, patch_size=14)
+    return {**base, "projection_dim": 64, "hidden_act": "quick_gelu", **extra}
 
 
 def _llava_text(tok: Any, vocab: int, model_type: str, **extra: Any) -> dict[str, Any]:
@@ -818,6 +811,59 @@ def _recipe_aya_vision(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
 
 
+# Granite 4 Vision: LLaVA-NeXT tiling, window Q-Former downsamplers, image-token embeddings zero and
+# projected features added before given decoder layers (deepstack + spatial offsets) -------------
+def _recipe_granite4_vision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Granite4VisionConfig
+
+    t = tok.convert_tokens_to_ids
+    text = dict(
+        _TEXT,
+        model_type="granite4_vision_text",
+        num_hidden_layers=4,
+        vocab_size=vocab,
+        bos_token_id=t("<|end_of_text|>"),
+        eos_token_id=t("<|end_of_text|>"),
+        pad_token_id=t("<pad>"),
+        embedding_multiplier=12.0,
+        logits_scaling=8.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.015625,
+    )
+    pinpoints = [[56, 112], [112, 56], [112, 112]]
+    config = Granite4VisionConfig(
+        text_config=text,
+        vision_config=_clip_vision(image_size=56),
+        qformer_config={"num_hidden_layers": 1, "intermediate_size": 128},
+        image_token_index=t("<image>"),
+        image_grid_pinpoints=pinpoints,
+        image_seq_length=4,
+        downsample_rate="2/4",
+        deepstack_layer_map=[[-2, 0], [-1, 1]],
+        spatial_vision_layer=-1,
+        spatial_target_layers=[2, 3],
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_dropout=0.0,
+    )
+    pre = _anyres_preprocessor("Granite4VisionProcessor", _CLIP_MEAN, _CLIP_STD)
+    pre.update(
+        crop_size={"height": 56, "width": 56},
+        image_grid_pinpoints=pinpoints,
+        size={"shortest_edge": 56},
+    )
+    proc = {
+        "downsample_rate": "2/4",
+        "image_token": "<image>",
+        "num_additional_image_tokens": 1,
+        "patch_size": 14,
+        "processor_class": "Granite4VisionProcessor",
+        "vision_feature_select_strategy": "default",
+    }
+    gen = {"bos_token_id": t("<|end_of_text|>"), "eos_token_id": t("<|end_of_text|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -952,5 +998,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_aya_vision,
         "<image>",
         "<|IMG_PATCH|>",
+    ),
+    "granite4_vision": Family(
+        _TokSpec((), _GRANITE_TAIL, _GRANITE_ROLES, _GRANITE_TEMPLATE),
+        _recipe_granite4_vision,
+        "<image>",
+        "<image>",
     ),
 }

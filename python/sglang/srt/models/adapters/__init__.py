@@ -12,6 +12,7 @@ from sglang.srt.models.adapters.families import (
     FixedCountAdapter,
     Gemma3Adapter,
     Glm4vAdapter,
+    Granite4VisionAdapter,
     LlavaAdapter,
     PixtralAdapter,
     QwenVLAdapter,
@@ -38,6 +39,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "deepseek_vl_hybrid": FixedCountAdapter,
     "deepseek_ocr2": ModelAdapter,
     "aya_vision": TiledAdapter,
+    "granite4_vision": Granite4VisionAdapter,
 }
 
 

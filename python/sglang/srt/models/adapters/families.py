@@ -7,11 +7,21 @@ never preprocessed, not even the first time its size is seen).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
-from sglang.srt.models.adapters.base import Layout, ModelAdapter, PixelShape
+from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
+from sglang.srt.models.adapters.base import (
+    Layout,
+    ModelAdapter,
+    PixelShape,
+    accepted_kwargs,
+    batch_features,
+    split_rows,
+)
 
 
 class QwenVLAdapter(ModelAdapter):
@@ -129,3 +139,37 @@ class FixedCountAdapter(ModelAdapter):
         self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
     ) -> Layout | None:
         return {}
+
+
+class Granite4VisionAdapter(ModelAdapter):
+    """Granite 4 Vision: image tokens enter the LM as zeros; the encoder's features are added
+    at the image positions before given decoder layers (``deepstack_features`` as
+    ``(llm_layer, per-image features)`` pairs, a later pair for a layer replacing an earlier one
+    as HF's dict does). They are cached with the image as its extras, in layer order."""
+
+    @property
+    def injection_layers(self) -> list[int]:
+        pairs = [layer for _, layer in self.config.deepstack_layer_map or []]
+        return list(dict.fromkeys([*pairs, *self.config.spatial_target_layers]))
+
+    def encode(self, features: list[dict[str, Any]], rows: Sequence[int]) -> list[CachedEmbedding]:
+        fn = self.image_features_fn
+        out = fn(**batch_features(features, accepted_kwargs(fn)))
+        by_layer = {layer: split_rows(packed, rows) for layer, packed in out.deepstack_features}
+        layers = self.injection_layers
+        assert list(by_layer) == layers, (list(by_layer), layers)
+        hidden = self.text_config.hidden_size
+        return [
+            CachedEmbedding(
+                by_layer[layers[0]][i].new_zeros(n, hidden), [by_layer[k][i] for k in layers]
+            )
+            for i, n in enumerate(rows)
+        ]
+
+    def lm_kwargs(self, image_positions: torch.Tensor, extras: list[torch.Tensor]) -> dict:
+        if not extras:
+            return {}
+        return {
+            "vision_mask": image_positions.unsqueeze(-1),  # (1, T, 1), as HF's placeholder mask
+            "deepstack_features": dict(zip(self.injection_layers, extras)),
+        }
