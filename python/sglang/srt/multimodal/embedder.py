@@ -82,6 +82,7 @@ class MultimodalEmbedder:
         self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int], embeds: torch.Tensor
     ) -> dict[str, Any]:
         """Write image embeddings into ``embeds`` (T, hidden) in place; return extra LM kwargs."""
+        self._override_token_embeddings(reqs, prefix_lens, extend_lens, embeds)
         chunks = self._get_chunked_embedding_by_item(reqs, prefix_lens, extend_lens)
         if not chunks:
             return {}
@@ -98,6 +99,23 @@ class MultimodalEmbedder:
         mask = torch.zeros(1, embeds.shape[0], dtype=torch.bool, device=embeds.device)
         mask[0, positions] = True
         return self.adapter.lm_kwargs(mask, extras)
+
+    def _override_token_embeddings(
+        self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int], embeds: torch.Tensor
+    ) -> None:
+        """Model-given embeddings for special tokens of prompts with images (Ovis2)."""
+        overrides = self.adapter.token_embedding_overrides()
+        if not overrides:
+            return
+        offset = 0
+        for req, lo, n in zip(reqs, prefix_lens, extend_lens):
+            if req.mm_items:
+                ids = np.asarray(req.token_ids(lo, lo + n))
+                for token_id, row in overrides.items():
+                    hits = np.nonzero(ids == token_id)[0]
+                    if len(hits):
+                        embeds[torch.as_tensor(hits + offset)] = row.to(embeds.dtype)
+            offset += n
 
     def _get_chunked_embedding_by_item(
         self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int]

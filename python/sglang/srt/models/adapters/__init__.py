@@ -14,6 +14,7 @@ from sglang.srt.models.adapters.families import (
     Glm4vAdapter,
     Granite4VisionAdapter,
     LlavaAdapter,
+    Ovis2Adapter,
     PixtralAdapter,
     QwenVLAdapter,
     TiledAdapter,
@@ -40,6 +41,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "deepseek_ocr2": ModelAdapter,
     "aya_vision": TiledAdapter,
     "granite4_vision": Granite4VisionAdapter,
+    "ovis2": Ovis2Adapter,
 }
 
 

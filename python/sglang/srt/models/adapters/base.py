@@ -75,6 +75,11 @@ class ModelAdapter:
             return {}
         return {"visual_pos_masks": image_positions, "deepstack_visual_embeds": extras}
 
+    def token_embedding_overrides(self) -> dict[int, torch.Tensor]:
+        """Token id -> embedding that replaces the text embedding of that token in the prompt of
+        a request with images (Ovis2's indicator tokens); empty for most models."""
+        return {}
+
     def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The LM head's own scaling, which its causal-LM class applies and HF's VLM wrappers
         around it skip: Granite divides by ``logits_scaling``, Cohere multiplies by

@@ -173,3 +173,21 @@ class Granite4VisionAdapter(ModelAdapter):
             "vision_mask": image_positions.unsqueeze(-1),  # (1, T, 1), as HF's placeholder mask
             "deepstack_features": dict(zip(self.injection_layers, extras)),
         }
+
+
+class Ovis2Adapter(ModelAdapter):
+    """Ovis2: the indicator tokens around and between an image's tiles (``<IMG_START>``,
+    ``<IMG_GRID>``, ...) take learned visual embeddings instead of their text embeddings. They
+    do not depend on the image, so they are computed once and written over the prompt's text
+    embeddings; the image rows themselves are generic."""
+
+    def token_embedding_overrides(self) -> dict[int, torch.Tensor]:
+        if not hasattr(self, "_overrides"):
+            inner = self.inner
+            count = inner.vision_tower.num_visual_indicator_tokens
+            ids = torch.arange(inner.visual_vocab_size - count, inner.visual_vocab_size)
+            with torch.no_grad():
+                table = inner.visual_embeddings_table
+                rows = table(ids.to(table.weight.device))
+            self._overrides = dict(zip(inner.visual_indicator_token_ids, rows))
+        return self._overrides
