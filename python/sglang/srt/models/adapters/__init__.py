@@ -50,6 +50,14 @@ KNOWN_GAPS: dict[str, str] = {
     "qwen3_5": "Gated DeltaNet linear-attention layers need a per-request state pool",
     "qwen3_5_moe": "Gated DeltaNet linear-attention layers need a per-request state pool",
     "gemma3n": "per-layer inputs and audio towers are not wired into the engine",
+    "paligemma": (
+        "a prefix-LM (the whole prompt, text-only ones too, attends both ways, positions start "
+        "at 1, KV reusable only for an identical prompt) needs scheduler and radix support"
+    ),
+    "gemma4": (
+        "full-attention layers with another head dim, KV sharing between layers and per-layer "
+        "inputs need a non-uniform KV pool"
+    ),
 }
 
 
