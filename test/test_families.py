@@ -24,7 +24,7 @@ from sglang.srt.models.adapters import (
 )
 from sglang.testing.tiny_models import EXTRA_VLM_FAMILIES
 
-MAX_NEW = 8
+MAX_NEW = 6
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
 CUTTING_CHUNKS = (29, 23, 19, 17, 13, 11, 7, 5)  # the largest that cuts as needed
 
@@ -95,16 +95,18 @@ def test_family_matches_hf_across_chunks_and_radix_hits(family: str) -> None:
 
 @pytest.mark.parametrize("family", EXTRA_VLM_FAMILIES)
 def test_family_mixed_batch(family: str) -> None:
-    ph = placeholder(family)
-    prompts = [
-        f"One {ph} image here.",
-        "Only text in this request, a little longer than the others are.",
-        f"Two {ph} and {ph} images.",
-    ]
-    images = [[make_image(5, 64, 96)], [], [make_image(6, 112, 64), make_image(7, 40, 40)]]
-    refs = [hf_greedy(family, p, imgs, MAX_NEW) for p, imgs in zip(prompts, images)]
+    """Both image prompts and a text-only one in one batch, chunked (HF references shared with
+    the test above)."""
+    (one, one_images), (several, several_images) = _cases(family)
+    text = "Only text in this request, a little longer than the others are."
+    refs = [_refs(family)[0], hf_greedy(family, text, [], MAX_NEW), _refs(family)[1]]
     engine = _engine(family, 16)
-    outs = engine.generate(prompts, GREEDY, image_data=images, return_logprob=True)
+    outs = engine.generate(
+        [one, text, several],
+        GREEDY,
+        image_data=[one_images, [], several_images],
+        return_logprob=True,
+    )
     for out, ref in zip(outs, refs):
         _assert_matches(out, ref)
     engine.scheduler.check_integrity()
