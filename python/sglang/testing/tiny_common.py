@@ -143,6 +143,21 @@ _QWEN_VISION = {
     "temporal_patch_size": 2,
     "initializer_range": 0.05,
 }
+_QWEN3_VISION = dict(
+    _QWEN_VISION,
+    hidden_size=64,
+    intermediate_size=128,
+    out_hidden_size=128,
+    patch_size=16,
+    num_position_embeddings=256,
+    deepstack_visual_indexes=[0, 1],
+)
+_QWEN3_ROPE = {
+    "rope_type": "default",
+    "rope_theta": 5000000.0,
+    "mrope_section": [6, 5, 5],
+    "mrope_interleaved": True,
+}
 _QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
 
 

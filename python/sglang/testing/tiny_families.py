@@ -15,6 +15,8 @@ from typing import Any
 from sglang.testing.tiny_common import (
     _CLIP_MEAN,
     _CLIP_STD,
+    _QWEN3_ROPE,
+    _QWEN3_VISION,
     _QWEN_ROLES,
     _QWEN_SPECIALS,
     _QWEN_SYSTEM,
@@ -50,6 +52,18 @@ class Family:
 def _chatml(image_text: str, system: str | None = _QWEN_SYSTEM) -> str:
     """A Qwen-style ChatML template that writes ``image_text`` for every image part."""
     return _qwen_template(system).replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
+
+
+def _content(image_text: str) -> str:
+    """Jinja writing a message's content: a string, or OpenAI-style parts where every image part
+    becomes ``image_text``."""
+    return (
+        "{%- if message['content'] is string -%}{{- message['content'] -}}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + image_text + "' -}}"
+        "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+    )
 
 
 # InternVL 3 (-hf checkpoints): Qwen2 LM; tiles of 448 (here 56) plus a thumbnail --------------
@@ -196,25 +210,20 @@ _GRANITE_ROLES = {
 _GRANITE_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image>\\n' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|end_of_text|>\\n' -}}"
+    + _content("<image>\\n")
+    + "{{- '<|end_of_text|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}"
     "{%- endif -%}"
 )
 
 
-def _recipe_granite_vision(tok: Any, vocab: int) -> _Recipe:
-    from transformers import LlavaNextConfig
-
+def _granite_text(tok: Any, vocab: int, model_type: str, **extra: Any) -> dict[str, Any]:
+    """A Granite LM: embedding, residual and attention multipliers and logits scaling."""
     t = tok.convert_tokens_to_ids
-    text = dict(
+    return dict(
         _TEXT,
-        model_type="granite",
+        model_type=model_type,
         vocab_size=vocab,
         bos_token_id=t("<|end_of_text|>"),
         eos_token_id=t("<|end_of_text|>"),
@@ -223,8 +232,15 @@ def _recipe_granite_vision(tok: Any, vocab: int) -> _Recipe:
         logits_scaling=8.0,
         residual_multiplier=0.22,
         attention_multiplier=0.015625,
-        tie_word_embeddings=True,
+        **extra,
     )
+
+
+def _recipe_granite_vision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaNextConfig
+
+    t = tok.convert_tokens_to_ids
+    text = _granite_text(tok, vocab, "granite", tie_word_embeddings=True)
     vision = dict(_SMALL_VIT, model_type="siglip_vision_model", image_size=28, patch_size=14)
     vision["num_hidden_layers"] = 3
     config = LlavaNextConfig(
@@ -446,12 +462,7 @@ def _recipe_smolvlm(tok: Any, vocab: int) -> _Recipe:
 def _recipe_qwen3_vl_moe(tok: Any, vocab: int) -> _Recipe:
     from transformers import Qwen3VLMoeConfig
 
-    rope = {
-        "rope_type": "default",
-        "rope_theta": 5000000.0,
-        "mrope_section": [6, 5, 5],
-        "mrope_interleaved": True,
-    }
+    rope = _QWEN3_ROPE
     text = _qwen_text(
         tok,
         vocab,
@@ -464,15 +475,7 @@ def _recipe_qwen3_vl_moe(tok: Any, vocab: int) -> _Recipe:
     )
     config = Qwen3VLMoeConfig(
         text_config=text,
-        vision_config=dict(
-            _QWEN_VISION,
-            hidden_size=64,
-            intermediate_size=128,
-            out_hidden_size=128,
-            patch_size=16,
-            num_position_embeddings=256,
-            deepstack_visual_indexes=[0, 1],
-        ),
+        vision_config=_QWEN3_VISION,
         **_qwen_ids(tok),
     )
     pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)
@@ -489,13 +492,7 @@ _GLM_IMAGE = "<|begin_of_image|><|image|><|end_of_image|>"
 _GLM_TEMPLATE = (
     "[gMASK]<sop>"
     "{%- for message in messages -%}"
-    "{{- '<|' + message['role'] + '|>\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + _GLM_IMAGE + "' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{%- endfor -%}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}" + _content(_GLM_IMAGE) + "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )
 
@@ -572,12 +569,8 @@ _DEEPSEEK_TEMPLATE = (
     "{{- bos_token -}}"
     "{%- for message in messages -%}"
     "{{- message['role'] | capitalize + ': ' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image_placeholder>' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '\\n\\n' if message['role'] == 'user' else eos_token -}}"
+    + _content("<image_placeholder>")
+    + "{{- '\\n\\n' if message['role'] == 'user' else eos_token -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- 'Assistant:' -}}{%- endif -%}"
 )
@@ -746,12 +739,8 @@ _AYA_TEMPLATE = (
     "{%- for message in messages -%}"
     "{%- set role = 'CHATBOT' if message['role'] == 'assistant' else message['role'] | upper -%}"
     "{{- '<|START_OF_TURN_TOKEN|><|' + role + '_TOKEN|>' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image>' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|END_OF_TURN_TOKEN|>' -}}"
+    + _content("<image>")
+    + "{{- '<|END_OF_TURN_TOKEN|>' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}{%- endif -%}"
@@ -817,19 +806,7 @@ def _recipe_granite4_vision(tok: Any, vocab: int) -> _Recipe:
     from transformers import Granite4VisionConfig
 
     t = tok.convert_tokens_to_ids
-    text = dict(
-        _TEXT,
-        model_type="granite4_vision_text",
-        num_hidden_layers=4,
-        vocab_size=vocab,
-        bos_token_id=t("<|end_of_text|>"),
-        eos_token_id=t("<|end_of_text|>"),
-        pad_token_id=t("<pad>"),
-        embedding_multiplier=12.0,
-        logits_scaling=8.0,
-        residual_multiplier=0.22,
-        attention_multiplier=0.015625,
-    )
+    text = _granite_text(tok, vocab, "granite4_vision_text", num_hidden_layers=4)
     pinpoints = [[56, 112], [112, 56], [112, 112]]
     config = Granite4VisionConfig(
         text_config=text,

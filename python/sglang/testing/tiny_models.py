@@ -31,6 +31,8 @@ from sglang.testing.tiny_common import (
     _CLIP_MEAN,
     _CLIP_STD,
     _CORPUS,
+    _QWEN3_ROPE,
+    _QWEN3_VISION,
     _QWEN_ROLES,
     _QWEN_SPECIALS,
     _QWEN_SYSTEM,
@@ -296,23 +298,10 @@ def _recipe_qwen2_5_vl(tok: Any, vocab: int) -> _Recipe:
 def _recipe_qwen3_vl(tok: Any, vocab: int) -> _Recipe:
     from transformers import Qwen3VLConfig
 
-    rope = {
-        "rope_type": "default",
-        "rope_theta": 5000000.0,
-        "mrope_section": [6, 5, 5],
-        "mrope_interleaved": True,
-    }
+    rope = _QWEN3_ROPE
     config = Qwen3VLConfig(
         text_config=_qwen_text(tok, vocab, head_dim=32, rope_parameters=rope),
-        vision_config=dict(
-            _QWEN_VISION,
-            hidden_size=64,
-            intermediate_size=128,
-            out_hidden_size=128,
-            patch_size=16,
-            num_position_embeddings=256,
-            deepstack_visual_indexes=[0, 1],
-        ),
+        vision_config=_QWEN3_VISION,
         **_qwen_ids(tok),
     )
     pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)

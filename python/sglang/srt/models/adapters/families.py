@@ -24,6 +24,18 @@ from sglang.srt.models.adapters.base import (
 )
 
 
+def _grid_settings(image_processor: Any, images_kwargs: dict[str, Any]) -> tuple[dict, int, int]:
+    """(size bounds, patch size, merge size) of a Qwen-style grid processor."""
+    size = images_kwargs.get("size") or image_processor.size
+    patch = images_kwargs.get("patch_size") or image_processor.patch_size
+    merge = images_kwargs.get("merge_size") or image_processor.merge_size
+    return size, patch, merge
+
+
+def _grid_layout(resized: tuple[int, int], patch: int) -> Layout:
+    return {"image_grid_thw": np.array([[1, resized[0] // patch, resized[1] // patch]])}
+
+
 class QwenVLAdapter(ModelAdapter):
     """Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE): ``image_grid_thw`` from Qwen's
     ``smart_resize`` (M-RoPE and deepstack features come with the generic adapter)."""
@@ -33,18 +45,15 @@ class QwenVLAdapter(ModelAdapter):
     ) -> Layout | None:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-        image_processor = processor.image_processor
-        size = images_kwargs.get("size") or image_processor.size
-        patch = images_kwargs.get("patch_size") or image_processor.patch_size
-        merge = images_kwargs.get("merge_size") or image_processor.merge_size
-        resized_h, resized_w = smart_resize(
+        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+        resized = smart_resize(
             height,
             width,
             patch * merge,
             min_pixels=size["shortest_edge"],
             max_pixels=size["longest_edge"],
         )
-        return {"image_grid_thw": np.array([[1, resized_h // patch, resized_w // patch]])}
+        return _grid_layout(resized, patch)
 
 
 class LlavaAdapter(ModelAdapter):
@@ -115,11 +124,9 @@ class Glm4vAdapter(ModelAdapter):
         from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize
 
         image_processor = processor.image_processor
-        size = images_kwargs.get("size") or image_processor.size
-        patch = images_kwargs.get("patch_size") or image_processor.patch_size
-        merge = images_kwargs.get("merge_size") or image_processor.merge_size
+        size, patch, merge = _grid_settings(image_processor, images_kwargs)
         temporal = images_kwargs.get("temporal_patch_size") or image_processor.temporal_patch_size
-        resized_h, resized_w = smart_resize(
+        resized = smart_resize(
             num_frames=temporal,
             height=height,
             width=width,
@@ -128,7 +135,7 @@ class Glm4vAdapter(ModelAdapter):
             min_pixels=size["shortest_edge"],
             max_pixels=size["longest_edge"],
         )
-        return {"image_grid_thw": np.array([[1, resized_h // patch, resized_w // patch]])}
+        return _grid_layout(resized, patch)
 
 
 class FixedCountAdapter(ModelAdapter):
