@@ -127,9 +127,9 @@ class ModelAdapter:
         fn = self.inner.get_rope_index
         ids = torch.tensor([input_ids])
         kwargs: dict[str, Any] = {}
-        for name in accepted_kwargs(fn) & {"image_grid_thw"}:
-            if layouts:
-                kwargs[name] = torch.cat([torch.as_tensor(lay[name]) for lay in layouts])
+        if layouts and "image_grid_thw" in accepted_kwargs(fn):
+            grids = [torch.as_tensor(layout["image_grid_thw"]) for layout in layouts]
+            kwargs["image_grid_thw"] = torch.cat(grids)
         mm_types = (ids == self.image_token_id).int()
         positions, delta = fn(ids, mm_token_type_ids=mm_types, **kwargs)
         return positions[:, 0], int(delta.reshape(-1)[0])
