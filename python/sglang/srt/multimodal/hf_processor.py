@@ -114,7 +114,8 @@ def load_hf_processor(model_path: str | Path) -> Any:
     path = Path(model_path)
     preprocessor = _read_json(path / "preprocessor_config.json")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    name = processor_class_name(path) if preprocessor else None
+    is_vlm = preprocessor or "vision_config" in _read_json(path / "config.json")
+    name = processor_class_name(path) if is_vlm else None
     if name is None:
         return tokenizer
     cls = _processor_class(name)
