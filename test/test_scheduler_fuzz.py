@@ -142,10 +142,10 @@ def test_a_failing_encode_aborts_only_its_request(monkeypatch) -> None:
     refs = [_reference(0), None, _reference(1)]
     original = engine.runner.adapter.encode
 
-    def encode(items):
+    def encode(items, rows):
         if any(_is_poison(f) for f in items):
             raise RuntimeError("vision encoder failed on this image")
-        return original(items)
+        return original(items, rows)
 
     poison_rows = engine.processor.preprocessor.features([poisoned])[0]["pixel_values"]
 

@@ -60,12 +60,14 @@ class ImagePreprocessor:
         self.num_preprocessed += 1
         return dict(processed), replacements[0]
 
+    def features(self, images: Sequence[Image.Image]) -> list[dict[str, Any]]:
+        """The features of each image (host arrays)."""
+        return [self.process(image)[0] for image in images]
+
     def __call__(self, items: Sequence[MultimodalItem]) -> None:
         """Preprocess the items that lack features (cache misses)."""
-        for item in items:
-            if item.features is not None:
-                continue
-            features, _ = self.process(_pil(item.source))
+        todo = [item for item in items if item.features is None]
+        for item, features in zip(todo, self.features([_pil(item.source) for item in todo])):
             if not same_layout(item.layout, layout_of(features)):
                 raise ValueError(
                     f"image layout {layout_of(features)} differs from the expected {item.layout}"
