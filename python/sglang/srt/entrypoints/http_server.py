@@ -43,7 +43,6 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
 
     app = FastAPI(title="sglang-vitcache", version="0.1.0", lifespan=lifespan)
     model_name = args.served_model_name or args.model_path or "default"
-    architectures = _architectures(args.model_path)
 
     @app.middleware("http")
     async def api_key_guard(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
@@ -101,7 +100,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             "tokenizer_path": args.model_path,
             "is_generation": True,
             "model_type": manager.model_type,
-            "architectures": architectures,
+            "architectures": _architectures(args.model_path),
             "has_image_understanding": manager.is_multimodal,
         }
 
