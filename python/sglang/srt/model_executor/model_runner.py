@@ -13,6 +13,7 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
+from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
@@ -105,7 +106,10 @@ class ModelRunner:
             attn_implementation=attn,
             trust_remote_code=self.args.trust_remote_code,
         )
-        return model.to(self.device).eval()
+        model = model.to(self.device).eval()
+        if self.is_multimodal:
+            fast_vision.install(model, self.config)
+        return model
 
     def _init_memory(self) -> None:
         tc = self.text_config
