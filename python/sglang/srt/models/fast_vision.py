@@ -4,8 +4,9 @@ Two changes, both checked against HF's own tower in ``test/test_fast_vision.py``
 
 - **Attention, one call per run of equal segments** (bitwise equal to HF). After loading, the
   vision config's attention implementation is set to ``VISION_ATTENTION_NAME``; its name
-  contains "flash", so the HF vision blocks hand the whole packed sequence and its ``cu_seqlens`` (images, or Qwen2.5-VL's
-  windows) to ``varlen_vision_attention`` in one call instead of one SDPA call per segment.
+  contains "flash", so the HF vision blocks hand the whole packed sequence and its
+  ``cu_seqlens`` (images, or Qwen2.5-VL's windows) to ``varlen_vision_attention`` in one call
+  instead of one SDPA call per segment.
   Consecutive segments of equal length (the full windows of a row, images of one size) become
   one batch of strided views for the same SDPA kernel, which computes every (segment, head) on
   its own exactly as the per-segment calls do.
