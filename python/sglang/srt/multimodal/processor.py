@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from sglang.srt.models.adapters import ModelAdapter, get_adapter
+from sglang.srt.multimodal import fast_preprocess
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.image_io import (
     DecodedImageCache,
@@ -39,7 +40,10 @@ class ImagePreprocessor:
         return content_hash(image_hash.to_bytes(8, "little"), self.settings_hash)
 
     def features(self, images: Sequence[Image.Image]) -> list[dict[str, Any]]:
-        processed = self.image_processor(images=list(images), return_tensors="np")
+        if fast_preprocess.supports(self.image_processor, images):
+            processed = fast_preprocess.preprocess(self.image_processor, images)
+        else:
+            processed = self.image_processor(images=list(images), return_tensors="np")
         self.num_preprocessed += len(images)
         return self.adapter.split_features(processed, len(images))
 
