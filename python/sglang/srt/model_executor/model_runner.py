@@ -13,6 +13,7 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
+from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
@@ -70,6 +71,7 @@ class ModelRunner:
         self.text_config = self.config.get_text_config()
         self.is_multimodal = hasattr(self.config, "vision_config")
         self.dtype = resolve_dtype(args.dtype, self.config, self.device)
+        self.perf = PerfCounters()
         self.model = self._load(model_path)
         self.adapter = get_adapter(self.model, self.config)
         self.context_length = args.context_length or self.text_config.max_position_embeddings
@@ -80,6 +82,7 @@ class ModelRunner:
             kv_pool=self.kv_pool,
             req_to_token_pool=self.req_to_token_pool,
         )
+        self.attn_backend.perf = self.perf
         self.hf_processor = load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
         image_processor = getattr(self.hf_processor, "image_processor", None)
@@ -107,8 +110,8 @@ class ModelRunner:
             trust_remote_code=self.args.trust_remote_code,
         )
         model = model.to(self.device).eval()
-        if self.is_multimodal:
-            fast_vision.install(model, self.config)
+        if self.is_multimodal and fast_vision.install(model, self.config):
+            instrument_vision(model.model.visual, self.perf)
         return model
 
     def _init_memory(self) -> None:

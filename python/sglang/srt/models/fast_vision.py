@@ -28,6 +28,8 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 
+from sglang.srt.model_executor import perf_counters
+
 VISION_ATTENTION_NAME = "sglang_vision_flash_varlen"
 FAST_VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
 
@@ -58,6 +60,8 @@ def varlen_vision_attention(
         qs, ks, vs = (t[rows].unflatten(0, (count, length)).transpose(1, 2) for t in (q, k, v))
         o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout, scale=scaling)
         out[rows].unflatten(0, (count, length)).copy_(o.transpose(1, 2))
+        if perf_counters.ACTIVE is not None:
+            perf_counters.ACTIVE.vision_flops += 4.0 * q.shape[1] * q.shape[2] * count * length**2
     return out.unsqueeze(0), None
 
 

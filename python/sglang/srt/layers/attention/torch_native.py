@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base import AttentionBackend
+from sglang.srt.model_executor.perf_counters import causal_attention_flops
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -46,10 +48,12 @@ class _KVLayout:
 
 
 def _split_runs(
-    slots: torch.Tensor, min_run: int = MIN_VIEW_RUN
+    slots: torch.Tensor, min_run: int | None = None
 ) -> tuple[list[tuple[int, int]], torch.Tensor | None]:
-    """The longest runs of consecutive slots (at least ``min_run`` long, at most
-    ``MAX_VIEW_RUNS``) as [start, end) ranges, and the remaining slots (None if none)."""
+    """The longest runs of consecutive slots (at least ``min_run`` long, default
+    ``MIN_VIEW_RUN``; at most ``MAX_VIEW_RUNS``) as [start, end) ranges, and the remaining
+    slots (None if none)."""
+    min_run = MIN_VIEW_RUN if min_run is None else min_run
     n = slots.numel()
     if n == 0:
         return [], None
@@ -147,6 +151,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         sliding_window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
+        started = time.perf_counter()
         pool = self.kv_pool
         pool.set_kv(layer, batch.out_cache_loc, k[0].transpose(0, 1), v[0].transpose(0, 1))
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
@@ -176,6 +181,12 @@ class TorchNativeAttnBackend(AttentionBackend):
                     enable_gqa=ki.shape[1] != qi.shape[1],
                 )
             out[r.q_start : r.q_start + r.q_len] = oi[0].transpose(0, 1)
+        if self.perf is not None:
+            flops = sum(
+                causal_attention_flops(q.shape[1], q.shape[3], r.prefix, r.q_len)
+                for r in self._reqs
+            )
+            self.perf.add_lm_attention(time.perf_counter() - started, flops)
         return out.unsqueeze(0)
 
 
