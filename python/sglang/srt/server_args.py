@@ -51,6 +51,10 @@ class ServerArgs:
         default=None, metadata={"help": "torch_native (CPU) or flashinfer (GPU)."}
     )
     mm_attention_backend: str = "sdpa"
+    enable_torch_compile: bool = field(
+        default=False,
+        metadata={"help": "Compile the Qwen-VL vision blocks (minutes of start-up per shape)."},
+    )
 
     # Multimodal embedding cache
     mm_cache_mode: str = field(

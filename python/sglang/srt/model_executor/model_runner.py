@@ -112,6 +112,8 @@ class ModelRunner:
         model = model.to(self.device).eval()
         if self.is_multimodal and fast_vision.install(model, self.config):
             instrument_vision(model.model.visual, self.perf)
+            if self.args.enable_torch_compile:
+                fast_vision.compile_tower(model)
         return model
 
     def _init_memory(self) -> None:

@@ -121,3 +121,14 @@ def _patch_embed_as_linear(self: nn.Module, hidden_states: torch.Tensor) -> torc
     flat = weight.reshape(weight.shape[0], -1)
     x = hidden_states.reshape(-1, flat.shape[1]).to(weight.dtype)
     return F.linear(x, flat, self.proj.bias)
+
+
+def compile_tower(model: nn.Module) -> None:
+    """``--enable-torch-compile``: compile each vision block and the merger with dynamic shapes
+    (inductor fuses the norms, rotary and MLP activations; the attention call stays eager).
+    Measured on the small model, 720p, 1 thread: 5% less CPU per image, after 4 minutes of
+    compilation per new shape class on a loaded 2-core machine, so it is off by default."""
+    tower = model.model.visual
+    for i, block in enumerate(tower.blocks):
+        tower.blocks[i] = torch.compile(block, dynamic=True)
+    tower.merger = torch.compile(tower.merger, dynamic=True)
