@@ -244,6 +244,28 @@ def matmul_peak_gflops(size: int = 1024, seconds: float = 1.5) -> dict[str, Any]
     }
 
 
+def process_tree_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds used so far by process ``pid`` and its live descendants: work
+    per request that other load on the machine does not inflate (unlike wall time)."""
+    if pid is None:
+        return None
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def flush_cache(client: httpx.Client, base_url: str) -> bool:
     """Flush the prefix (and embedding) caches: SGLang's /flush_cache, else vLLM's dev routes."""
     for path in ("/flush_cache", "/reset_prefix_cache", "/reset_mm_cache"):

@@ -34,6 +34,7 @@ from benchmark.common import (
     matmul_peak_gflops,
     parse_resolution,
     perf_counters,
+    process_tree_cpu_seconds,
     pyplot,
     ratio,
     server_info,
@@ -63,6 +64,7 @@ def run_conversation(
     progress: tqdm | None = None,
     image_offset: int = 0,
     peak_gflops: float | None = None,
+    server_pid: int | None = None,
 ) -> list[dict[str, Any]]:
     """Warm up with an unrelated image, flush the caches, then play the rounds (image ids
     ``image_offset + round``: repetitions use new images, so no engine can answer from a cache
@@ -81,7 +83,9 @@ def run_conversation(
         part = image_part(make_jpeg(image_offset + r, w, h))
         messages.append({"role": "user", "content": [part, {"type": "text", "text": text}]})
         info = server_info(client, base_url)
+        cpu_before = process_tree_cpu_seconds(server_pid)
         res = chat(client, base_url, model, messages, max_tokens)
+        cpu_after = process_tree_cpu_seconds(server_pid)
         after = server_info(client, base_url)
         delta = counter_delta(encoder_counters(info), encoder_counters(after))
         perf = counter_delta(perf_counters(info), perf_counters(after))
@@ -102,6 +106,9 @@ def run_conversation(
                 "encoded_tokens": int(delta["encoded_tokens"]) if delta else None,
                 "encoder_calls": int(delta["encoder_calls"]) if delta else None,
                 "reply": res.text,
+                "server_cpu_s": cpu_after - cpu_before
+                if cpu_before is not None and cpu_after is not None
+                else None,
                 **achieved(perf, peak_gflops),
             }
         )
@@ -179,6 +186,8 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         for label in labels:
             headers += [f"{label} TTFT ms"]
         headers += [f"{lb} items/enc ms" for lb in labels if lb.startswith("ours")]
+        cpu_labels = [lb for lb in labels if any(e.get("server_cpu_s") for e in by.get(lb, []))]
+        headers += [f"{lb} server CPU s" for lb in cpu_labels]
         rows = []
         for r in range(n):
             row: list[Any] = [r]
@@ -187,6 +196,9 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
                 if lb.startswith("ours") and r < len(by.get(lb, [])):
                     e = by[lb][r]
                     row.append(f"{e['encoded_items']} / {e['encoder_ms']:.0f}")
+            for lb in cpu_labels:
+                rounds = by[lb]
+                row.append(rounds[r]["server_cpu_s"] if r < len(rounds) else None)
             rows.append(row)
         pi = by.get("ours:per-image") or next(iter(by.values()))
         cache = [f"{e['cached_tokens']}/{e['prompt_tokens']}" for e in pi]
@@ -302,6 +314,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             client, server.base_url, server.model, parse_resolution(res), rounds,
                             args.max_tokens, bar, image_offset=1000 * k,
                             peak_gflops=peak["gflop_per_s"] if peak else None,
+                            server_pid=server.proc.pid if server.proc else None,
                         )
                         for k in range(args.repeats)
                     ])  # fmt: skip
