@@ -65,6 +65,10 @@ class ServerArgs:
         },
     )
     mm_attention_backend: str = "sdpa"
+    enable_torch_compile: bool = field(
+        default=False,
+        metadata={"help": "Compile the Qwen-VL vision blocks (minutes of start-up per shape)."},
+    )
 
     # Multimodal embedding cache
     mm_cache_mode: str = field(

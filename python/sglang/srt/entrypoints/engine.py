@@ -191,4 +191,5 @@ def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
             "preprocess_skipped": stats.preprocess_skipped,
             "pinned": cache.num_pinned,
         },
+        "perf": runner.perf.as_dict(),
     }

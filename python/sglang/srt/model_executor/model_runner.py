@@ -13,6 +13,8 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
+from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
+from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
@@ -70,6 +72,7 @@ class ModelRunner:
         get_adapter(None, self.config)  # an unservable model fails here, before its weights load
         self.is_multimodal = hasattr(self.config, "vision_config")
         self.dtype = resolve_dtype(args.dtype, self.config, self.device)
+        self.perf = PerfCounters()
         self.model = self._load(model_path)
         self.adapter = get_adapter(self.model, self.config)
         self.context_length = args.context_length or self.text_config.max_position_embeddings
@@ -80,6 +83,7 @@ class ModelRunner:
             kv_pool=self.kv_pool,
             req_to_token_pool=self.req_to_token_pool,
         )
+        self.attn_backend.perf = self.perf
         self.hf_processor = load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
         self.embedder = MultimodalEmbedder(
@@ -105,7 +109,12 @@ class ModelRunner:
             attn_implementation=attn,
             trust_remote_code=self.args.trust_remote_code,
         )
-        return model.to(self.device).eval()
+        model = model.to(self.device).eval()
+        if self.is_multimodal and fast_vision.install(model, self.config):
+            instrument_vision(model.model.visual, self.perf)
+            if self.args.enable_torch_compile:
+                fast_vision.compile_tower(model)
+        return model
 
     def _init_memory(self) -> None:
         tc = self.text_config

@@ -20,6 +20,7 @@ from PIL import Image
 
 from sglang.srt.models.adapters import ModelAdapter, get_adapter
 from sglang.srt.models.adapters.base import Layout, layout_of, same_layout
+from sglang.srt.multimodal import fast_preprocess
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.image_io import (
     DecodedImageCache,
@@ -49,6 +50,11 @@ class ImagePreprocessor:
             settings = self.image_processor.to_json_string().encode() + kwargs.encode()
         self.settings_hash = content_hash(settings).to_bytes(8, "little")
         self.num_preprocessed = 0
+        self.fast_path_ok = self.image_processor is not None and all(
+            _same(self.images_kwargs.get(key), getattr(self.image_processor, key, None))
+            for key in self.images_kwargs
+            if key not in ("return_tensors",)
+        )
 
     def item_hash(self, image_hash: int) -> int:
         return content_hash(image_hash.to_bytes(8, "little"), self.settings_hash)
@@ -61,7 +67,11 @@ class ImagePreprocessor:
         return dict(processed), replacements[0]
 
     def features(self, images: Sequence[Image.Image]) -> list[dict[str, Any]]:
-        """The features of each image (host arrays)."""
+        """The features of each image (host arrays); Qwen-VL images take the bit-identical
+        fast path when the processor's merged options are the image processor's own."""
+        if self.fast_path_ok and fast_preprocess.supports(self.image_processor, images):
+            self.num_preprocessed += len(images)
+            return [fast_preprocess.preprocess(self.image_processor, [image]) for image in images]
         return [self.process(image)[0] for image in images]
 
     def __call__(self, items: Sequence[MultimodalItem]) -> None:
@@ -194,6 +204,13 @@ def images_kwargs_of(hf_processor: Any) -> dict[str, Any]:
     init = tokenizer.init_kwargs if tokenizer is not None else {}
     merged = hf_processor._merge_kwargs(tokenizer_init_kwargs=init, return_tensors="np")
     return merged["images_kwargs"]
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(np.all(a == b)) if a is not None else True
+    except (TypeError, ValueError):
+        return False
 
 
 def _pil(source: Any) -> Image.Image:
