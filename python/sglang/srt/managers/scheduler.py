@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.constrained.manager import ConstraintManager
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.req import Req, ReqStatus
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -58,6 +59,8 @@ class Scheduler:
         self.chunk_size: int | None = None if chunk == -1 else chunk
         self.bidirectional_images = runner.adapter.bidirectional_images
         self.forward_steps = 0
+        self.constraints = ConstraintManager(tokenizer, runner.vocab_size, self.eos_token_ids, args)
+        self.grammar_queue: list[Req] = []  # constrained requests whose grammar is compiling
 
     # Intake ------------------------------------------------------------------------------------
     def check_request(self, tokenized: TokenizedRequest) -> None:
@@ -77,6 +80,7 @@ class Scheduler:
                 f"the request needs {prompt_len + max_new} KV slots, more than the cache holds "
                 f"({self.kv_pool.size})"
             )
+        self.constraints.check(tokenized)
 
     def add_request(self, tokenized: TokenizedRequest) -> Req:
         self.check_request(tokenized)
@@ -97,16 +101,25 @@ class Scheduler:
             eos_token_ids=self.eos_token_ids,
             generator=generator,
             return_logprob=tokenized.return_logprob,
+            top_logprobs_num=tokenized.top_logprobs_num,
         )
         if self.runner.adapter.uses_mrope:
             req.mrope_positions, req.mrope_delta = self.runner.adapter.mrope(
                 req.input_ids, [item.layout for item in req.mm_items]
             )
         req.arrival_time = time.perf_counter()
-        self.waiting.append(req)
+        if self.constraints.attach(req):
+            self.grammar_queue.append(req)
+        else:
+            self.waiting.append(req)
         return req
 
     def abort(self, rid: str) -> bool:
+        for req in self.grammar_queue:
+            if req.rid == rid:
+                self.grammar_queue.remove(req)
+                req.finish_reason = {"type": "abort"}
+                return True
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
@@ -122,10 +135,25 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.grammar_queue)
 
     # One step ----------------------------------------------------------------------------------
     def step(self) -> StepOutput:
+        failed = self._take_compiled_grammars()
+        out = self._step()
+        out.reqs[:0] = failed
+        return out
+
+    def _take_compiled_grammars(self) -> list[Req]:
+        """Queue the requests whose grammar compiled; return those whose compile failed."""
+        if not self.grammar_queue:
+            return []
+        idle = not self.waiting and not self.running
+        ready, failed = self.constraints.take_compiled(self.grammar_queue, idle)
+        self.waiting.extend(ready)
+        return failed
+
+    def _step(self) -> StepOutput:
         batch = self._schedule_extend() or self._schedule_decode()
         if batch is None:
             return StepOutput([])
@@ -228,6 +256,7 @@ class Scheduler:
             locs.append(slots)
         device = self.runner.device
         spans = [r.bidirectional_spans() if self.bidirectional_images else [] for r in reqs]
+        self.constraints.prepare(reqs)
         return ForwardBatch(
             reqs=reqs,
             input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
@@ -261,19 +290,25 @@ class Scheduler:
                 sampled_reqs.append(req)
         if not sampled_reqs:
             return []
-        tokens = sample(
-            logits[sampled_rows],
-            [r.sampling_params for r in sampled_reqs],
-            [r.generator for r in sampled_reqs],
-        )
+        rows = logits[sampled_rows]  # a copy: shaping it leaves the model's logits intact
         logprobs = None
         if any(r.return_logprob for r in sampled_reqs):
-            logprobs = torch.log_softmax(logits[sampled_rows], dim=-1)
+            logprobs = torch.log_softmax(rows, dim=-1)  # of the model, before bias and grammar
+        self.constraints.apply(rows, sampled_reqs)
+        tokens = sample(
+            rows, [r.sampling_params for r in sampled_reqs], [r.generator for r in sampled_reqs]
+        )
         now = time.perf_counter()
         for i, (req, token) in enumerate(zip(sampled_reqs, tokens)):
             req.output_ids.append(token)
             if req.return_logprob:
                 req.output_logprobs.append(float(logprobs[i, token]))
+                if req.top_logprobs_num:
+                    top = logprobs[i].topk(req.top_logprobs_num)
+                    req.output_top_logprobs.append(
+                        list(zip(top.values.tolist(), top.indices.tolist()))
+                    )
+            self.constraints.accept(req, token)
             if req.first_token_time is None:
                 req.first_token_time = now
             self._check_finished(req)
@@ -284,6 +319,11 @@ class Scheduler:
 
     def _check_finished(self, req: Req) -> None:
         sp, token = req.sampling_params, req.output_ids[-1]
+        if req.finished:  # the grammar rejected the token
+            return
+        if req.grammar is not None and req.grammar.terminated:
+            req.finish_reason = {"type": "stop", "matched": token}
+            return
         if token in (sp.stop_token_ids or ()) or (not sp.ignore_eos and token in req.eos_token_ids):
             req.finish_reason = {"type": "stop", "matched": token}
         elif len(req.output_ids) >= sp.max_new_tokens:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sglang.srt.constrained.spec import normalize_constraint_params
+
 _INT_MAX = 2**31 - 1
+MAX_N = 64
 
 
 @dataclass
@@ -21,6 +24,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
     seed: int | None = field(default=None)
     n: int = 1
+    # Structured output and logit shaping (see sglang.srt.constrained).
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    logit_bias: dict[int, float] | None = None
+    no_stop_trim: bool = False  # keep a matched stop string at the end of the output text
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -31,7 +41,6 @@ class SamplingParams:
             "frequency_penalty",
             "presence_penalty",
             "repetition_penalty",
-            "no_stop_trim",
             "spaces_between_special_tokens",
             "min_new_tokens",
         ):
@@ -70,7 +79,10 @@ class SamplingParams:
             _is_number(self.min_p) and 0 <= self.min_p <= 1,
             f"min_p must be in [0, 1], got {self.min_p!r}",
         )
-        check(self.n == 1, "only n=1 is supported")
+        check(
+            _is_int(self.n) and 1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}], got {self.n!r}"
+        )
+        normalize_constraint_params(self)
         check(
             self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}"
         )
