@@ -2,9 +2,12 @@
 
 A constrained request waits outside the admission queue until its grammar has compiled (other
 requests keep running meanwhile). At each step the token bitmasks of the batch's constrained
-requests are filled on a worker thread while the model runs, then applied to those rows only;
-``logit_bias`` is added the same way. Each sampled token advances the request's matcher, and a
-request whose grammar has terminated (it accepted a stop token) is finished.
+requests are filled while the model runs and applied to those rows only; ``logit_bias`` is added
+the same way. On a GPU the fill runs after the forward is launched (the kernels are still
+running); on a CPU it runs on a worker thread during the forward, but only for large
+vocabularies: with a small one the fill takes microseconds and the thread hand-off costs more.
+Each sampled token advances the request's matcher; a request whose grammar has terminated (it
+accepted a stop token) is finished.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
+OVERLAP_MIN_VOCAB = 32768
 
 
 @dataclass
@@ -49,6 +53,8 @@ class ConstraintManager:
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self.any_whitespace = not getattr(args, "constrained_json_disable_any_whitespace", False)
+        on_cpu = args.resolved_device == "cpu"
+        self.overlap_on_thread = on_cpu and vocab_size >= OVERLAP_MIN_VOCAB
         self._backend: GrammarBackend | None = None
         self._mask_pool: ThreadPoolExecutor | None = None
         self._pending: tuple[list[Req], Future] | None = None
@@ -111,7 +117,7 @@ class ConstraintManager:
     def prepare(self, reqs: list[Req]) -> None:
         """Begin filling the bitmasks of the batch's constrained requests (overlaps the forward)."""
         constrained = [r for r in reqs if r.grammar is not None and r.grammar.matcher is not None]
-        if not constrained:
+        if not constrained or not self.overlap_on_thread:
             self._pending = None
             return
         if self._mask_pool is None:
