@@ -92,7 +92,8 @@ class GrammarBackend:
         if spec.kind == "ebnf":
             return grammar.from_ebnf(spec.source)
         if spec.kind == "structural_tag":
-            return grammar.from_structural_tag(_structural_tag(_json(spec.source)))
+            cap = MAX_JSON_WHITESPACE if self.any_whitespace else 1
+            return grammar.from_structural_tag(_structural_tag(_json(spec.source), cap))
         raise GrammarError(f"unknown constraint kind {spec.kind!r}")
 
     # Match -------------------------------------------------------------------------------------
@@ -146,16 +147,16 @@ def _schema_text(source: str) -> str:
     return json.dumps(_plain_length_strings(schema))
 
 
-def _structural_tag(node: Any) -> Any:
-    """Apply the JSON-schema fixes (and the whitespace cap) inside a structural tag."""
+def _structural_tag(node: Any, whitespace_cap: int) -> Any:
+    """Apply the JSON-schema fixes and the whitespace cap inside a structural tag."""
     if isinstance(node, list):
-        return [_structural_tag(x) for x in node]
+        return [_structural_tag(x, whitespace_cap) for x in node]
     if not isinstance(node, dict):
         return node
-    out = {key: _structural_tag(value) for key, value in node.items()}
+    out = {key: _structural_tag(value, whitespace_cap) for key, value in node.items()}
     if out.get("type") == "json_schema" and isinstance(out.get("json_schema"), dict):
         out["json_schema"] = _plain_length_strings(node["json_schema"])
-        out.setdefault("max_whitespace_cnt", MAX_JSON_WHITESPACE)
+        out.setdefault("max_whitespace_cnt", whitespace_cap)
     return out
 
 
