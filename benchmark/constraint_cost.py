@@ -74,7 +74,7 @@ class StepTimer:
                 self.steps.append((size, time.perf_counter() - start, self._constraint_s))
             return out
 
-        for name in ("prepare", "apply", "accept"):
+        for name in ("prepare", "shaped", "accept"):
             setattr(constraints, name, self._timed(getattr(constraints, name)))
         sched._step = timed_step
 

@@ -116,7 +116,10 @@ class ConstraintManager:
     # Each step ---------------------------------------------------------------------------------
     def prepare(self, reqs: list[Req]) -> None:
         """Begin filling the bitmasks of the batch's constrained requests (overlaps the forward)."""
-        constrained = [r for r in reqs if r.grammar is not None and r.grammar.matcher is not None]
+        if self._pending is not None:  # its requests did not sample; never leave a fill running
+            self._pending[1].result()
+            self._pending = None
+        constrained = [r for r in reqs if _has_matcher(r)]
         if not constrained or not self.overlap_on_thread:
             self._pending = None
             return
@@ -130,6 +133,15 @@ class ConstraintManager:
             req.grammar.matcher.fill_next_token_bitmask(bitmask, row)
         return bitmask
 
+    def shaped(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
+        """A copy of ``logits`` (row i belongs to reqs[i]) with logit_bias added and grammar masks
+        applied; ``logits`` itself when no request has either."""
+        if not any(r.sampling_params.logit_bias or _has_matcher(r) for r in reqs):
+            return logits
+        out = logits.clone()
+        self.apply(out, reqs)
+        return out
+
     def apply(self, logits: torch.Tensor, reqs: list[Req]) -> None:
         """Shape the logits rows of ``reqs`` (row i belongs to reqs[i]) in place."""
         for row, req in enumerate(reqs):
@@ -138,7 +150,7 @@ class ConstraintManager:
                 ids = torch.tensor(list(bias), dtype=torch.int64, device=logits.device)
                 values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
                 logits[row].index_add_(0, ids, values)
-        constrained = [r for r in reqs if r.grammar is not None and r.grammar.matcher is not None]
+        constrained = [r for r in reqs if _has_matcher(r)]
         if not constrained:
             return
         bitmask, filled = self._take_pending(constrained)
@@ -177,3 +189,7 @@ class ConstraintManager:
             self._backend.close()
         if self._mask_pool is not None:
             self._mask_pool.shutdown(wait=False)
+
+
+def _has_matcher(req: Req) -> bool:
+    return req.grammar is not None and req.grammar.matcher is not None
