@@ -220,12 +220,14 @@ def test_compiling_grammar_does_not_hold_up_other_requests(engine, monkeypatch) 
         ({"logit_bias": {"999999": 5}}, "outside the vocabulary"),
         ({"logit_bias": {"5": 500}}, "logit_bias values"),
         ({"n": 0}, "n must be"),
+        ({}, "top_logprobs_num"),
     ],
 )
 def test_bad_constraints_raise_and_change_nothing(engine, params, needle) -> None:
     before = engine.generate("steady", {"temperature": 0, "max_new_tokens": 4})
+    top = 10**6 if needle == "top_logprobs_num" else 0
     with pytest.raises(ValueError, match=re.escape(needle)):
-        engine.generate("x", params)
+        engine.generate("x", params, return_logprob=True, top_logprobs_num=top)
     sched = engine.scheduler
     assert not sched.running and not sched.waiting and not sched.grammar_queue
     sched.check_integrity()

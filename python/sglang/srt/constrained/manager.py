@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
 OVERLAP_MIN_VOCAB = 32768
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
@@ -71,9 +72,11 @@ class ConstraintManager:
 
     # Intake ------------------------------------------------------------------------------------
     def check(self, tokenized: TokenizedRequest) -> None:
-        """ValueError for a constraint that cannot work: bias outside the vocabulary, or a
-        schema / regex / grammar that does not parse."""
-        sp = tokenized.sampling_params
+        """ValueError for a constraint that cannot work: bias outside the vocabulary, a schema /
+        regex / grammar that does not parse, or too many top logprobs."""
+        sp, top = tokenized.sampling_params, tokenized.top_logprobs_num
+        if not (isinstance(top, int) and 0 <= top <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}], got {top!r}")
         for token in sp.logit_bias or ():
             if not 0 <= token < self.vocab_size:
                 raise ValueError(

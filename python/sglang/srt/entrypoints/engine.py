@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.constrained.manager import MAX_TOP_LOGPROBS
 from sglang.srt.managers.inputs import split_generate_inputs, tokenize
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
@@ -55,6 +56,8 @@ class Engine:
     ) -> dict | list[dict]:
         """With ``n`` > 1 in a request's sampling params, its n outputs take its place in the
         returned list (which is then a list even for one prompt)."""
+        if not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
         tokenized, batched = self.tokenize(
             prompt, sampling_params, input_ids, image_data, rid, return_logprob
         )

@@ -32,7 +32,7 @@ def sample_copies(tokenized: TokenizedRequest) -> list[TokenizedRequest]:
     sp = tokenized.sampling_params
     copies = []
     for i in range(sp.n):
-        seed = None if sp.seed is None else sp.seed + i
+        seed = None if sp.seed is None else _wrap_seed(sp.seed + i)
         params = dataclasses.replace(sp, n=1, seed=seed)
         copies.append(
             dataclasses.replace(
@@ -48,3 +48,8 @@ def sample_copies(tokenized: TokenizedRequest) -> list[TokenizedRequest]:
 def _copy_items(tokenized: TokenizedRequest) -> list:
     # Items carry per-request state (features loaded on a miss); each request owns its own.
     return [dataclasses.replace(item) for item in tokenized.mm_items]
+
+
+def _wrap_seed(seed: int) -> int:
+    """Keep a derived seed inside the 64-bit range that seeds accept."""
+    return seed - 2**64 if seed >= 2**64 else seed
