@@ -291,7 +291,7 @@ def test_tool_calls_required_named_auto_and_history(client) -> None:
     assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
     history = messages + [
         {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]},
-        {"role": "tool", "tool_call_id": calls[0].id, "content": '{"temp": 21}'},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": [{"type": "text", "text": "21"}]},
     ]
     follow_up = client.chat.completions.create(
         model=MODEL, messages=history, tools=TOOLS, max_tokens=4, temperature=0

@@ -298,15 +298,20 @@ def _render_chat(
                     images.append(part.image_url.url)
                     parts.append({"type": "image"})
             content = parts
+            if msg.role == "tool":  # templates print a tool result as text
+                content = "".join(p["text"] for p in parts if p["type"] == "text")
         messages.append({"role": msg.role, "content": content, **_tool_fields(msg)})
     tokenizer = manager.tokenizer
     template = _chat_template(args)
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError("the model has no chat template; use /v1/completions or /generate")
     extra = {"tools": tools} if tools else {}
-    prompt = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, chat_template=template, **extra
-    )
+    try:
+        prompt = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, chat_template=template, **extra
+        )
+    except Exception as exc:  # the template's own checks (roles, tool messages) fail here
+        raise RequestError(f"the chat template cannot render these messages: {exc}") from exc
     return prompt, images
 
 

@@ -56,9 +56,7 @@ def _tool_choice_grammar(
     body: ChatCompletionRequest, params: dict[str, Any], parser: ModuleType | None
 ) -> None:
     choice = body.tool_choice
-    if choice is None or choice in ("none", "auto"):
-        if choice == "auto" and not body.tools:
-            raise RequestError("tool_choice needs tools")
+    if choice is None or choice in ("none", "auto"):  # clients send "auto" without tools too
         return
     if not body.tools:
         raise RequestError("tool_choice needs tools")
