@@ -61,7 +61,7 @@ class StepTimer:
         self.steps: list[tuple[int, float, float]] = []  # (batch size, step s, constraint s)
         self._constraint_s = 0.0
         sched, constraints = engine.scheduler, engine.scheduler.constraints
-        step = sched._step
+        step = sched.step
 
         def timed_step() -> Any:
             self._constraint_s = 0.0
@@ -76,7 +76,7 @@ class StepTimer:
 
         for name in ("prepare", "shaped", "accept"):
             setattr(constraints, name, self._timed(getattr(constraints, name)))
-        sched._step = timed_step
+        sched.step = timed_step
 
     def _timed(self, fn: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
