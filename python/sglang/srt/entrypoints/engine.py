@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+import sglang
 from sglang.srt.constrained.manager import MAX_TOP_LOGPROBS
 from sglang.srt.managers.inputs import split_generate_inputs, tokenize
 from sglang.srt.managers.io_struct import TokenizedRequest
@@ -172,18 +173,40 @@ def decode_output(
     return text
 
 
+def load_report(scheduler: Scheduler) -> dict:
+    """The load entry sglang-router reads from ``GET /get_load`` (one per data-parallel rank;
+    this server has one). ``num_reqs`` counts running and waiting requests; ``num_tokens`` is
+    the KV slots that running requests hold (cached prefixes nobody uses are free to evict, so
+    they do not count) plus the prompt tokens still waiting for a slot."""
+    held = (
+        scheduler.kv_pool.size - scheduler.kv_pool.available_size() - scheduler.tree.evictable_size
+    )
+    waiting = [*scheduler.waiting, *scheduler.grammar_queue]  # compiling a grammar is waiting
+    queued = sum(len(req.input_ids) for req in waiting)
+    return {
+        "dp_rank": 0,
+        "num_reqs": len(scheduler.running) + len(waiting),
+        "num_waiting_reqs": len(waiting),
+        "num_tokens": held + queued,
+    }
+
+
 def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
     runner = scheduler.runner
     cache, stats = runner.embedder.cache, runner.embedder.stats
     return {
         **{k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"},
+        "version": sglang.__version__,
+        "dp_size": 1,
+        "tp_size": 1,
+        "load": load_report(scheduler),
         "max_total_num_tokens": runner.max_total_tokens,
         "max_running_requests": runner.max_running_requests,
         "context_length": runner.context_length,
         "chunked_prefill_size": scheduler.chunk_size or -1,
         "forward_steps": scheduler.forward_steps,
         "num_running_reqs": len(scheduler.running),
-        "num_queue_reqs": len(scheduler.waiting),
+        "num_queue_reqs": len(scheduler.waiting) + len(scheduler.grammar_queue),
         "token_usage": 1 - scheduler.kv_pool.available_size() / scheduler.kv_pool.size,
         "kv_evictable_tokens": scheduler.tree.evictable_size,
         "mm_embedding_cache": {
