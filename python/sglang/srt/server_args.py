@@ -82,6 +82,14 @@ class ServerArgs:
         default=None, metadata={"help": 'JSON, e.g. {"image": 8}.'}
     )
 
+    # Structured outputs and tools
+    tool_call_parser: str | None = field(
+        default=None, metadata={"help": "Parse tool calls from outputs: qwen25."}
+    )
+    constrained_json_disable_any_whitespace: bool = field(
+        default=False, metadata={"help": "JSON-constrained outputs use compact separators only."}
+    )
+
     # HTTP server
     host: str = "127.0.0.1"
     port: int = 30000
@@ -125,6 +133,10 @@ class ServerArgs:
             )
         if self.mm_attention_backend != "sdpa":
             raise ValueError("the vision tower runs on sdpa (--mm-attention-backend sdpa)")
+        if self.tool_call_parser is not None:
+            from sglang.srt.function_call import get_tool_call_parser
+
+            get_tool_call_parser(self.tool_call_parser)
         if self.watchdog_timeout <= 0:
             raise ValueError("watchdog_timeout must be positive")
         if self.max_request_body_mb <= 0:

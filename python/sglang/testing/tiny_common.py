@@ -45,22 +45,55 @@ ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz 0123456789 .,;:!?'"()[]{}<
 """
 
 
+# With ``tools``, the system turn lists them and explains the <tool_call> format (Qwen2.5 style);
+# assistant tool calls and tool results render as Qwen does. Without tools the text is unchanged.
+_QWEN_TOOLS = (
+    "{{- '# Tools\\n\\nYou can call the functions below. Each line inside <tools></tools> is the "
+    "JSON signature of one function:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nTo call one, reply with its name and a JSON object of arguments "
+    'between tags:\\n<tool_call>\\n{"name": <function name>, "arguments": '
+    "<arguments object>}\\n</tool_call><|im_end|>\\n' -}}"
+)
+
 _QWEN_TEMPLATE = (
     "{%- set image_count = namespace(value=0) -%}"
+    "{%- if tools -%}{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}{{- messages[0]['content'] -}}"
+    "{%- else -%}{%- for part in messages[0]['content'] -%}"
+    "{%- if 'text' in part -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{{- '\\n\\n' -}}"
+    "{%- elif true and DEFAULT_SYSTEM -%}{{- 'DEFAULT_SYSTEM\\n\\n' -}}{%- endif -%}"
+    + _QWEN_TOOLS
+    + "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' and DEFAULT_SYSTEM -%}"
+    "{%- if tools and loop.first and message['role'] == 'system' -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] -}}"
+    "{{- '\\n</tool_response><|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{%- if loop.first and message['role'] != 'system' and not tools and DEFAULT_SYSTEM -%}"
     "{{- '<|im_start|>system\\nDEFAULT_SYSTEM<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- elif message['content'] -%}{%- for part in message['content'] -%}"
     "{%- if part['type'] in ('image', 'image_url') or 'image' in part or 'image_url' in part -%}"
     "{%- set image_count.value = image_count.value + 1 -%}"
     "{%- if add_vision_id -%}{{- 'Picture ' + image_count.value|string + ': ' -}}{%- endif -%}"
     "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
     "{%- elif 'text' in part -%}{{- part['text'] -}}{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{%- set fn = call['function'] -%}"
+    "{{- ('\\n' if message['content'] or not loop.first else '') + '<tool_call>\\n' -}}"
+    "{{- '{\"name\": ' + (fn['name'] | tojson) + ', \"arguments\": ' -}}"
+    "{{- (fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson) -}}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )

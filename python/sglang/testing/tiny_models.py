@@ -55,7 +55,7 @@ VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES
 FAMILIES = (*VLM_FAMILIES, "qwen2", "llama")
 DEFAULT_FAMILY = "qwen2_5_vl"
 # Bump whenever the recipe changes so that stale cached folders are not reused.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_PLACEHOLDER: dict[str, str] = {
