@@ -6,6 +6,11 @@ import functools
 import os
 from pathlib import Path
 
+# Before torch loads OpenMP: idle workers sleep rather than spin, so that the test process and
+# the server processes it starts do not slow each other down on a 2-core machine (the scheduler
+# process sets the same for itself).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numpy as np
 import pytest
 import torch
