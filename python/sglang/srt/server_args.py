@@ -46,11 +46,28 @@ class ServerArgs:
     disable_radix_cache: bool = False
     random_seed: int | None = None
 
+    # Hybrid models (linear-attention layers, e.g. Qwen3.5)
+    max_mamba_cache_size: int | None = field(
+        default=None, metadata={"help": "Linear-attention state slots for running requests."}
+    )
+    mamba_ssm_dtype: str = field(
+        default="float32", metadata={"help": "Recurrent-state dtype: float32 (as HF), bfloat16."}
+    )
+    state_snapshot_mb: int | None = field(
+        default=None,
+        metadata={"help": "Prefix-cache snapshots of linear-attention state, MB (default: 10%%)."},
+    )
+
     # Attention
     attention_backend: str | None = field(
         default=None, metadata={"help": "torch_native (CPU) or flashinfer (GPU)."}
     )
     mm_attention_backend: str = "sdpa"
+
+    # Chat
+    reasoning_parser: str | None = field(
+        default=None, metadata={"help": "qwen3: split <think>...</think> into reasoning_content."}
+    )
 
     # Multimodal embedding cache
     mm_cache_mode: str = field(
@@ -90,6 +107,10 @@ class ServerArgs:
             )
         if self.mm_attention_backend != "sdpa":
             raise ValueError("the vision tower runs on sdpa (--mm-attention-backend sdpa)")
+        if self.mamba_ssm_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError("mamba_ssm_dtype must be float32, bfloat16 or float16")
+        if self.reasoning_parser not in (None, "qwen3"):
+            raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r} (qwen3)")
         if self.limit_mm_data_per_request is not None:
             self.image_limit  # noqa: B018  (validates the JSON)
 

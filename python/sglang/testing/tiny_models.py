@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen2", "llama")
-VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
+FAMILIES = (
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen2", "llama", "qwen3_5",
+    "qwen3_5_moe",
+)  # fmt: skip
+VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen3_5", "qwen3_5_moe")
 DEFAULT_FAMILY = "qwen2_5_vl"
 # Bump whenever the recipe changes so that stale cached folders are not reused.
 RECIPE_VERSION = 2
@@ -40,6 +43,8 @@ IMAGE_PLACEHOLDER: dict[str, str] = {
     "qwen3_vl": _QWEN_IMAGE,
     "llava": "<image>",
     "gemma3": "<start_of_image>",
+    "qwen3_5": _QWEN_IMAGE,
+    "qwen3_5_moe": _QWEN_IMAGE,
 }
 
 _BPE_VOCAB_SIZE = 1280  # trained BPE vocab (incl. 256 bytes + head specials); specials follow
@@ -113,6 +118,47 @@ def _qwen_template(default_system: str | None) -> str:
     return template.replace("DEFAULT_SYSTEM", default_system)
 
 
+# Qwen3.5 style: thinking on by default (the generation prompt opens a <think> block);
+# ``enable_thinking=False`` renders an empty block. Earlier assistant turns keep only their answer.
+_QWEN3_5_TEMPLATE = (
+    "{%- set ns = namespace(last_query=-1, images=0) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{%- set ns.last_query = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for message in messages -%}"
+    "{%- set body = namespace(text='') -%}"
+    "{%- if message['content'] is string -%}{%- set body.text = message['content'] -%}"
+    "{%- elif message['content'] -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') or 'image' in part or 'image_url' in part -%}"
+    "{%- set ns.images = ns.images + 1 -%}"
+    "{%- if add_vision_id -%}"
+    "{%- set body.text = body.text + 'Picture ' + ns.images|string + ': ' -%}{%- endif -%}"
+    "{%- set body.text = body.text + '<|vision_start|><|image_pad|><|vision_end|>' -%}"
+    "{%- elif 'text' in part -%}{%- set body.text = body.text + part['text'] -%}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- set reasoning = message['reasoning_content'] if message['reasoning_content'] is string "
+    "else '' -%}"
+    "{%- set answer = body.text -%}"
+    "{%- if '</think>' in answer -%}"
+    "{%- set reasoning = answer.split('</think>')[0].split('<think>')[-1].strip('\\n') -%}"
+    "{%- set answer = answer.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if loop.index0 > ns.last_query and reasoning -%}"
+    "{{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' -}}{%- endif -%}"
+    "{{- answer + '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + body.text + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+
 _GEMMA_TEMPLATE = (
     "{{- bos_token -}}"
     "{%- if messages[0]['role'] == 'system' -%}"
@@ -183,6 +229,7 @@ class _TokSpec:
     roles: dict[str, str]  # tokenizer_config special-token attributes (bos_token, eos_token, ...)
     chat_template: str
     add_bos: bool = False  # the tokenizer prepends bos_token (post-processor in tokenizer.json)
+    plain: tuple[str, ...] = ()  # added tokens that decoding keeps (not special), e.g. <think>
 
 
 _QWEN_ROLES = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
@@ -220,6 +267,8 @@ _LLAMA_TAIL = (
 )
 _LLAMA_ROLES = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
 _GEMMA_HEAD = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
+_QWEN3_5_SPECIALS = (*_QWEN_SPECIALS, "<tool_call>", "</tool_call>")
+_THINK_TOKENS = ("<think>", "</think>")
 _TOK_SPECS: dict[str, _TokSpec] = {
     "qwen2_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(_QWEN_SYSTEM)),
     "qwen2_5_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(_QWEN_SYSTEM)),
@@ -230,6 +279,10 @@ _TOK_SPECS: dict[str, _TokSpec] = {
         ("<unk>", "<s>", "</s>"), ("<image>", "<pad>"), _LLAVA_ROLES, _LLAVA_TEMPLATE, add_bos=True
     ),
     "llama": _TokSpec((), _LLAMA_TAIL, _LLAMA_ROLES, _LLAMA_TEMPLATE, add_bos=True),
+    "qwen3_5": _TokSpec((), _QWEN3_5_SPECIALS, _QWEN_ROLES, _QWEN3_5_TEMPLATE, plain=_THINK_TOKENS),
+    "qwen3_5_moe": _TokSpec(
+        (), _QWEN3_5_SPECIALS, _QWEN_ROLES, _QWEN3_5_TEMPLATE, plain=_THINK_TOKENS
+    ),
 }
 
 
@@ -252,6 +305,7 @@ def _build_tokenizer(family: str) -> Any:
     tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.head])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.tail])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.plain])
     if spec.add_bos:
         bos = spec.roles["bos_token"]
         tok.post_processor = processors.TemplateProcessing(
@@ -436,6 +490,54 @@ def _recipe_qwen3_vl(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
 
+# Qwen3.5: 3 Gated DeltaNet linear-attention layers then 1 full-attention layer (partial rotary).
+_QWEN3_5_TEXT = {
+    "num_hidden_layers": 4,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [3, 3, 2],
+        "mrope_interleaved": True,
+    },
+}
+_QWEN3_5_MOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+}
+
+
+def _recipe_qwen3_5(tok: Any, vocab: int, moe: bool = False) -> _Recipe:
+    import transformers
+
+    cls = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
+    text = _qwen_text(tok, vocab, **_QWEN3_5_TEXT, **(_QWEN3_5_MOE if moe else {}))
+    if moe:
+        del text["intermediate_size"]
+    config = cls(
+        text_config=text,
+        vision_config=dict(
+            _QWEN_VISION,
+            hidden_size=64,
+            intermediate_size=128,
+            out_hidden_size=128,
+            patch_size=16,
+            num_position_embeddings=256,
+        ),
+        **_qwen_ids(tok),
+    )
+    pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
 def _recipe_llava(tok: Any, vocab: int) -> _Recipe:
     from transformers import LlavaConfig
 
@@ -581,6 +683,8 @@ _RECIPES: dict[str, Callable[[Any, int], _Recipe]] = {
     "gemma3": _recipe_gemma3,
     "qwen2": _recipe_qwen2,
     "llama": _recipe_llama,
+    "qwen3_5": _recipe_qwen3_5,
+    "qwen3_5_moe": lambda tok, vocab: _recipe_qwen3_5(tok, vocab, moe=True),
 }
 
 

@@ -27,6 +27,7 @@ class ForwardBatch:
     bidirectional_spans: list[list[tuple[int, int]]]
     is_decode: bool
     attn_backend: Any = None
+    state_plan: Any = None  # hybrid models: linear-attention state slots (StatePlan)
 
     @property
     def num_tokens(self) -> int:

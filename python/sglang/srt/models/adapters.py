@@ -196,6 +196,8 @@ _ADAPTERS: dict[str, type[ModelAdapter]] = {
     "qwen2_vl": QwenVLAdapter,
     "qwen2_5_vl": QwenVLAdapter,
     "qwen3_vl": QwenVLAdapter,
+    "qwen3_5": QwenVLAdapter,  # no deepstack; its linear-attention state: model_executor/hybrid
+    "qwen3_5_moe": QwenVLAdapter,
     "llava": LlavaAdapter,
     "gemma3": Gemma3Adapter,
 }

@@ -22,6 +22,8 @@ PROCESSOR_REGISTRY: dict[str, tuple[str, bool]] = {
     "qwen2_5_vl": ("Qwen2_5_VLProcessor", True),
     "qwen3_vl": ("Qwen3VLProcessor", True),
     "qwen3_vl_moe": ("Qwen3VLProcessor", True),
+    "qwen3_5": ("Qwen3VLProcessor", True),
+    "qwen3_5_moe": ("Qwen3VLProcessor", True),
     "llava": ("LlavaProcessor", False),
     "gemma3": ("Gemma3Processor", False),
 }
