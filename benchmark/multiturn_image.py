@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from benchmark.common import (
     CACHE_MODES,
+    THINK_MODES,
     chat,
     counter_delta,
     encoder_counters,
@@ -34,6 +35,7 @@ from benchmark.common import (
     pyplot,
     ratio,
     server_info,
+    think_mode_body,
     write_json,
 )
 from benchmark.servers import connect, launch
@@ -59,6 +61,7 @@ def run_conversation(
     max_tokens: int,
     progress: tqdm | None = None,
     image_offset: int = 0,
+    extra: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Warm up with an unrelated image, flush the caches, then play the rounds (image ids
     ``image_offset + round``: repetitions use new images, so no engine can answer from a cache
@@ -66,7 +69,7 @@ def run_conversation(
     w, h = resolution
     warm = [{"role": "user", "content": [image_part(make_jpeg(WARMUP_ID + w, w, h)), "hi"]}]
     warm[0]["content"][1] = {"type": "text", "text": "hi"}
-    chat(client, base_url, model, warm, 2)
+    chat(client, base_url, model, warm, 2, extra=extra)
     flush_cache(client, base_url)
     messages: list[dict[str, Any]] = []
     out = []
@@ -77,7 +80,7 @@ def run_conversation(
         part = image_part(make_jpeg(image_offset + r, w, h))
         messages.append({"role": "user", "content": [part, {"type": "text", "text": text}]})
         before = encoder_counters(server_info(client, base_url))
-        res = chat(client, base_url, model, messages, max_tokens)
+        res = chat(client, base_url, model, messages, max_tokens, extra=extra)
         delta = counter_delta(before, encoder_counters(server_info(client, base_url)))
         if not res.ok:
             raise RuntimeError(f"round {r} at {w}x{h} failed: {res.error}")
@@ -209,10 +212,10 @@ def plot(runs: list[dict[str, Any]], resolutions: list[str], path: Path) -> None
     plt.close(fig)
 
 
-def default_model(size: str) -> str:
+def default_model(size: str, family: str | None = None) -> str:
     from sglang.testing.tiny_models import DEFAULT_FAMILY, tiny_model_path
 
-    return str(tiny_model_path(DEFAULT_FAMILY, size=size))
+    return str(tiny_model_path(family or DEFAULT_FAMILY, size=size))
 
 
 def targets(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -236,6 +239,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "report per round the repetition with the lowest TTFT")  # fmt: skip
     p.add_argument("--model-path", help="model folder (default: the embedded Qwen2.5-VL)")
     p.add_argument("--model-size", choices=("tiny", "small"), help="embedded model size")
+    p.add_argument("--family", help="embedded model family (default qwen2_5_vl; e.g. qwen3_5)")
+    p.add_argument("--think-mode", choices=THINK_MODES, default="none",
+                   help="qwen3: send chat_template_kwargs {enable_thinking: false}")  # fmt: skip
     p.add_argument("--modes", default=",".join(CACHE_MODES))
     p.add_argument("--engines", default="ours", help="ours,vllm,hf (peers need their venvs)")
     p.add_argument("--server-args", default="", help="extra flags for our server")
@@ -247,8 +253,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     resolutions = (args.resolutions or preset["resolutions"]).split(",")
     rounds = args.rounds or preset["rounds"]
     model_path = args.model_path or (
-        None if args.base_url else default_model(args.model_size or preset["size"])
+        None if args.base_url else default_model(args.model_size or preset["size"], args.family)
     )
+    extra = think_mode_body(args.think_mode)
     plan = [("external", "")] if args.base_url else targets(args)
     runs: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
@@ -268,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     rows = best_of([
                         run_conversation(
                             client, server.base_url, server.model, parse_resolution(res), rounds,
-                            args.max_tokens, bar, image_offset=1000 * k,
+                            args.max_tokens, bar, image_offset=1000 * k, extra=extra,
                         )
                         for k in range(args.repeats)
                     ])  # fmt: skip
@@ -298,6 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rounds": rounds,
             "max_tokens": args.max_tokens,
             "repeats": args.repeats,
+            "think_mode": args.think_mode,
             "model_path": model_path,
             "engines": [label for label, _ in plan],
         },

@@ -22,6 +22,7 @@ transformers.utils.logging.disable_progress_bar()
 
 VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
 TEXT_FAMILIES = ("qwen2", "llama")
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # linear-attention + full-attention VLMs
 
 _MODEL_ROOT: Path | None = None
 
@@ -52,7 +53,7 @@ def _hf(family: str):
     path = model_dir(family)
     cls = (
         transformers.AutoModelForImageTextToText
-        if family in VLM_FAMILIES
+        if family in VLM_FAMILIES + HYBRID_FAMILIES
         else transformers.AutoModelForCausalLM
     )
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()

@@ -31,6 +31,8 @@ EXPECTED_IMAGE_TOKENS = {
     "qwen3_vl": [16, 20],
     "llava": [16, 16],
     "gemma3": [16, 16],
+    "qwen3_5": [16, 20],
+    "qwen3_5_moe": [16, 20],
 }
 
 # The token the processor expands each placeholder into (the model's image_token_id).
@@ -40,6 +42,8 @@ IMAGE_TOKEN = {
     "qwen3_vl": "<|image_pad|>",
     "llava": "<image>",
     "gemma3": "<image_soft_token>",
+    "qwen3_5": "<|image_pad|>",
+    "qwen3_5_moe": "<|image_pad|>",
 }
 
 

@@ -53,7 +53,7 @@ class ServerArgs:
     mamba_ssm_dtype: str = field(
         default="float32", metadata={"help": "Recurrent-state dtype: float32 (as HF), bfloat16."}
     )
-    state_snapshot_mb: int | None = field(
+    state_snapshot_mb: float | None = field(
         default=None,
         metadata={"help": "Prefix-cache snapshots of linear-attention state, MB (default: 10%%)."},
     )

@@ -349,7 +349,7 @@ _QWEN_VISION = {
 }
 _QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
 SIZES = ("tiny", "small")
-SMALL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+SMALL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 # "small": overrides of the tiny recipe (text, vision tower, pixel range).
 _SMALL_TEXT = {
     "hidden_size": 256,
@@ -377,6 +377,13 @@ _SMALL_VISION = {
         "intermediate_size": 1024,
         "out_hidden_size": 256,
         "deepstack_visual_indexes": [1, 3],
+    },
+    "qwen3_5": {
+        "depth": 4,
+        "hidden_size": 384,
+        "num_heads": 6,
+        "intermediate_size": 1024,
+        "out_hidden_size": 256,
     },
 }
 _SMALL_MIN_PIXELS, _SMALL_MAX_PIXELS = 56 * 56, 16384 * 28 * 28

@@ -21,6 +21,7 @@ from sglang.srt.entrypoints.protocol import (
     GenerateRequest,
     sampling_dict,
 )
+from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
 from sglang.srt.managers.inputs import GenerateInput, split_generate_inputs
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
 from sglang.srt.server_args import ServerArgs
@@ -208,14 +209,18 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         tokenized = await manager.tokenize(inp)
         stream = manager.generate(tokenized)
         rid, created = f"chatcmpl-{tokenized.rid}", int(time.time())
+        parser = _reasoning_parser(args, body, prompt)
         if body.stream:
             return _sse(
                 _openai_chunks(
-                    [stream], rid, created, model_name, "chat.completion.chunk", body, args
+                    [stream], rid, created, model_name, "chat.completion.chunk", body, args, parser
                 ),
                 request,
             )
         (final,) = await _collect_all([stream], request)
+        message: dict[str, Any] = {"role": "assistant", "content": final.text}
+        if parser is not None:
+            message["reasoning_content"], message["content"] = parser.parse(final.text)
         return JSONResponse(
             {
                 "id": rid,
@@ -225,7 +230,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": final.text},
+                        "message": message,
                         "logprobs": None,
                         "finish_reason": _openai_finish(final.finish_reason),
                     }
@@ -267,10 +272,31 @@ def _render_chat(
     template = _chat_template(args)
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError("the model has no chat template; use /v1/completions or /generate")
+    kwargs = body.chat_template_kwargs or {}
+    reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_ARGS)
+    if reserved:
+        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
     prompt = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, chat_template=template
+        messages, tokenize=False, add_generation_prompt=True, chat_template=template, **kwargs
     )
     return prompt, images
+
+
+_RESERVED_TEMPLATE_ARGS = {
+    "messages", "conversation", "tokenize", "add_generation_prompt", "chat_template",
+    "return_dict", "return_tensors", "continue_final_message", "tools", "documents",
+}  # fmt: skip
+
+
+def _reasoning_parser(
+    args: ServerArgs, body: ChatCompletionRequest, prompt: str
+) -> ReasoningParser | None:
+    """With --reasoning-parser (and the request not opting out), a parser that starts inside
+    the reasoning block when the rendered prompt opened it (thinking templates)."""
+    if args.reasoning_parser is None or not body.separate_reasoning:
+        return None
+    opened = prompt_opens_reasoning(prompt, args.reasoning_parser)
+    return ReasoningParser(args.reasoning_parser, in_reasoning=opened)
 
 
 def _chat_template(args: ServerArgs) -> str | None:
@@ -386,6 +412,7 @@ async def _openai_chunks(
     kind: str,
     body: Any,
     args: ServerArgs,
+    parser: ReasoningParser | None = None,
 ) -> AsyncIterator[dict]:
     chat = kind == "chat.completion.chunk"
     finals: list[StreamEvent] = []
@@ -393,9 +420,16 @@ async def _openai_chunks(
         yield _chunk(rid, created, model, kind, 0, {"delta": {"role": "assistant", "content": ""}})
     async for i, event in _merge(streams):
         finish = _openai_finish(event.finish_reason)
-        if not event.delta and finish is None:
+        if parser is not None:
+            reasoning, content = parser.feed(event.delta, final=finish is not None)
+            delta = {"reasoning_content": reasoning} if reasoning else {}
+            payload = {"delta": {**delta, "content": content} if content else delta}
+            if not delta and not content and finish is None:
+                continue
+        elif not event.delta and finish is None:
             continue
-        payload = {"delta": {"content": event.delta}} if chat else {"text": event.delta}
+        else:
+            payload = {"delta": {"content": event.delta}} if chat else {"text": event.delta}
         yield _chunk(rid, created, model, kind, i, {**payload, "finish_reason": finish})
         if finish is not None:
             finals.append(event)

@@ -61,6 +61,8 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
+    separate_reasoning: bool = True  # with --reasoning-parser: reasoning_content apart
 
 
 class CompletionRequest(_Sampling):

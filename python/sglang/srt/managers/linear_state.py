@@ -171,5 +171,6 @@ def turn_start_token(tokenizer: Any) -> int | None:
     if not isinstance(prompt, str) or not prompt.startswith(bare) or prompt == bare:
         return None
     ids = tokenizer(prompt[len(bare) :], add_special_tokens=False)["input_ids"]
-    specials = set(getattr(tokenizer, "all_special_ids", ()))
-    return ids[0] if ids and ids[0] in specials else None
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    specials = {i for i, token in added.items() if getattr(token, "special", False)}
+    return ids[0] if ids and ids[0] in specials | set(tokenizer.all_special_ids) else None

@@ -158,8 +158,8 @@ class ModelRunner:
         if requests is None:
             requests = min(max(int(budget * STATE_REQUESTS_FRACTION) // per_slot, 1), 256)
         mb = args.state_snapshot_mb
-        snapshot_bytes = mb * 2**20 if mb is not None else int(budget * STATE_SNAPSHOTS_FRACTION)
-        snapshots = 0 if args.disable_radix_cache else snapshot_bytes // per_slot
+        snapshot_bytes = mb * 2**20 if mb is not None else budget * STATE_SNAPSHOTS_FRACTION
+        snapshots = 0 if args.disable_radix_cache else int(snapshot_bytes // per_slot)
         self.state_snapshot_slots = snapshots
         self.state_pool = StatePool(requests + snapshots, self.state_shape, self.device)
         logger.info(
