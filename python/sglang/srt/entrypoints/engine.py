@@ -142,7 +142,9 @@ def decode_output(
 def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
     runner = scheduler.runner
     cache, stats = runner.embedder.cache, runner.embedder.stats
+    hybrid = {"linear_state": scheduler.states.stats()} if scheduler.states is not None else {}
     return {
+        **hybrid,
         **{k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"},
         "max_total_num_tokens": runner.max_total_tokens,
         "max_running_requests": runner.max_running_requests,
