@@ -128,7 +128,9 @@ class ModelRunner:
         state_bytes = self.state_pool.nbytes if self.state_pool else 0
         size = self.args.max_total_tokens or max(budget - state_bytes, 0) // per_token
         size = max(int(size), 16)
-        max_reqs = self.args.max_running_requests or state_reqs or max(min(size // 64, 256), 8)
+        max_reqs = self.args.max_running_requests or max(min(size // 64, 256), 8)
+        if state_reqs is not None:  # every running request holds a state slot
+            max_reqs = min(self.args.max_running_requests or state_reqs, state_reqs)
         self.max_running_requests = max_reqs
         self.max_total_tokens = size
         self.req_to_token_pool = ReqToTokenPool(max_reqs + 1, self.context_length + 8, self.device)
@@ -154,7 +156,7 @@ class ModelRunner:
         assert self.state_shape is not None
         per_slot = self.state_shape.bytes_per_slot
         args = self.args
-        requests = args.max_running_requests or args.max_mamba_cache_size
+        requests = args.max_mamba_cache_size or args.max_running_requests
         if requests is None:
             requests = min(max(int(budget * STATE_REQUESTS_FRACTION) // per_slot, 1), 256)
         mb = args.state_snapshot_mb
