@@ -18,8 +18,15 @@ import sglang
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
-KEYS = ("encoded_items", "encoder_calls", "max_encoder_call_tokens", "hits", "misses",
-        "evictions", "preprocess_skipped")
+KEYS = (
+    "encoded_items",
+    "encoder_calls",
+    "max_encoder_call_tokens",
+    "hits",
+    "misses",
+    "evictions",
+    "preprocess_skipped",
+)
 
 
 def image(seed: int) -> Image.Image:
@@ -47,8 +54,12 @@ def main() -> None:
     rows = []
     for scenario in (multi_image, multiturn):
         for mode in ("per-image", "combined", "off"):
-            engine = sglang.Engine(model_path=args.model_path, mm_cache_mode=mode,
-                                   chunked_prefill_size=24, mm_embedding_cache_mb=1)
+            engine = sglang.Engine(
+                model_path=args.model_path,
+                mm_cache_mode=mode,
+                chunked_prefill_size=24,
+                mm_embedding_cache_mb=1,
+            )
             ids = scenario(engine)
             info = engine.get_server_info()["mm_embedding_cache"]
             rows.append((scenario.__name__, mode, ids, [info[k] for k in KEYS]))

@@ -24,6 +24,15 @@ def free_port() -> int:
 @contextlib.contextmanager
 def launch_server(model_path: str, *flags: str, timeout: float = 180) -> Iterator[tuple[str, int]]:
     """Yield (base URL, server pid); the server is ready (warm) when this yields."""
+    with server_process(model_path, *flags, timeout=timeout) as (url, proc):
+        yield url, proc.pid
+
+
+@contextlib.contextmanager
+def server_process(
+    model_path: str, *flags: str, timeout: float = 180
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yield (base URL, server process) once the server is ready; stop it afterwards."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -54,7 +63,7 @@ def launch_server(model_path: str, *flags: str, timeout: float = 180) -> Iterato
                 time.sleep(0.3)
         else:
             raise TimeoutError("server did not become ready")
-        yield url, proc.pid
+        yield url, proc
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -88,7 +88,7 @@ def test_seeded_sampling_is_reproducible(engine: sglang.Engine) -> None:
         ({"prompt": "hi", "sampling_params": {"temperature": -1}}, "temperature"),
         ({"prompt": "hi " * 5000, "sampling_params": {}}, "context length"),
         ({"prompt": "x", "image_data": b"not an image"}, "cannot decode"),
-        ({"prompt": "x", "image_data": "%%%notbase64"}, "not valid base64"),
+        ({"prompt": "x", "image_data": "%%%notbase64"}, "neither valid base64"),
         ({"prompt": ["a", "b"], "image_data": [None]}, "one entry per prompt"),
         ({"prompt": None}, "exactly one"),
     ],

@@ -9,7 +9,12 @@ import pytest
 from conftest import make_image
 from PIL import Image
 
-from sglang.srt.multimodal.image_io import DecodedImageCache, ImageError, load_image
+from sglang.srt.multimodal.image_io import (
+    NOT_AN_IMAGE_SOURCE,
+    DecodedImageCache,
+    ImageError,
+    load_image,
+)
 
 
 def _png(seed: int) -> bytes:
@@ -46,14 +51,31 @@ def test_local_paths_follow_the_allowed_directory(tmp_path) -> None:
     (allowed / "a.png").write_bytes(_png(3))
     (outside / "b.png").write_bytes(_png(3))
     assert load_image(str(allowed / "a.png"), str(allowed)).size == (40, 30)
-    with pytest.raises(ImageError, match="outside the allowed"):
-        load_image(str(outside / "b.png"), str(allowed))
-    with pytest.raises(ImageError, match="outside the allowed"):
-        load_image(str(allowed / ".." / "no" / "b.png"), str(allowed))
-    with pytest.raises(ImageError, match="not allowed"):
-        load_image(str(allowed / "a.png"), None)
+    assert load_image("file://" + str(allowed / "a.png"), str(allowed)).size == (40, 30)
+    refused = [
+        (str(outside / "b.png"), str(allowed)),  # exists, outside
+        (str(outside / "missing.png"), str(allowed)),  # does not exist, outside
+        (str(allowed / ".." / "no" / "b.png"), str(allowed)),  # escapes by ..
+        (str(allowed / "missing.png"), str(allowed)),  # does not exist, inside
+        (str(allowed), str(allowed)),  # a directory
+        ("file://" + str(outside / "b.png"), str(allowed)),
+        (str(allowed / "a.png"), None),  # no local files at all
+    ]
+    messages = set()
+    for path, root in refused:
+        with pytest.raises(ImageError) as info:
+            load_image(path, root)
+        messages.add(str(info.value))
+    assert messages == {NOT_AN_IMAGE_SOURCE}  # nothing tells which paths exist
     with pytest.raises(ImageError, match="scheme"):
         load_image("ftp://host/a.png")
+
+
+def test_decode_errors_never_show_memory_addresses() -> None:
+    for data in (b"not an image at all", _png(6)[:60], b"GIF89a" + b"\x00" * 20):
+        with pytest.raises(ImageError) as info:
+            load_image(data)
+        assert "0x" not in str(info.value) and "object at" not in str(info.value)
 
 
 def test_pil_and_bytes_hash_by_content() -> None:

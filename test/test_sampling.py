@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.sampling.sampler import sample
+from sglang.srt.sampling.sampler import apply_penalties, sample
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 
@@ -23,6 +23,16 @@ from sglang.srt.sampling.sampling_params import SamplingParams
         {"stop_token_ids": ["a"]},
         {"bogus": 1},
         {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_p": float("inf")},
+        {"frequency_penalty": 3},
+        {"presence_penalty": float("nan")},
+        {"repetition_penalty": 0},
+        {"min_new_tokens": -1},
+        {"seed": 2**80},
+        {"seed": 1.5},
+        {"no_stop_trim": True},
+        {"ignore_eos": "yes"},
     ],
 )
 def test_invalid_values_raise(params: dict) -> None:
@@ -59,3 +69,30 @@ def test_same_seed_same_tokens() -> None:
 
     assert run(3) == run(3)
     assert run(3) != run(4)
+
+
+def test_null_means_default() -> None:
+    sp = SamplingParams.from_dict({"temperature": None, "top_p": None, "regex": None})
+    assert sp.temperature == 1.0 and sp.top_p == 1.0
+
+
+def test_tiny_temperature_is_greedy_and_nan_logits_do_not_raise() -> None:
+    logits = torch.log(torch.tensor([0.1, 0.6, 0.3]))
+    assert _draws({"temperature": 1e-40}, logits) == {1}
+    sp = SamplingParams.from_dict({"temperature": 1.0})
+    gen = torch.Generator().manual_seed(0)
+    assert sample(torch.full((1, 3), float("nan")), [sp], [gen])[0] in (0, 1, 2)
+    assert sample(torch.full((1, 3), float("-inf")), [sp], [gen])[0] in (0, 1, 2)
+
+
+def test_penalties_follow_openai_and_hf_rules() -> None:
+    logits = torch.tensor([[2.0, 1.0, -1.0, 0.5]])
+    sp = SamplingParams.from_dict({"frequency_penalty": 0.5, "presence_penalty": 0.25})
+    out = apply_penalties(logits.clone(), [sp], [[]], [[0, 0, 2]], [[]])
+    assert out.tolist() == [[2.0 - 1.0 - 0.25, 1.0, -1.0 - 0.5 - 0.25, 0.5]]
+    sp = SamplingParams.from_dict({"repetition_penalty": 2.0})
+    out = apply_penalties(logits.clone(), [sp], [[1]], [[2]], [[]])
+    assert out.tolist() == [[2.0, 0.5, -2.0, 0.5]]  # seen: positive halved, negative doubled
+    sp = SamplingParams.from_dict({"min_new_tokens": 2, "temperature": 0})
+    out = apply_penalties(logits.clone(), [sp], [[]], [[]], [[0]])
+    assert out[0, 0] == float("-inf") and sample(out, [sp], [None]) == [1]

@@ -94,6 +94,7 @@ def server(media_dir):
         "1",
         "--media-url-timeout",
         "1",
+        "--allow-private-media-urls",  # the media test host is on loopback
         "--served-model-name",
         "tiny-vl",
     ]
@@ -264,19 +265,19 @@ def _bad_chat(urls: list[str], **extra) -> dict:
             "fetch over size",
             "/v1/chat/completions",
             lambda h, d: _bad_chat([f"{h}/huge.jpg"]),
-            "larger than",
+            "cannot fetch the image",
         ),
         (
             "fetch timeout",
             "/v1/chat/completions",
             lambda h, d: _bad_chat([f"{h}/slow.jpg"]),
-            "timed out",
+            "cannot fetch the image",
         ),
         (
             "path outside allowed dir",
             "/v1/chat/completions",
             lambda h, d: _bad_chat([str(d[1])]),
-            "outside the allowed",
+            "neither valid base64 nor a readable file",
         ),
         (
             "decompression bomb",

@@ -11,10 +11,24 @@ from sglang.srt.server_args import ServerArgs
 
 
 def test_flags_parse_into_the_frozen_dataclass() -> None:
-    args = parse_args(["--model-path", "/m", "--chunked-prefill-size", "-1", "--port", "31000",
-                       "--disable-radix-cache", "--enable-multimodal", "--mm-cache-mode",
-                       "combined", "--limit-mm-data-per-request", '{"image": 2}',
-                       "--mem-fraction-static", "0.7"])
+    args = parse_args(
+        [
+            "--model-path",
+            "/m",
+            "--chunked-prefill-size",
+            "-1",
+            "--port",
+            "31000",
+            "--disable-radix-cache",
+            "--enable-multimodal",
+            "--mm-cache-mode",
+            "combined",
+            "--limit-mm-data-per-request",
+            '{"image": 2}',
+            "--mem-fraction-static",
+            "0.7",
+        ]
+    )
     assert args.model_path == "/m" and args.chunked_prefill_size == -1 and args.port == 31000
     assert args.disable_radix_cache and args.enable_multimodal
     assert args.mm_cache_mode == "combined" and args.image_limit == 2
@@ -30,9 +44,15 @@ def test_defaults_match_sglang() -> None:
     assert ServerArgs().mm_cache_bytes == 100 * 2**20
 
 
-@pytest.mark.parametrize("flags", [["--mm-cache-mode", "bogus"], ["--chunked-prefill-size", "0"],
-                                   ["--limit-mm-data-per-request", "not json"],
-                                   ["--schedule-policy", "lpm"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--mm-cache-mode", "bogus"],
+        ["--chunked-prefill-size", "0"],
+        ["--limit-mm-data-per-request", "not json"],
+        ["--schedule-policy", "lpm"],
+    ],
+)
 def test_invalid_values_are_rejected(flags: list[str]) -> None:
     with pytest.raises(ValueError):
         parse_args(flags)

@@ -35,6 +35,8 @@ def test_no_server_errors_under_fuzzing(fuzz_server):
                 for key in ("max_tokens", "max_completion_tokens"):
                     if key in case.body:
                         case.body[key] = 4
+                if case.operation.path == "/v1/chat/completions":
+                    case.body.setdefault("max_tokens", 4)  # else: up to the context length
             response = case.call(base_url=fuzz_server, timeout=60)
             calls.append((case.operation.path, response.status_code))
             if response.status_code >= 500:

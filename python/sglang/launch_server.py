@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -18,6 +19,7 @@ from sglang.srt.entrypoints.engine import resolve_model_path
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger("sglang.launch_server")
+FATAL_GRACE_S = 2.0
 
 
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
@@ -51,7 +53,11 @@ def launch_server(args: ServerArgs) -> None:
         name="sglang-scheduler",
     )
     proc.start()
-    ready = reader.recv()
+    writer.close()  # only the child writes: a child that dies unannounced ends recv()
+    try:
+        ready = reader.recv()
+    except EOFError:
+        ready = RuntimeError(f"the scheduler process exited with code {proc.exitcode}")
     if isinstance(ready, Exception):
         proc.join(timeout=5)
         raise SystemExit(f"scheduler failed to start: {ready}")
@@ -64,21 +70,37 @@ def launch_server(args: ServerArgs) -> None:
                 proc.kill()
 
     try:
-        _serve(args, model_path, ready, (to_scheduler, from_scheduler))
+        fatal = _serve(args, model_path, ready, (to_scheduler, from_scheduler), proc)
     finally:
         stop_scheduler()
+    if fatal is not None:
+        raise SystemExit(f"server stopped: {fatal}")
 
 
-def _serve(args: ServerArgs, model_path: str, ready, addrs: tuple[str, str]) -> None:
+def _serve(args: ServerArgs, model_path: str, ready, addrs: tuple[str, str], proc) -> str | None:
+    """Serve until shutdown; return the fatal error that stopped the server, if any."""
     from sglang.srt.entrypoints.http_server import create_app
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    manager = TokenizerManager(args, model_path, ready, addrs)
+    manager = TokenizerManager(args, model_path, ready, addrs, scheduler_proc=proc)
     app = create_app(manager, args, warm_up=True)
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=5
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=FATAL_GRACE_S,
     )
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+
+    def on_fatal(message: str) -> None:
+        # In-flight requests already have their error; give the responses a moment to leave.
+        asyncio.get_running_loop().call_later(FATAL_GRACE_S, setattr, server, "should_exit", True)
+
+    manager.on_fatal = on_fatal
+    server.run()
+    return manager.fatal_error
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
+from sglang.srt.layers.attention import attention_backend_names
+
 DEFAULT_MM_CACHE_MB = 100
 
 
@@ -45,6 +47,13 @@ class ServerArgs:
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     random_seed: int | None = None
+    watchdog_timeout: float = field(
+        default=300.0,
+        metadata={
+            "help": "Exit (so a supervisor restarts the server) when one scheduler step "
+            "runs longer than this many seconds."
+        },
+    )
 
     # Hybrid models (linear-attention layers, e.g. Qwen3.5)
     max_mamba_cache_size: int | None = field(
@@ -60,7 +69,12 @@ class ServerArgs:
 
     # Attention
     attention_backend: str | None = field(
-        default=None, metadata={"help": "torch_native (CPU) or flashinfer (GPU)."}
+        default=None,
+        metadata={
+            "help": "Language-model attention backend: "
+            + ", ".join(attention_backend_names())
+            + " (default torch_native)."
+        },
     )
     mm_attention_backend: str = "sdpa"
 
@@ -90,7 +104,19 @@ class ServerArgs:
     log_level: str = "info"
     allowed_local_media_path: str | None = None
     media_url_max_file_size_mb: int = 20
-    media_url_timeout: float = 10.0
+    media_url_timeout: float = field(
+        default=10.0, metadata={"help": "Deadline in seconds for a whole image download."}
+    )
+    allow_private_media_urls: bool = field(
+        default=False,
+        metadata={
+            "help": "Let image URLs reach loopback, link-local and private addresses "
+            "(refused by default, after DNS resolution and on every redirect)."
+        },
+    )
+    max_request_body_mb: int = field(
+        default=64, metadata={"help": "Larger request bodies are answered 413 before parsing."}
+    )
 
     def __post_init__(self) -> None:
         if self.mm_cache_mode not in ("per-image", "combined", "off"):
@@ -105,12 +131,21 @@ class ServerArgs:
             raise ValueError(
                 f"only the fcfs schedule policy is implemented, not {self.schedule_policy!r}"
             )
+        if self.attention_backend not in (None, *attention_backend_names()):
+            raise ValueError(
+                f"unknown attention backend {self.attention_backend!r}; "
+                f"choose from {attention_backend_names()}"
+            )
         if self.mm_attention_backend != "sdpa":
             raise ValueError("the vision tower runs on sdpa (--mm-attention-backend sdpa)")
         if self.mamba_ssm_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError("mamba_ssm_dtype must be float32, bfloat16 or float16")
         if self.reasoning_parser not in (None, "qwen3"):
             raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r} (qwen3)")
+        if self.watchdog_timeout <= 0:
+            raise ValueError("watchdog_timeout must be positive")
+        if self.max_request_body_mb <= 0:
+            raise ValueError("max_request_body_mb must be positive")
         if self.limit_mm_data_per_request is not None:
             self.image_limit  # noqa: B018  (validates the JSON)
 

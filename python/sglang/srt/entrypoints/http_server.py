@@ -8,17 +8,23 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
+from sglang.srt.entrypoints.middleware import ApiKeyMiddleware, BodyLimitMiddleware, error_body
 from sglang.srt.entrypoints.protocol import (
+    UNIMPLEMENTED_CHAT_FIELDS,
+    UNIMPLEMENTED_COMPLETION_FIELDS,
+    UNIMPLEMENTED_GENERATE_FIELDS,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    reject_unimplemented,
     sampling_dict,
 )
 from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
@@ -44,12 +50,10 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     app = FastAPI(title="sglang-vitcache", version="0.1.0", lifespan=lifespan)
     model_name = args.served_model_name or args.model_path or "default"
 
-    @app.middleware("http")
-    async def api_key_guard(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
-        if args.api_key and request.url.path not in OPEN_PATHS:
-            if request.headers.get("authorization") != f"Bearer {args.api_key}":
-                return _error(401, "invalid or missing API key")
-        return await call_next(request)
+    # The last added is the outermost: the API key is checked before any body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_body_mb * 2**20)
+    if args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key, open_paths=OPEN_PATHS)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
@@ -59,14 +63,28 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     async def on_value_error(request: Request, exc: ValueError):
         return _error(getattr(exc, "status_code", 400), str(exc))
 
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, exc: HTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected_error(request: Request, exc: Exception):
+        logger.exception("unexpected error on %s", request.url.path)
+        return _error(500, "internal server error")
+
     # Health and info ---------------------------------------------------------------------------
+    def unavailable() -> Response | None:
+        if manager.alive:
+            return None
+        return _error(503, manager.fatal_error or "unavailable")
+
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200)
+        return unavailable() or Response(status_code=200)
 
     @app.get("/ready")
-    async def ready() -> dict:
-        return {"status": "ready"}
+    async def ready() -> Response:
+        return unavailable() or JSONResponse({"status": "ready"})
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
@@ -138,6 +156,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     # SGLang native -----------------------------------------------------------------------------
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
+        reject_unimplemented(body, UNIMPLEMENTED_GENERATE_FIELDS)
         inputs, batched = split_generate_inputs(
             body.text, body.sampling_params, body.input_ids, body.image_data, body.rid
         )
@@ -154,6 +173,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     # OpenAI ------------------------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        reject_unimplemented(body, UNIMPLEMENTED_COMPLETION_FIELDS)
         max_new = body.max_tokens
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
@@ -195,15 +215,20 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        reject_unimplemented(body, UNIMPLEMENTED_CHAT_FIELDS)
+        max_new = body.max_completion_tokens
+        max_new = body.max_tokens if max_new is None else max_new
+        sampling = sampling_dict(body, max_new)
+        if max_new is None:
+            sampling["max_new_tokens"] = manager.context_length
         prompt, images = _render_chat(manager, body, args)
-        max_new = body.max_completion_tokens or body.max_tokens or manager.context_length
         bos = manager.tokenizer.bos_token
         inp = GenerateInput(
             uuid.uuid4().hex,
             prompt,
             None,
             images,
-            _params(sampling_dict(body, max_new)),
+            _params(sampling),
             add_special_tokens=not (bos and prompt.startswith(bos)),
         )
         tokenized = await manager.tokenize(inp)
@@ -353,7 +378,7 @@ def _sse(chunks: AsyncIterator[dict | str], request: Request) -> StreamingRespon
                 data = chunk if isinstance(chunk, str) else json.dumps(chunk)
                 yield f"data: {data}\n\n".encode()
         except RequestError as exc:
-            yield f"data: {json.dumps(_error_body(exc.status_code, str(exc)))}\n\n".encode()
+            yield f"data: {json.dumps(error_body(exc.status_code, str(exc)))}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream")
@@ -467,18 +492,8 @@ def _usage(events: list[StreamEvent], args: ServerArgs) -> dict:
     return usage
 
 
-def _error_body(status: int, message: str) -> dict:
-    kind = "invalid_request_error" if status < 500 else "internal_error"
-    return {
-        "object": "error",
-        "error": {"message": message, "type": kind, "code": status},
-        "message": message,
-        "code": status,
-    }
-
-
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(_error_body(status, message), status_code=status)
+    return JSONResponse(error_body(status, message), status_code=status)
 
 
 def _first_error(exc: RequestValidationError) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,6 +55,7 @@ class _Sampling(_Body):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    min_tokens: int | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -84,12 +86,81 @@ class GenerateRequest(_Body):
 
 def sampling_dict(req: _Sampling, max_new_tokens: int | None) -> dict[str, Any]:
     """OpenAI-style fields -> SGLang sampling params (validated later)."""
-    out: dict[str, Any] = {"max_new_tokens": max_new_tokens}
-    for name in ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed"):
-        value = getattr(req, name)
-        if value is not None:
-            out[name] = value
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_new_tokens}")
+    out: dict[str, Any] = {"max_new_tokens": max_new_tokens, "min_new_tokens": req.min_tokens}
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "stop_token_ids",
+        "seed",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+    ):
+        out[name] = getattr(req, name)
     out["ignore_eos"] = req.ignore_eos
     out["skip_special_tokens"] = req.skip_special_tokens
     out["n"] = req.n
     return out
+
+
+# Request fields this server does not implement yet: a request that uses one (a value other
+# than its default) is answered 400 naming it, never silently ignored.
+def _used(value: Any) -> bool:
+    return value not in (None, False, 0, "", [], {})
+
+
+def _not_in(*defaults: Any) -> Callable[[Any], bool]:
+    return lambda value: value not in (None, *defaults)
+
+
+UNIMPLEMENTED_CHAT_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "logit_bias": _used,
+    "logprobs": _used,
+    "top_logprobs": _used,
+    "response_format": lambda v: _used(v) and not (isinstance(v, dict) and v.get("type") == "text"),
+    "tools": _used,
+    "tool_choice": _not_in("none", "auto"),
+    "functions": _used,
+    "function_call": _not_in("none", "auto"),
+    "audio": _used,
+    "prediction": _used,
+    "modalities": _not_in(["text"]),
+    "chat_template_kwargs": _used,
+    "continue_final_message": _used,
+    "reasoning_effort": _used,
+    "web_search_options": _used,
+}
+UNIMPLEMENTED_COMPLETION_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "logit_bias": _used,
+    "logprobs": _used,
+    "echo": _used,
+    "suffix": _used,
+    "best_of": _not_in(1),
+}
+UNIMPLEMENTED_GENERATE_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "top_logprobs_num": _used,
+    "token_ids_logprob": _used,
+    "logprob_start_len": _not_in(-1),
+    "return_hidden_states": _used,
+    "lora_path": _used,
+    "custom_logit_processor": _used,
+    "input_embeds": _used,
+    "video_data": _used,
+    "audio_data": _used,
+    "session_params": _used,
+}
+
+
+def reject_unimplemented(body: BaseModel, rules: dict[str, Callable[[Any], bool]]) -> None:
+    """Raise ValueError naming the first field of ``rules`` that ``body`` uses."""
+    declared = type(body).model_fields
+    extra = body.model_extra or {}
+    for name, is_used in rules.items():
+        value = getattr(body, name) if name in declared else extra.get(name)
+        if is_used(value):
+            raise ValueError(f"the request field {name!r} is not supported by this server")

@@ -74,8 +74,22 @@ def tokenize(
     limit = args.image_limit
     if limit is not None and len(images) > limit:
         raise ValueError(f"{len(images)} images in one request; the limit is {limit}")
+    if inp.input_ids is not None:
+        _check_ids(inp.input_ids, processor)  # before they are decoded for image expansion
     ids, items = processor.process(inp.prompt, inp.input_ids, images, inp.add_special_tokens)
-    return TokenizedRequest(inp.rid, ids, inp.sampling_params, items, return_logprob)
+    tokenized = TokenizedRequest(inp.rid, ids, inp.sampling_params, items, return_logprob)
+    tokenized.validate(*_vocab_and_image_token(processor))
+    return tokenized
+
+
+def _vocab_and_image_token(processor: MultimodalProcessor) -> tuple[int, int | None]:
+    adapter = processor.adapter
+    return adapter.text_config.vocab_size, adapter.image_token_id
+
+
+def _check_ids(input_ids: list[int], processor: MultimodalProcessor) -> None:
+    vocab, _ = _vocab_and_image_token(processor)
+    TokenizedRequest("", input_ids, None, []).validate(vocab, None)  # type: ignore[arg-type]
 
 
 def _per_request(value: Any, n: int, batched: bool, name: str, allow_dict: bool = False) -> list:

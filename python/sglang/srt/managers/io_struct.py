@@ -19,6 +19,30 @@ class TokenizedRequest:
     mm_items: list[MultimodalItem] = field(default_factory=list)
     return_logprob: bool = False
 
+    def validate(self, vocab_size: int, image_token_id: int | None) -> None:
+        """Raise ValueError unless every token id is in the vocabulary and the image
+        placeholder tokens are exactly the spans of the request's images."""
+        ids = self.input_ids
+        if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+            bad = next(t for t in ids if not 0 <= t < vocab_size)
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+        if image_token_id is None:
+            return
+        found = ids.count(image_token_id)
+        expected = sum(item.num_tokens for item in self.mm_items)
+        if found != expected:
+            given = f"its images need {expected}" if self.mm_items else "no image was given"
+            raise ValueError(
+                f"the prompt has {found} image placeholder token(s) but {given}: "
+                "image placeholders must come with their images"
+            )
+        for item in self.mm_items:
+            for start, end in item.spans:
+                if not (0 <= start < end <= len(ids)) or any(
+                    t != image_token_id for t in ids[start:end]
+                ):
+                    raise ValueError("image placeholder spans do not match the prompt")
+
 
 @dataclass
 class AbortRequest:

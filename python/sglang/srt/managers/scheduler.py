@@ -25,7 +25,7 @@ from sglang.srt.mem_cache.hybrid_radix_cache import HybridRadixCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.sampling.sampler import sample
+from sglang.srt.sampling.sampler import apply_penalties, sample
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -36,9 +36,13 @@ DEFAULT_CHUNK_GPU = 8192
 
 @dataclass
 class StepOutput:
-    """Requests that produced a token (or finished) in one step."""
+    """Requests that produced a token or finished (aborted ones included) in one step."""
 
     reqs: list[Req]
+
+
+class RequestFailed(Exception):
+    """A failure that belongs to one request (its input, positions, forward or sampling)."""
 
 
 class Scheduler:
@@ -85,6 +89,7 @@ class Scheduler:
                 f"the prompt has {prompt_len} tokens, more than the context length allows "
                 f"({limit}, leaving room for at least one new token)"
             )
+        tokenized.validate(self.runner.vocab_size, self.runner.adapter.image_token_id)
         max_new = min(tokenized.sampling_params.max_new_tokens, limit - prompt_len)
         if prompt_len + max_new > self.kv_pool.size:
             raise ValueError(
@@ -93,6 +98,7 @@ class Scheduler:
             )
 
     def add_request(self, tokenized: TokenizedRequest) -> Req:
+        """Queue a request; raises ValueError (bad request) or RequestFailed (it cannot run)."""
         self.check_request(tokenized)
         sp = tokenized.sampling_params
         sp.max_new_tokens = min(
@@ -113,9 +119,13 @@ class Scheduler:
             return_logprob=tokenized.return_logprob,
         )
         if self.runner.adapter.uses_mrope:
-            req.mrope_positions, req.mrope_delta = self.runner.adapter.mrope(
-                req.input_ids, [item.layout for item in req.mm_items]
-            )
+            try:
+                req.mrope_positions, req.mrope_delta = self.runner.adapter.mrope(
+                    req.input_ids, [item.layout for item in req.mm_items]
+                )
+            except Exception as exc:
+                logger.exception("positions of request %s failed", req.rid)
+                raise RequestFailed(f"cannot compute the positions of this prompt: {exc}") from exc
         req.arrival_time = time.perf_counter()
         self.waiting.append(req)
         return req
@@ -140,29 +150,60 @@ class Scheduler:
 
     # One step ----------------------------------------------------------------------------------
     def step(self) -> StepOutput:
+        """Run one batch. A failure that belongs to a request (its positions, its forward, its
+        sampling) aborts that request alone; it is returned with the others."""
+        self._failed: list[Req] = []
         batch = self._schedule_extend() or self._schedule_decode()
-        if batch is None:
-            return StepOutput([])
-        try:
-            logits = self.runner.forward(batch)
-        except Exception as exc:  # a bad request must not take the server down
-            logger.exception(
-                "forward failed; aborting the %d request(s) of the batch", len(batch.reqs)
-            )
-            return StepOutput(self._abort_batch(batch, f"internal error: {exc}"))
-        self.forward_steps += 1
-        return StepOutput(self._process(batch, logits))
+        done: list[Req] = []
+        if batch is not None:
+            batch, logits = self._forward(batch)
+            if batch is not None:
+                self.forward_steps += 1
+                done = self._process(batch, logits)
+        return StepOutput(self._failed + done)
 
-    def _abort_batch(self, batch: ForwardBatch, message: str) -> list[Req]:
-        for req in batch.reqs:
-            row = req.req_pool_idx
-            start, end = req.computed_len, req.computed_len + req.extend_len
-            self.kv_pool.free(self.req_to_token.req_to_token[row, start:end].clone())
-            req.extend_len = 0
-            req.finish_reason = {"type": "abort", "message": message}
-            self._release(req, keep_state=False)
-            self.running.remove(req)
-        return batch.reqs
+    def _forward(self, batch: ForwardBatch) -> tuple[ForwardBatch | None, torch.Tensor]:
+        """Logits of ``batch``. When a batch of several requests fails, each request runs alone
+        so that only the failing ones are aborted; returns the batch of the survivors."""
+        try:
+            return batch, self.runner.forward(batch)
+        except Exception:
+            if len(batch.reqs) > 1:
+                logger.warning("a batch of %d requests failed; rerunning one by one", batch.size)
+            else:
+                logger.exception("forward failed for request %s", batch.reqs[0].rid)
+        if len(batch.reqs) == 1:
+            self._fail_in_step(batch.reqs[0], "internal error in the forward pass")
+            return None, torch.empty(0)
+        rows, survivors = [], []
+        for i, req in enumerate(batch.reqs):
+            if self.states is not None and self.states.is_dirty(req):
+                self._fail_in_step(req, "internal error in the forward pass")
+                continue  # the failed forward already changed its linear-attention state
+            try:
+                rows.append(self.runner.forward(batch.select([i])))
+                survivors.append(i)
+            except Exception:
+                logger.exception("forward failed for request %s", req.rid)
+                self._fail_in_step(req, "internal error in the forward pass")
+        if not survivors:
+            return None, torch.empty(0)
+        return batch.select(survivors), torch.cat(rows)
+
+    def _fail(self, req: Req, message: str, status_code: int = 500) -> None:
+        """Abort a running request that holds no KV slots of the current step."""
+        req.finish_reason = _aborted(message, status_code)
+        self._release(req)
+        self.running.remove(req)
+        self._failed.append(req)
+
+    def _fail_in_step(self, req: Req, message: str) -> None:
+        """Abort a request whose slots for this step are already allocated."""
+        row = req.req_pool_idx
+        start, end = req.computed_len, req.computed_len + req.extend_len
+        self.kv_pool.free(self.req_to_token.req_to_token[row, start:end].clone())
+        req.extend_len = 0
+        self._fail(req, message)
 
     def _schedule_extend(self) -> ForwardBatch | None:
         budget = min(self.chunk_size or self.args.max_prefill_tokens, self.args.max_prefill_tokens)
@@ -234,25 +275,35 @@ class Scheduler:
                     return s if s > start else e
         return end
 
-    def _build_batch(self, reqs: list[Req], is_decode: bool) -> ForwardBatch:
-        ids, positions, locs = [], [], []
+    def _build_batch(self, reqs: list[Req], is_decode: bool) -> ForwardBatch | None:
+        ids, positions, locs, kept = [], [], [], []
         for req in reqs:
             start, end = req.computed_len, req.computed_len + req.extend_len
+            try:
+                req_ids, req_positions = req.token_ids(start, end), req.positions(start, end)
+            except Exception as exc:
+                logger.exception("inputs of request %s failed", req.rid)
+                req.extend_len = 0
+                self._fail(req, f"cannot prepare the inputs of this request: {exc}")
+                continue
             slots = self._alloc_slots(req.extend_len)
             self.req_to_token.req_to_token[req.req_pool_idx, start:end] = slots
-            ids.extend(req.token_ids(start, end))
-            positions.append(req.positions(start, end))
+            ids.extend(req_ids)
+            positions.append(req_positions)
             locs.append(slots)
+            kept.append(req)
+        if not kept:
+            return None
         device = self.runner.device
-        spans = [r.bidirectional_spans() if self.bidirectional_images else [] for r in reqs]
+        spans = [r.bidirectional_spans() if self.bidirectional_images else [] for r in kept]
         batch = ForwardBatch(
-            reqs=reqs,
+            reqs=kept,
             input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
             positions=torch.cat(positions, dim=-1).to(device),
             out_cache_loc=torch.cat(locs).to(device),
-            req_pool_indices=[r.req_pool_idx for r in reqs],  # type: ignore[misc]
-            prefix_lens=[r.computed_len for r in reqs],
-            extend_lens=[r.extend_len for r in reqs],
+            req_pool_indices=[r.req_pool_idx for r in kept],  # type: ignore[misc]
+            prefix_lens=[r.computed_len for r in kept],
+            extend_lens=[r.extend_len for r in kept],
             bidirectional_spans=spans,
             is_decode=is_decode,
         )
@@ -283,26 +334,63 @@ class Scheduler:
                 sampled_reqs.append(req)
         if not sampled_reqs:
             return []
-        tokens = sample(
-            logits[sampled_rows],
-            [r.sampling_params for r in sampled_reqs],
-            [r.generator for r in sampled_reqs],
-        )
+        logits = logits[sampled_rows]
+        tokens = self._sample(sampled_reqs, logits)
         logprobs = None
         if any(r.return_logprob for r in sampled_reqs):
-            logprobs = torch.log_softmax(logits[sampled_rows], dim=-1)
+            logprobs = torch.log_softmax(logits, dim=-1)
         now = time.perf_counter()
+        done = []
         for i, (req, token) in enumerate(zip(sampled_reqs, tokens)):
-            req.output_ids.append(token)
-            if req.return_logprob:
-                req.output_logprobs.append(float(logprobs[i, token]))
             if req.first_token_time is None:
                 req.first_token_time = now
-            self._check_finished(req)
+            if token is None:  # nothing to generate (max_new_tokens == 0) or a failed row
+                if not req.finished:
+                    req.finish_reason = {"type": "length", "length": 0}
+            else:
+                req.output_ids.append(token)
+                if req.return_logprob:
+                    req.output_logprobs.append(float(logprobs[i, token]))
+                self._check_finished(req)
             if req.finished:
                 self._release(req)
                 self.running.remove(req)
-        return sampled_reqs
+            done.append(req)
+        return done
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int | None]:
+        """One token per request; None for requests that get none (``max_new_tokens == 0``,
+        or a request-specific failure, which marks the request aborted)."""
+        params = [r.sampling_params for r in reqs]
+        if any(sp.has_penalties or sp.min_new_tokens for sp in params):
+            apply_penalties(
+                logits,
+                params,
+                [r.input_ids for r in reqs],
+                [r.output_ids for r in reqs],
+                [self._banned_ids(r) for r in reqs],
+            )
+        tokens: list[int | None] = [None] * len(reqs)
+        bad = torch.isnan(logits).any(dim=-1).tolist()
+        for i, req in enumerate(reqs):
+            if req.sampling_params.max_new_tokens == 0:
+                continue
+            if bad[i]:
+                req.finish_reason = _aborted("the model produced NaN logits for this request")
+                continue
+            try:
+                tokens[i] = sample(logits[i : i + 1], [params[i]], [req.generator])[0]
+            except Exception as exc:
+                logger.exception("sampling failed for request %s", req.rid)
+                req.finish_reason = _aborted(f"sampling failed: {exc}")
+        return tokens
+
+    def _banned_ids(self, req: Req) -> list[int]:
+        sp = req.sampling_params
+        if len(req.output_ids) >= sp.min_new_tokens:
+            return []
+        eos = [] if sp.ignore_eos else list(req.eos_token_ids)
+        return [t for t in (*eos, *(sp.stop_token_ids or ())) if 0 <= t < self.runner.vocab_size]
 
     def _check_finished(self, req: Req) -> None:
         sp, token = req.sampling_params, req.output_ids[-1]
@@ -317,10 +405,9 @@ class Scheduler:
                     req.finish_reason = {"type": "stop", "matched": stop}
                     break
 
-    def _release(self, req: Req, keep_state: bool = True) -> None:
+    def _release(self, req: Req) -> None:
         """Hand the request's KV (and linear-attention state) to the radix cache (or free it)
-        and drop its pins. ``keep_state`` is False when a failed step may have half-written
-        the request's state."""
+        and drop its pins."""
         row = req.req_pool_idx
         assert row is not None
         slots = self.req_to_token.req_to_token[row, : req.computed_len].clone()
@@ -330,7 +417,7 @@ class Scheduler:
             dup = self.tree.insert(req.radix_key(req.computed_len), slots)
             self.kv_pool.free(slots[req.cached_len : dup])
         if self.states is not None:
-            self.states.release(req, keep_state)
+            self.states.release(req)
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token.free(row)
         req.req_pool_idx = None
@@ -355,6 +442,10 @@ class Scheduler:
         self.runner.embedder.cache.check_integrity()
         if self.states is not None:
             self.states.check_integrity(self.running)
+
+
+def _aborted(message: str, status_code: int = 500) -> dict[str, Any]:
+    return {"type": "abort", "message": message, "status_code": status_code}
 
 
 def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import logging
 import os
 import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +24,14 @@ from sglang.srt.managers.io_struct import (
     TokenizedRequest,
 )
 from sglang.srt.managers.req import Req
-from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler import RequestFailed, Scheduler
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 500
+PARENT_POLL_S = 0.5
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -42,15 +49,21 @@ class SchedulerLoop:
         self.recv = recv
         self.send = send
         self.sent: dict[str, int] = {}  # rid -> tokens already sent
+        self.step_started: float | None = None  # monotonic time of the step in progress
 
-    def run_forever(self, parent_pid: int) -> None:
+    def run_forever(self) -> None:
         while True:
             self._receive(block=not self.scheduler.has_work)
-            if os.getppid() != parent_pid:
-                logger.warning("parent process is gone; scheduler exits")
-                return
             if self.scheduler.has_work:
-                self._emit(self.scheduler.step().reqs)
+                self.step_started = time.monotonic()
+                try:
+                    reqs = self.scheduler.step().reqs
+                except Exception:
+                    logger.exception("scheduler step failed outside any single request; exiting")
+                    self._fail_all("the scheduler failed; the server is shutting down")
+                    raise
+                self.step_started = None
+                self._emit(reqs)
 
     def _receive(self, block: bool) -> None:
         if block and not self.recv.poll(IDLE_POLL_MS):
@@ -64,10 +77,20 @@ class SchedulerLoop:
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, TokenizedRequest):
+            if msg.rid in self.sent:
+                self._send_error(msg, f"request id {msg.rid!r} is already running")
+                return
             try:
                 req = self.scheduler.add_request(msg)
             except ValueError as exc:
                 self._send_error(msg, str(exc))
+                return
+            except RequestFailed as exc:
+                self._send_error(msg, str(exc), status_code=500)
+                return
+            except Exception as exc:
+                logger.exception("admitting request %s failed", msg.rid)
+                self._send_error(msg, f"internal error: {exc}", status_code=500)
                 return
             self.sent[req.rid] = 0
         elif isinstance(msg, AbortRequest):
@@ -76,6 +99,12 @@ class SchedulerLoop:
             self.sent.pop(msg.rid, None)
         elif isinstance(msg, RpcRequest):
             self.send.send_pyobj(self._rpc(msg))
+
+    def _fail_all(self, message: str) -> None:
+        reason = {"type": "abort", "message": message, "status_code": 503}
+        outputs = [RequestOutput(rid, [], [], reason, 0, 0, 0) for rid in self.sent]
+        if outputs:
+            self.send.send_pyobj(BatchOutput(outputs))
 
     def _rpc(self, msg: RpcRequest) -> RpcResponse:
         from sglang.srt.entrypoints.engine import server_info
@@ -91,6 +120,9 @@ class SchedulerLoop:
             return RpcResponse(msg.call_id, error=f"unknown method {msg.method}")
         except AssertionError as exc:
             return RpcResponse(msg.call_id, error=f"integrity check failed: {exc}")
+        except Exception as exc:
+            logger.exception("control call %s failed", msg.method)
+            return RpcResponse(msg.call_id, error=f"{msg.method} failed: {exc}")
 
     def _emit(self, reqs: list[Req]) -> None:
         outputs = []
@@ -116,8 +148,8 @@ class SchedulerLoop:
         if outputs:
             self.send.send_pyobj(BatchOutput(outputs))
 
-    def _send_error(self, msg: TokenizedRequest, message: str) -> None:
-        reason = {"type": "abort", "message": message, "status_code": 400}
+    def _send_error(self, msg: TokenizedRequest, message: str, status_code: int = 400) -> None:
+        reason = {"type": "abort", "message": message, "status_code": status_code}
         out = RequestOutput(msg.rid, [], [], reason, len(msg.input_ids), 0, 0)
         self.send.send_pyobj(BatchOutput([out]))
 
@@ -125,12 +157,14 @@ class SchedulerLoop:
 def run_scheduler_process(
     args: ServerArgs, model_path: str, recv_addr: str, send_addr: str, ready_pipe: Any
 ) -> None:
-    """Process entry point: build the engine side, report readiness, loop."""
+    """Process entry point: build the engine side, report readiness, loop. Exits when the
+    parent process is gone (at once, even mid-forward) or a step outlives the watchdog."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when we stop
     logging.basicConfig(
         level=args.log_level.upper(), format="[%(asctime)s scheduler] %(levelname)s %(message)s"
     )
     parent_pid = os.getppid()
+    _die_with_parent(parent_pid)
     try:
         import torch
 
@@ -157,4 +191,38 @@ def run_scheduler_process(
             runner.config.model_type,
         )
     )
-    SchedulerLoop(scheduler, args, recv, send).run_forever(parent_pid)
+    loop = SchedulerLoop(scheduler, args, recv, send)
+    threading.Thread(
+        target=_watchdog, args=(loop, parent_pid, args.watchdog_timeout), daemon=True
+    ).start()
+    try:
+        loop.run_forever()
+    except Exception:
+        send.close(linger=2000)  # let the error outputs leave before the process ends
+        sys.exit(1)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # the watchdog thread still notices the parent's death
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _watchdog(loop: SchedulerLoop, parent_pid: int, timeout: float) -> None:
+    """Exit when the parent is gone or one step has run longer than ``timeout`` seconds (a
+    wedged forward): the API process then fails in-flight requests and exits, and a
+    supervisor can restart the server."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        started = loop.step_started
+        if started is not None and time.monotonic() - started > timeout:
+            logger.error("a scheduler step has run for over %.0f s; exiting", timeout)
+            faulthandler.dump_traceback(all_threads=True)
+            os._exit(1)

@@ -63,8 +63,22 @@ class StreamEvent:
     meta: dict[str, Any]
 
 
+SCHEDULER_POLL_S = 0.5
+
+
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, model_path: str, ready: Any, scheduler_addrs: tuple):
+    """Owns the API process's side of every request. Watches the scheduler process: when it
+    dies, in-flight and new requests fail at once (503) and ``on_fatal`` is called so the
+    server can exit non-zero."""
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        model_path: str,
+        ready: Any,
+        scheduler_addrs: tuple,
+        scheduler_proc: Any = None,
+    ):
         self.args = args
         self.model_path = model_path
         self.context_length: int = ready.context_length
@@ -84,13 +98,56 @@ class TokenizerManager:
         self._call_ids = itertools.count()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mm-process")
         self._loop_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
         self.metrics: Any = None  # set by the HTTP server under --enable-metrics
+        self.scheduler_proc = scheduler_proc
+        self.fatal_error: str | None = None  # set once the scheduler is gone
+        self.on_fatal: Any = None  # called once with the error, e.g. to stop the HTTP server
+        self.max_token_chars = _max_token_chars(self.tokenizer)
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._receive_loop())
+        if self.scheduler_proc is not None:
+            self._watch_task = asyncio.create_task(self._watch_scheduler())
+
+    @property
+    def alive(self) -> bool:
+        return self.fatal_error is None
+
+    def _check_alive(self) -> None:
+        if self.fatal_error is not None:
+            raise RequestError(self.fatal_error, status_code=503)
+
+    async def _watch_scheduler(self) -> None:
+        while self.scheduler_proc.is_alive():
+            await asyncio.sleep(SCHEDULER_POLL_S)
+        self.fail(
+            f"the scheduler process exited (code {self.scheduler_proc.exitcode}); "
+            "the server is shutting down"
+        )
+
+    def fail(self, message: str) -> None:
+        """Fail every in-flight request and control call, refuse new ones, call ``on_fatal``."""
+        if self.fatal_error is not None:
+            return
+        logger.error("%s", message)
+        self.fatal_error = message
+        self._fail_inflight(message)
+        if self.on_fatal is not None:
+            self.on_fatal(message)
+
+    def _fail_inflight(self, message: str) -> None:
+        reason = {"type": "abort", "message": message, "status_code": 503}
+        for rid, state in self._states.items():
+            state.queue.put_nowait(RequestOutput(rid, [], [], reason, 0, 0, 0))
+        for future in self._rpcs.values():
+            if not future.done():
+                future.set_exception(RequestError(message, status_code=503))
 
     # Requests ----------------------------------------------------------------------------------
     async def tokenize(self, inp: GenerateInput, return_logprob: bool = False) -> TokenizedRequest:
+        self._check_alive()
+        self._check_length_cheaply(inp)
         limit = self.args.image_limit
         if limit is not None and len(inp.images) > limit:
             raise RequestError(f"{len(inp.images)} images in one request; the limit is {limit}")
@@ -109,6 +166,21 @@ class TokenizerManager:
             )
         return tokenized
 
+    def _check_length_cheaply(self, inp: GenerateInput) -> None:
+        """Reject prompts that cannot fit before tokenizing them: a text of n characters has at
+        least n / max_token_chars tokens."""
+        if inp.input_ids is not None:
+            n = len(inp.input_ids)
+        elif inp.prompt is not None:
+            n = -(-len(inp.prompt) // self.max_token_chars)
+        else:
+            return
+        if n >= self.context_length:
+            raise RequestError(
+                f"the prompt has at least {n} tokens, more than the context length allows "
+                f"({self.context_length}, leaving room for at least one new token)"
+            )
+
     def _tokenize_sync(self, inp: GenerateInput, sources: list, return_logprob: bool):
         images = self.processor.load_images(sources)
         tokenized = tokenize(self.processor, self.args, inp, images, return_logprob)
@@ -119,6 +191,9 @@ class TokenizerManager:
 
     async def generate(self, tokenized: TokenizedRequest) -> AsyncIterator[StreamEvent]:
         """Send a request and yield its progress; aborts it if the caller stops listening."""
+        self._check_alive()
+        if tokenized.rid in self._states:
+            raise RequestError(f"request id {tokenized.rid!r} is already running")
         state = ReqState(tokenized)
         self._states[tokenized.rid] = state
         await self._to_scheduler.send_pyobj(tokenized)
@@ -128,8 +203,11 @@ class TokenizerManager:
         try:
             while True:
                 out: RequestOutput = await state.queue.get()
-                if out.finish_reason and out.finish_reason.get("status_code") == 400:
-                    raise RequestError(out.finish_reason.get("message", "bad request"))
+                status = (out.finish_reason or {}).get("status_code")
+                if status is not None:
+                    state.finished = True  # the scheduler no longer holds it
+                    message = out.finish_reason.get("message", "request failed")  # type: ignore
+                    raise RequestError(message, status_code=status)
                 state.output_ids += out.new_token_ids
                 state.logprobs += out.new_logprobs
                 text = decode_output(
@@ -155,7 +233,7 @@ class TokenizerManager:
                     return
         finally:
             self._states.pop(tokenized.rid, None)
-            if not state.finished:
+            if not state.finished and self.alive:
                 await self.abort(tokenized.rid)
 
     def _meta(self, state: ReqState, out: RequestOutput) -> dict[str, Any]:
@@ -178,6 +256,7 @@ class TokenizerManager:
 
     # Control -----------------------------------------------------------------------------------
     async def rpc(self, method: str, timeout: float = 60.0) -> Any:
+        self._check_alive()
         call_id = next(self._call_ids)
         future = asyncio.get_running_loop().create_future()
         self._rpcs[call_id] = future
@@ -209,10 +288,18 @@ class TokenizerManager:
                 state.queue.put_nowait(out)
 
     def close(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
+        self._fail_inflight("the server is shutting down")
+        for task in (self._loop_task, self._watch_task):
+            if task is not None:
+                task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._ctx.destroy(linger=0)
+
+
+def _max_token_chars(tokenizer: Any) -> int:
+    """An upper bound on the characters one token decodes to: the longest vocabulary entry
+    (byte-level and SentencePiece spellings are never shorter than their text)."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1) + 1
 
 
 def _load_config(model_path: str) -> Any:

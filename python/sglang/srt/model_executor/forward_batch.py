@@ -37,3 +37,25 @@ class ForwardBatch:
     def last_token_indices(self) -> torch.Tensor:
         ends = torch.tensor(self.extend_lens).cumsum(0) - 1
         return ends.to(self.input_ids.device)
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    def select(self, indices: list[int]) -> ForwardBatch:
+        """The sub-batch of requests ``indices`` (in that order), with their tokens."""
+        bounds = [0, *torch.tensor(self.extend_lens).cumsum(0).tolist()]
+        token_index = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in indices]).to(
+            self.input_ids.device
+        )
+        return ForwardBatch(
+            reqs=[self.reqs[i] for i in indices],
+            input_ids=self.input_ids[token_index],
+            positions=self.positions[..., token_index],
+            out_cache_loc=self.out_cache_loc[token_index],
+            req_pool_indices=[self.req_pool_indices[i] for i in indices],
+            prefix_lens=[self.prefix_lens[i] for i in indices],
+            extend_lens=[self.extend_lens[i] for i in indices],
+            bidirectional_spans=[self.bidirectional_spans[i] for i in indices],
+            is_decode=self.is_decode,
+        )

@@ -8,6 +8,7 @@ import binascii
 import hashlib
 import io
 import os
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -16,6 +17,12 @@ from typing import Any
 from PIL import Image
 
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024
+# One answer for every string that is neither base64 nor a permitted file: whether a path
+# exists outside the allowed directory must not show.
+NOT_AN_IMAGE_SOURCE = (
+    "the image is neither valid base64 nor a readable file under the allowed local media "
+    "directory (see --allowed-local-media-path)"
+)
 
 
 class ImageError(ValueError):
@@ -110,32 +117,37 @@ def _read_bytes(source: Any, allowed_local_dir: str | None) -> bytes:
     scheme = source.split("://", 1)[0] if "://" in source else None
     if scheme not in (None, "file"):
         raise ImageError(f"unsupported image URL scheme {scheme!r}")
-    if scheme == "file" or (len(source) < 4096 and os.path.exists(source)):
-        path = source[len("file://") :] if scheme == "file" else source
-        return _read_local(path, allowed_local_dir)
+    path = source[len("file://") :] if scheme == "file" else source
+    data = _read_local(path, allowed_local_dir) if len(path) < 4096 else None
+    if data is not None:
+        return data
+    if scheme == "file":
+        raise ImageError(NOT_AN_IMAGE_SOURCE)
     try:
-        data = _b64decode(source)
-    except ImageError as exc:
+        return _b64decode(source)
+    except ImageError:
         if len(source) < 4096:
-            raise ImageError(
-                f"image file not found and not valid base64: {source[:200]!r}"
-            ) from exc
+            raise ImageError(NOT_AN_IMAGE_SOURCE) from None
         raise
-    return data
 
 
-def _read_local(path: str, allowed_local_dir: str | None) -> bytes:
-    real = os.path.realpath(path)
+def _read_local(path: str, allowed_local_dir: str | None) -> bytes | None:
+    """The file's bytes if it is a regular file inside the allowed directory ("*": anywhere;
+    None: local files are never read), else None."""
     if allowed_local_dir is None:
-        raise ImageError("local image paths are not allowed (see --allowed-local-media-path)")
+        return None
+    real = os.path.realpath(path)
     if allowed_local_dir != "*":
         root = os.path.realpath(allowed_local_dir)
         if os.path.commonpath([root, real]) != root:
-            raise ImageError(f"local image path {path!r} is outside the allowed directory")
-    if not os.path.isfile(real):
-        raise ImageError(f"image file not found: {path!r}")
-    with open(real, "rb") as f:
-        return f.read()
+            return None
+    if not os.path.isfile(real):  # also keeps devices and FIFOs out
+        return None
+    try:
+        with open(real, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _b64decode(payload: str) -> bytes:
@@ -156,6 +168,13 @@ def _decode(data: bytes) -> LoadedImage:
             img = probe.convert("RGB")
     except ImageError:
         raise
+    except Image.UnidentifiedImageError as exc:
+        raise ImageError("cannot decode image: not a supported image format") from exc
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise ImageError(f"cannot decode image: {exc}") from exc
+        raise ImageError(f"cannot decode image: {_without_addresses(str(exc))}") from exc
     return LoadedImage(content_hash(data), img.size, img, data)
+
+
+def _without_addresses(message: str) -> str:
+    """Library messages may name objects by their memory address; never show those."""
+    return re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>|0x[0-9a-fA-F]{6,}", "<data>", message)[:300]

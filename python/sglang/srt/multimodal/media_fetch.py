@@ -1,24 +1,106 @@
 """Resolve image references from HTTP requests (data URL, base64, http(s) URL, local path) into
-bytes, with the server's safety limits."""
+bytes, with the server's safety limits.
+
+Downloads are bounded in size and in total time (connect, redirects and body together). By
+default they may only reach public addresses: every connection, the ones redirects open
+included, resolves the host first and refuses loopback, link-local, private and other non-global
+addresses, so neither a redirect nor a DNS answer can aim a fetch at the server's own network.
+Every refused or failed fetch gets the same message, so errors do not tell a closed port from an
+open one; the reason is logged.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
+import logging
 import os
+import socket
+from collections.abc import Iterable
 from typing import Any
 
+import httpcore
 import httpx
 
 from sglang.srt.multimodal.image_io import ImageError
 from sglang.srt.server_args import ServerArgs
 
+logger = logging.getLogger(__name__)
+
+MAX_REDIRECTS = 5
+_REDIRECTS = (301, 302, 303, 307, 308)
+
+
+class _FetchRefused(Exception):
+    """Why one fetch failed (logged, never shown to the client)."""
+
+
+def is_public_address(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_global and not addr.is_multicast
+
+
+class _PublicOnlyBackend(httpcore.AsyncNetworkBackend):
+    """Connects only to hosts whose every resolved address is public; the connection goes to
+    the address that was checked (no second lookup that a DNS answer could change)."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise _FetchRefused(f"cannot resolve {host}: {exc}") from exc
+        addresses = [info[4][0] for info in infos]
+        private = [ip for ip in addresses if not is_public_address(ip)]
+        if not addresses or private:
+            raise _FetchRefused(f"{host} resolves to non-public address(es) {private}")
+        return await self._inner.connect_tcp(
+            addresses[0],
+            port,
+            timeout=timeout,
+            local_address=local_address,
+            socket_options=socket_options,
+        )
+
+    async def connect_unix_socket(self, path: str, timeout=None, socket_options=None):
+        raise _FetchRefused("unix sockets are not fetched")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def fetch_error(url: str, args: ServerArgs) -> ImageError:
+    where = "" if args.allow_private_media_urls else "public "
+    return ImageError(
+        f"cannot fetch the image at {url[:200]!r}: image URLs must be {where}http(s) addresses "
+        f"that answer 200 with at most {args.media_url_max_file_size_mb} MB within "
+        f"{args.media_url_timeout} s"
+    )
+
 
 async def fetch_image_source(ref: Any, args: ServerArgs) -> Any:
-    """Download http(s) images (bounded in size and time); check local paths against the
-    allowed directory; pass other forms through to ``load_image``."""
+    """Download http(s) images (bounded in size and time, public addresses only unless
+    allowed); pass other forms through to ``load_image``, which checks local paths."""
     if not isinstance(ref, str):
         raise ImageError("an image must be given as a string (URL, data URL, path or base64)")
     if ref.startswith(("http://", "https://")):
-        return await _download(ref, args)
+        try:
+            return await asyncio.wait_for(_download(ref, args), args.media_url_timeout)
+        except Exception as exc:  # refused, unreachable, too slow, too large: one answer
+            logger.info("image fetch of %s failed: %r", ref[:200], exc)
+        raise fetch_error(ref, args)
     scheme = ref.split("://", 1)[0] if "://" in ref[:16] else None
     if scheme not in (None, "file"):
         raise ImageError(f"unsupported image URL scheme {scheme!r}")
@@ -27,26 +109,39 @@ async def fetch_image_source(ref: Any, args: ServerArgs) -> Any:
 
 async def _download(url: str, args: ServerArgs) -> bytes:
     limit = args.media_url_max_file_size_mb * 1024 * 1024
-    try:
-        async with httpx.AsyncClient(
-            timeout=args.media_url_timeout, follow_redirects=True
-        ) as client:
-            async with client.stream("GET", url) as resp:
-                if resp.status_code != 200:
-                    raise ImageError(f"fetching {url} returned HTTP {resp.status_code}")
-                declared = int(resp.headers.get("content-length") or 0)
-                if declared > limit:
-                    raise ImageError(f"image at {url} is larger than {limit} bytes")
-                chunks, size = [], 0
-                async for chunk in resp.aiter_bytes():
-                    size += len(chunk)
-                    if size > limit:
-                        raise ImageError(f"image at {url} is larger than {limit} bytes")
-                    chunks.append(chunk)
-    except httpx.TimeoutException as exc:
-        raise ImageError(f"fetching {url} timed out after {args.media_url_timeout} s") from exc
-    except httpx.HTTPError as exc:
-        raise ImageError(f"cannot fetch {url}: {exc}") from exc
+    backend = None if args.allow_private_media_urls else _PublicOnlyBackend()
+    async with httpcore.AsyncConnectionPool(network_backend=backend) as pool:
+        for _ in range(MAX_REDIRECTS + 1):
+            async with pool.stream("GET", url, headers=[(b"Accept", b"image/*")]) as resp:
+                if resp.status in _REDIRECTS:
+                    url = _redirect_target(url, resp.headers)
+                    continue
+                if resp.status != 200:
+                    raise _FetchRefused(f"HTTP {resp.status}")
+                return await _read_bounded(resp, limit)
+    raise _FetchRefused("too many redirects")
+
+
+def _redirect_target(url: str, headers: list[tuple[bytes, bytes]]) -> str:
+    location = next((v for k, v in headers if k.lower() == b"location"), None)
+    if location is None:
+        raise _FetchRefused("redirect without a location")
+    target = str(httpx.URL(url).join(location.decode("latin-1")))
+    if not target.startswith(("http://", "https://")):
+        raise _FetchRefused(f"redirect to a non-http URL {target[:200]}")
+    return target
+
+
+async def _read_bounded(resp: httpcore.Response, limit: int) -> bytes:
+    declared = next((v for k, v in resp.headers if k.lower() == b"content-length"), b"0")
+    if declared.isdigit() and int(declared) > limit:
+        raise _FetchRefused(f"declared size {int(declared)} over the limit {limit}")
+    chunks, size = [], 0
+    async for chunk in resp.aiter_stream():
+        size += len(chunk)
+        if size > limit:
+            raise _FetchRefused(f"body over the limit {limit}")
+        chunks.append(chunk)
     return b"".join(chunks)
 
 

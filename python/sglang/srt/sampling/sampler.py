@@ -37,4 +37,40 @@ def _sample_row(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator |
     if sp.min_p > 0.0:
         probs = probs.masked_fill(probs < sp.min_p * probs.max(), 0.0)
     probs = probs.to("cpu")
-    return int(torch.multinomial(probs / probs.sum(), 1, generator=gen).item())
+    total = probs.sum()
+    if not torch.isfinite(total) or total <= 0:
+        # Nothing left to sample from (e.g. every logit -inf after masking): the argmax stands.
+        return int(logits.argmax())
+    return int(torch.multinomial(probs / total, 1, generator=gen).item())
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    prompt_ids: Sequence[Sequence[int]],
+    output_ids: Sequence[Sequence[int]],
+    banned_ids: Sequence[Sequence[int]],
+) -> torch.Tensor:
+    """Frequency, presence and repetition penalties and ``min_new_tokens``, in place.
+
+    OpenAI semantics for frequency/presence (generated tokens only); the HF/vLLM rule for the
+    repetition penalty (prompt and generated tokens; positive logits divided, negative ones
+    multiplied). ``banned_ids[i]`` are the tokens that would end request i before its
+    ``min_new_tokens``."""
+    vocab = logits.shape[-1]
+    for i, sp in enumerate(params):
+        if banned_ids[i]:
+            logits[i, torch.tensor(banned_ids[i], dtype=torch.int64)] = float("-inf")
+        if not sp.has_penalties:
+            continue
+        out = torch.tensor(output_ids[i], dtype=torch.int64)
+        if sp.frequency_penalty or sp.presence_penalty:
+            counts = torch.bincount(out, minlength=vocab)[:vocab].to(logits.dtype)
+            logits[i] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0)
+        if sp.repetition_penalty != 1.0:
+            seen = torch.cat([torch.tensor(prompt_ids[i], dtype=torch.int64), out]).unique()
+            seen = seen[(seen >= 0) & (seen < vocab)]
+            row = logits[i, seen]
+            penalty = sp.repetition_penalty
+            logits[i, seen] = torch.where(row > 0, row / penalty, row * penalty)
+    return logits

@@ -13,6 +13,10 @@ _BACKENDS = {
 }
 
 
+def attention_backend_names() -> list[str]:
+    return sorted(_BACKENDS)
+
+
 def create_attention_backend(name: str, **kwargs) -> AttentionBackend:
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {sorted(_BACKENDS)}")
