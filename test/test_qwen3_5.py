@@ -188,6 +188,53 @@ def test_failed_step_aborts_its_requests_and_frees_their_state() -> None:
     eng.scheduler.check_integrity()
 
 
+def _fail_once(obj, name: str, calls: list):
+    """Patch ``obj.name`` to raise on its first call."""
+    original = getattr(obj, name)
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected")
+        return original(*args, **kwargs)
+
+    setattr(obj, name, failing)
+    return original
+
+
+def test_batch_failure_retries_only_requests_whose_state_is_untouched() -> None:
+    family = "qwen3_5"
+    eng = engine(family, -1)
+    prompts = [f"Batch {PH} failure case one.", f"Batch {PH} failure case two, longer."]
+    images = [[make_image(50)], [make_image(51, 96, 64)]]
+    refs = [hf_greedy(family, p, imgs, MAX_NEW) for p, imgs in zip(prompts, images)]
+    # Before the language model: no state changed, each request reruns alone and is correct.
+    eng.flush_cache()
+    calls: list = []
+    original = _fail_once(eng.runner.embedder, "embed", calls)
+    try:
+        outs = eng.generate(prompts, GREEDY, image_data=images, return_logprob=True)
+    finally:
+        eng.runner.embedder.embed = original
+    assert len(calls) == 3  # the batch, then each request alone
+    for out, ref in zip(outs, refs):
+        assert_matches(out, ref)
+    # In the full-attention layer: the linear layers before it have changed both states.
+    eng.flush_cache()
+    attention = eng.runner.adapter.language_model.layers[3].self_attn
+    calls = []
+    original = _fail_once(attention, "forward", calls)
+    try:
+        outs = eng.generate(prompts, GREEDY, image_data=images)
+    finally:
+        attention.forward = original
+    assert len(calls) == 1  # neither request is rerun on its half-written state
+    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort", "abort"]
+    eng.scheduler.check_integrity()
+    assert eng.runner.state_pool.available_size() == eng.runner.state_pool.size
+    assert_matches(generate(eng, prompts[1], images[1]), refs[1])
+
+
 def test_kv_pool_holds_full_attention_layers_only() -> None:
     eng = engine("qwen3_5", 7)
     text = eng.runner.text_config

@@ -34,6 +34,7 @@ class _ReqState:
     points: frozenset[int]  # prefix lengths worth a snapshot
     pending: list[tuple[int, int]] = field(default_factory=list)  # (prefix length, slot), taken
     in_flight: list[tuple[int, int]] = field(default_factory=list)  # taken by the running step
+    step: Segment | None = None  # the running step's segment (its ``written`` flag)
 
 
 class LinearStateManager:
@@ -86,12 +87,12 @@ class LinearStateManager:
 
     # Steps -------------------------------------------------------------------------------------
     def plan(self, batch: ForwardBatch) -> StatePlan:
-        segments, start = [], 0
+        segments = []
         for req, prefix, extend in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
             state = self._reqs[id(req)]
             cuts = [] if batch.is_decode else self._snapshot_cuts(req, state, prefix, extend)
-            segments.append(Segment(start, extend, state.slot, state.fresh, cuts))
-            start += extend
+            state.step = Segment(extend, state.slot, state.fresh, cuts)
+            segments.append(state.step)
         return StatePlan(self.pool, segments, batch.is_decode)
 
     def _snapshot_cuts(
@@ -111,15 +112,21 @@ class LinearStateManager:
         """The step's forward succeeded: its snapshots hold valid state."""
         for req in batch.reqs:
             state = self._reqs[id(req)]
-            state.fresh = False
+            state.fresh, state.step = False, None
             state.pending += state.in_flight
             state.in_flight = []
 
+    def is_dirty(self, req: Req) -> bool:
+        """Whether a step that did not complete has (maybe partly) changed ``req``'s state."""
+        step = self._reqs[id(req)].step
+        return step is not None and step.written
+
     # Release -----------------------------------------------------------------------------------
-    def release(self, req: Req, keep_state: bool) -> None:
+    def release(self, req: Req) -> None:
         """``req`` leaves; call after its tokens went into the tree (when caching). Its
-        snapshots and, with ``keep_state``, its final state go to the tree, the rest is freed.
-        ``keep_state`` is False after a failed forward (the state may be half written)."""
+        snapshots and its final state go to the tree, unless a failed step left that state
+        half written; the rest is freed."""
+        dirty = self.is_dirty(req)
         state = self._reqs.pop(id(req))
         for _, slot in state.in_flight:
             self.tree.cancel_snapshot(slot)
@@ -131,7 +138,7 @@ class LinearStateManager:
         key = req.radix_key(req.computed_len)
         for pos, slot in state.pending:
             self.tree.attach_snapshot(key[:pos], slot)
-        if keep_state and not state.fresh and req.computed_len > 0:
+        if not dirty and not state.fresh and req.computed_len > 0:
             self.tree.attach_snapshot(key, state.slot, reserved=False)
         else:
             self.pool.free(state.slot)
@@ -152,7 +159,9 @@ class LinearStateManager:
         assert {id(r) for r in running} == set(self._reqs), "running requests without state"
         slots = [s.slot for s in self._reqs.values()]
         assert len(set(slots)) == len(slots), "two requests share a state slot"
-        assert all(not s.in_flight for s in self._reqs.values()), "snapshots left in flight"
+        assert all(not s.in_flight and s.step is None for s in self._reqs.values()), (
+            "a step left unfinished"
+        )
         pending = sum(len(s.pending) for s in self._reqs.values())
         assert pending == self.tree.pending, "pending snapshot count is off"
         self.pool.check_integrity(len(slots) + self.tree.num_snapshots + pending)

@@ -58,4 +58,5 @@ class ForwardBatch:
             extend_lens=[self.extend_lens[i] for i in indices],
             bidirectional_spans=[self.bidirectional_spans[i] for i in indices],
             is_decode=self.is_decode,
+            state_plan=None if self.state_plan is None else self.state_plan.select(indices),
         )

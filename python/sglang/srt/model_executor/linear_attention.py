@@ -29,15 +29,15 @@ from sglang.srt.mem_cache.state_pool import LinearStateShape, StatePool
 
 @dataclass
 class Segment:
-    """One request's tokens ``[start, start + length)`` on the packed axis. The state after
-    ``offset`` tokens of the segment is copied into ``slot`` for each ``(offset, slot)`` of
-    ``snapshots`` (``0 < offset <= length``)."""
+    """One request's ``length`` tokens of a step (segments follow each other on the packed
+    axis). The state after ``offset`` tokens of the segment is copied into ``slot`` for each
+    ``(offset, slot)`` of ``snapshots`` (``0 < offset <= length``)."""
 
-    start: int
     length: int
     slot: int
     fresh: bool  # no state yet: the request's first computed tokens
     snapshots: list[tuple[int, int]] = field(default_factory=list)
+    written: bool = False  # a layer has started to change the slot in this step
 
 
 @dataclass
@@ -48,8 +48,9 @@ class StatePlan:
     segments: list[Segment]
     is_decode: bool
 
-    def decode_slots(self, device: torch.device) -> torch.Tensor:
-        return torch.tensor([s.slot for s in self.segments], dtype=torch.int64, device=device)
+    def select(self, indices: list[int]) -> StatePlan:
+        """The plan of a sub-batch (the same segments, so ``written`` stays shared)."""
+        return StatePlan(self.pool, [self.segments[i] for i in indices], self.is_decode)
 
 
 class SlotStates:
@@ -124,12 +125,19 @@ class _PooledForward:
             return self.inner(hidden_states, cache_params, attention_mask, **kwargs)
         if plan.is_decode:
             return self._decode(plan, hidden_states, kwargs)
-        outs = [self._segment(plan, seg, hidden_states, kwargs) for seg in plan.segments]
+        outs, start = [], 0
+        for seg in plan.segments:
+            outs.append(
+                self._segment(plan, seg, hidden_states[:, start : start + seg.length], kwargs)
+            )
+            start += seg.length
         return torch.cat(outs, dim=1)
 
     def _decode(self, plan: StatePlan, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
         """All requests at once, as a batch of one-token sequences."""
         states = SlotStates(plan.pool, self.layer, [s.slot for s in plan.segments], fresh=False)
+        for seg in plan.segments:
+            seg.written = True
         out = self.inner(hidden.transpose(0, 1), states, None, **kwargs)
         states.commit()
         return out.transpose(0, 1)
@@ -140,9 +148,10 @@ class _PooledForward:
         cuts = sorted(seg.snapshots)
         bounds = sorted({0, seg.length, *(offset for offset, _ in cuts)})
         outs, fresh = [], seg.fresh
+        seg.written = True
         for lo, hi in zip(bounds, bounds[1:]):
             states = SlotStates(plan.pool, self.layer, [seg.slot], fresh)
-            piece = hidden[:, seg.start + lo : seg.start + hi]
+            piece = hidden[:, lo:hi]
             outs.append(self.inner(piece, states, None, **kwargs))
             fresh = False
             for offset, snapshot in cuts:
