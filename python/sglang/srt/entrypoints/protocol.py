@@ -130,7 +130,6 @@ UNIMPLEMENTED_CHAT_FIELDS: dict[str, Callable[[Any], bool]] = {
     "audio": _used,
     "prediction": _used,
     "modalities": _not_in(["text"]),
-    "chat_template_kwargs": _used,
     "continue_final_message": _used,
     "reasoning_effort": _used,
     "web_search_options": _used,
