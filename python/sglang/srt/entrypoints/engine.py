@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+import sglang
 from sglang.srt.managers.inputs import split_generate_inputs, tokenize
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.req import Req
@@ -139,6 +140,23 @@ def decode_output(
     return text
 
 
+def load_report(scheduler: Scheduler) -> dict:
+    """The load entry sglang-router reads from ``GET /get_load`` (one per data-parallel rank;
+    this server has one). ``num_reqs`` counts running and waiting requests; ``num_tokens`` is
+    the KV slots that running requests hold (cached prefixes nobody uses are free to evict, so
+    they do not count) plus the prompt tokens still waiting for a slot."""
+    held = (
+        scheduler.kv_pool.size - scheduler.kv_pool.available_size() - scheduler.tree.evictable_size
+    )
+    queued = sum(len(req.input_ids) for req in scheduler.waiting)
+    return {
+        "dp_rank": 0,
+        "num_reqs": len(scheduler.running) + len(scheduler.waiting),
+        "num_waiting_reqs": len(scheduler.waiting),
+        "num_tokens": held + queued,
+    }
+
+
 def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
     runner = scheduler.runner
     cache, stats = runner.embedder.cache, runner.embedder.stats
@@ -146,6 +164,10 @@ def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
     return {
         **hybrid,
         **{k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"},
+        "version": sglang.__version__,
+        "dp_size": 1,
+        "tp_size": 1,
+        "load": load_report(scheduler),
         "max_total_num_tokens": runner.max_total_tokens,
         "max_running_requests": runner.max_running_requests,
         "context_length": runner.context_length,

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -118,6 +119,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             "tokenizer_path": args.model_path,
             "is_generation": True,
             "model_type": manager.model_type,
+            "architectures": _architectures(args.model_path),
             "has_image_understanding": manager.is_multimodal,
         }
 
@@ -125,6 +127,12 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     @app.get("/get_server_info")
     async def server_info() -> dict:
         return await manager.rpc("server_info")
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict]:
+        """One entry per data-parallel rank; sglang-router polls it for load-aware routing."""
+        info = await manager.rpc("server_info")
+        return [info["load"]]
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
@@ -322,6 +330,15 @@ def _reasoning_parser(
         return None
     opened = prompt_opens_reasoning(prompt, args.reasoning_parser)
     return ReasoningParser(args.reasoning_parser, in_reasoning=opened)
+
+
+def _architectures(model_path: str | None) -> list[str]:
+    """The checkpoint's ``architectures`` (sglang-router reads them from /model_info)."""
+    config = os.path.join(model_path or "", "config.json")
+    if not os.path.isfile(config):
+        return []
+    with open(config) as f:
+        return json.load(f).get("architectures") or []
 
 
 def _chat_template(args: ServerArgs) -> str | None:
