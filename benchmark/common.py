@@ -212,6 +212,72 @@ def counter_delta(
     return {k: after[k] - before[k] for k in after}
 
 
+PERF_KEYS = ("vision_seconds", "vision_flops", "lm_attention_seconds", "lm_attention_flops")
+
+
+def perf_counters(info: dict[str, Any]) -> dict[str, float] | None:
+    perf = info.get("perf")
+    if not isinstance(perf, dict):
+        return None
+    return {k: float(perf.get(k, 0) or 0) for k in PERF_KEYS}
+
+
+def achieved(delta: dict[str, float] | None, peak_gflops: float | None) -> dict[str, Any]:
+    """GFLOP/s of the vision tower and of LM attention over a counter delta, and their
+    fraction of the matmul peak."""
+    out: dict[str, Any] = {}
+    for part in ("vision", "lm_attention"):
+        seconds = delta.get(f"{part}_seconds", 0.0) if delta else 0.0
+        flops = delta.get(f"{part}_flops", 0.0) if delta else 0.0
+        rate = flops / seconds / 1e9 if seconds > 0 else None
+        out[f"{part}_ms"] = seconds * 1e3 if delta else None
+        out[f"{part}_gflops"] = flops / 1e9 if delta else None
+        out[f"{part}_gflop_per_s"] = rate
+        out[f"{part}_of_peak"] = rate / peak_gflops if rate and peak_gflops else None
+    return out
+
+
+def matmul_peak_gflops(size: int = 1024, seconds: float = 1.5) -> dict[str, Any]:
+    """The machine's float32 matrix-multiply rate with torch's default threads: the best of
+    repeated size^3 products over about ``seconds`` (best, because other load only slows it)."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return {
+        "gflop_per_s": 2 * size**3 / best / 1e9,
+        "size": size,
+        "threads": torch.get_num_threads(),
+        "dtype": "float32",
+    }
+
+
+def process_tree_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds used so far by process ``pid`` and its live descendants: work
+    per request that other load on the machine does not inflate (unlike wall time)."""
+    if pid is None:
+        return None
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def flush_cache(client: httpx.Client, base_url: str) -> bool:
     """Flush the prefix (and embedding) caches: SGLang's /flush_cache, else vLLM's dev routes."""
     for path in ("/flush_cache", "/reset_prefix_cache", "/reset_mm_cache"):

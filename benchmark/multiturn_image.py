@@ -24,6 +24,7 @@ from tqdm import tqdm
 from benchmark.common import (
     CACHE_MODES,
     THINK_MODES,
+    achieved,
     chat,
     counter_delta,
     encoder_counters,
@@ -31,7 +32,10 @@ from benchmark.common import (
     image_part,
     make_jpeg,
     markdown_table,
+    matmul_peak_gflops,
     parse_resolution,
+    perf_counters,
+    process_tree_cpu_seconds,
     pyplot,
     ratio,
     server_info,
@@ -62,6 +66,8 @@ def run_conversation(
     progress: tqdm | None = None,
     image_offset: int = 0,
     extra: dict[str, Any] | None = None,
+    peak_gflops: float | None = None,
+    server_pid: int | None = None,
 ) -> list[dict[str, Any]]:
     """Warm up with an unrelated image, flush the caches, then play the rounds (image ids
     ``image_offset + round``: repetitions use new images, so no engine can answer from a cache
@@ -79,9 +85,13 @@ def run_conversation(
         text = FIRST_TEXT if r == 0 else NEXT_TEXT
         part = image_part(make_jpeg(image_offset + r, w, h))
         messages.append({"role": "user", "content": [part, {"type": "text", "text": text}]})
-        before = encoder_counters(server_info(client, base_url))
+        info = server_info(client, base_url)
+        cpu_before = process_tree_cpu_seconds(server_pid)
         res = chat(client, base_url, model, messages, max_tokens, extra=extra)
-        delta = counter_delta(before, encoder_counters(server_info(client, base_url)))
+        cpu_after = process_tree_cpu_seconds(server_pid)
+        after = server_info(client, base_url)
+        delta = counter_delta(encoder_counters(info), encoder_counters(after))
+        perf = counter_delta(perf_counters(info), perf_counters(after))
         if not res.ok:
             raise RuntimeError(f"round {r} at {w}x{h} failed: {res.error}")
         cached = res.cached_tokens
@@ -99,6 +109,10 @@ def run_conversation(
                 "encoded_tokens": int(delta["encoded_tokens"]) if delta else None,
                 "encoder_calls": int(delta["encoder_calls"]) if delta else None,
                 "reply": res.text,
+                "server_cpu_s": cpu_after - cpu_before
+                if cpu_before is not None and cpu_after is not None
+                else None,
+                **achieved(perf, peak_gflops),
             }
         )
         if progress is not None:
@@ -175,6 +189,8 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         for label in labels:
             headers += [f"{label} TTFT ms"]
         headers += [f"{lb} items/enc ms" for lb in labels if lb.startswith("ours")]
+        cpu_labels = [lb for lb in labels if any(e.get("server_cpu_s") for e in by.get(lb, []))]
+        headers += [f"{lb} server CPU s" for lb in cpu_labels]
         rows = []
         for r in range(n):
             row: list[Any] = [r]
@@ -183,11 +199,37 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
                 if lb.startswith("ours") and r < len(by.get(lb, [])):
                     e = by[lb][r]
                     row.append(f"{e['encoded_items']} / {e['encoder_ms']:.0f}")
+            for lb in cpu_labels:
+                rounds = by[lb]
+                row.append(rounds[r]["server_cpu_s"] if r < len(rounds) else None)
             rows.append(row)
         pi = by.get("ours:per-image") or next(iter(by.values()))
         cache = [f"{e['cached_tokens']}/{e['prompt_tokens']}" for e in pi]
         parts.append(f"### {res}\n\n" + markdown_table(headers, rows))
         parts.append("cached/prompt tokens (first listed run): " + ", ".join(cache))
+        perf_rows = [
+            [lb, r, e["vision_ms"], e["vision_gflop_per_s"], e["vision_of_peak"],
+             e["lm_attention_ms"], e["lm_attention_gflop_per_s"], e["lm_attention_of_peak"]]
+            for lb in labels if lb.startswith("ours")
+            for r, e in enumerate(by.get(lb, [])) if e.get("vision_ms") is not None
+        ]  # fmt: skip
+        if perf_rows:
+            parts.append(
+                "achieved rate (matmul peak from the probe at start):\n\n"
+                + markdown_table(
+                    [
+                        "run",
+                        "round",
+                        "ViT ms",
+                        "ViT GFLOP/s",
+                        "ViT / peak",
+                        "LM attn ms",
+                        "LM attn GFLOP/s",
+                        "LM attn / peak",
+                    ],
+                    perf_rows,
+                )  # fmt: skip
+            )
         ratios = {k: v for k, v in s.items() if isinstance(v, float)}
         parts.append("ratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in ratios.items()))
     return "\n\n".join(parts) + "\n"
@@ -248,7 +290,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--base-url", help="use a running server instead of launching")
     p.add_argument("--label", default="external", help="label of the --base-url server")
     p.add_argument("--out", default="benchmark/results/multiturn_image")
+    p.add_argument("--no-probe", action="store_true", help="skip the matmul peak probe")
     args = p.parse_args(argv)
+    peak = None if args.no_probe else matmul_peak_gflops()
     preset = PRESETS["quick" if args.quick else args.preset]
     resolutions = (args.resolutions or preset["resolutions"]).split(",")
     rounds = args.rounds or preset["rounds"]
@@ -276,6 +320,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         run_conversation(
                             client, server.base_url, server.model, parse_resolution(res), rounds,
                             args.max_tokens, bar, image_offset=1000 * k, extra=extra,
+                            peak_gflops=peak["gflop_per_s"] if peak else None,
+                            server_pid=server.proc.pid if server.proc else None,
                         )
                         for k in range(args.repeats)
                     ])  # fmt: skip
@@ -308,6 +354,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "think_mode": args.think_mode,
             "model_path": model_path,
             "engines": [label for label, _ in plan],
+            "matmul_peak": peak,
         },
         "runs": runs,
         "failures": failures,
@@ -317,6 +364,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_json(out.with_suffix(".json"), result)
     out.with_suffix(".partial.json").unlink(missing_ok=True)
     md = markdown(runs, summary)
+    if peak:
+        md = (
+            f"matmul peak (probe): {peak['gflop_per_s']:.1f} GFLOP/s "
+            f"({peak['dtype']}, {peak['size']}^3, {peak['threads']} threads)\n\n" + md
+        )
     out.with_suffix(".md").write_text(md)
     plot(runs, resolutions, out.with_suffix(".png"))
     print(md)

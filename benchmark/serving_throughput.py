@@ -31,6 +31,7 @@ from benchmark.common import (
     markdown_table,
     parse_resolution,
     percentiles,
+    process_tree_cpu_seconds,
     pyplot,
     write_json,
 )
@@ -110,11 +111,12 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     rows = [
         [r["label"], r["completed"], r["request_throughput"], r["output_token_throughput"],
          r["ttft_ms"]["mean"], r["ttft_ms"]["median"], r["ttft_ms"]["p99"],
-         r["itl_ms"]["mean"], r["tpot_ms"]["mean"], r["e2e_ms"]["mean"]]
+         r["itl_ms"]["mean"], r["tpot_ms"]["mean"], r["e2e_ms"]["mean"],
+         r.get("server_cpu_s_per_request")]
         for r in runs
     ]  # fmt: skip
     head = ["engine", "ok", "req/s", "out tok/s", "TTFT mean", "TTFT median", "TTFT p99",
-            "ITL mean", "TPOT mean", "E2E mean"]  # fmt: skip
+            "ITL mean", "TPOT mean", "E2E mean", "server CPU s / req"]  # fmt: skip
     text = markdown_table(head, rows) + "\n\n(times in ms)\n"
     base = next((r for r in runs if r["label"] == "ours:per-image"), None)
     for r in runs:
@@ -189,9 +191,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     asyncio.run(_run(server, warm, args, bar))  # warm-up, other images
                     with httpx.Client(timeout=60) as client:
                         flush_cache(client, server.base_url)
+                    pid = server.proc.pid if server.proc else None
+                    cpu_before = process_tree_cpu_seconds(pid)
                     results, duration = asyncio.run(_run(server, requests, args, bar))
+                    cpu_after = process_tree_cpu_seconds(pid)
+                cpu = None
+                if cpu_before is not None and cpu_after is not None:
+                    cpu = (cpu_after - cpu_before) / len(requests)
                 runs.append({"engine": server.engine, "label": server.label,
-                             "mode": mode or None, **metrics(results, duration)})  # fmt: skip
+                             "mode": mode or None, **metrics(results, duration),
+                             "server_cpu_s_per_request": cpu})  # fmt: skip
         except (RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:
             if engine == "ours" or args.base_url:
                 raise

@@ -7,6 +7,12 @@ unless --radix, so the second pass re-runs every chunk and shows what the embedd
 
     python -m benchmark.vit_per_chunk --quick
     python -m benchmark.vit_per_chunk --images 8 --resolution 640x480 --chunk 512
+    python -m benchmark.vit_per_chunk --quick --family internvl   # tiles + thumbnail
+    python -m benchmark.vit_per_chunk --quick --family mistral3   # rows broken by [IMG_BREAK]
+
+``--family`` picks the embedded tiny model of that family (Qwen families: the "small" size) and
+its image placeholder; InternVL and Mistral3 images are several placeholder runs each, still one
+embedding-cache entry per image.
 """
 
 from __future__ import annotations
@@ -26,12 +32,20 @@ from benchmark.common import (
     pyplot,
     write_json,
 )
+from sglang.testing.tiny_models import (
+    DEFAULT_FAMILY,
+    IMAGE_PLACEHOLDER,
+    SMALL_FAMILIES,
+    VLM_FAMILIES,
+    tiny_model_path,
+)
 
-PH = "<|vision_start|><|image_pad|><|vision_end|>"
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"images": 6, "resolution": "448x448", "chunk": 256, "size": "small"},
     "full": {"images": 12, "resolution": "1280x720", "chunk": 1024, "size": "small"},
 }
+# Families with tiny towers only: a chunk size that cuts through their (short) image spans.
+FAMILY_CHUNKS = {"internvl": 16, "mistral3": 16}
 
 
 class ChunkRecorder:
@@ -78,7 +92,13 @@ class ChunkRecorder:
 
 
 def run_mode(
-    model_path: str, mode: str, images: list[bytes], chunk: int, progress: tqdm, radix: bool
+    model_path: str,
+    mode: str,
+    images: list[bytes],
+    chunk: int,
+    progress: tqdm,
+    radix: bool,
+    placeholder: str,
 ) -> dict[str, Any]:
     import sglang
 
@@ -89,7 +109,9 @@ def run_mode(
         disable_radix_cache=not radix,
     )
     recorder = ChunkRecorder(engine)
-    prompt = "Compare these pictures: " + " then ".join(f"picture {PH}" for _ in images) + "."
+    prompt = (
+        "Compare these pictures: " + " then ".join(f"picture {placeholder}" for _ in images) + "."
+    )
     passes = []
     for label in ("cold", "warm"):
         start = time.perf_counter()
@@ -172,33 +194,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--resolution")
     p.add_argument("--chunk", type=int, help="chunked prefill size")
     p.add_argument("--model-path")
+    p.add_argument("--family", default=DEFAULT_FAMILY, choices=VLM_FAMILIES)
     p.add_argument("--model-size", choices=("tiny", "small"))
     p.add_argument("--modes", default=",".join(CACHE_MODES))
     p.add_argument("--radix", action="store_true", help="keep the radix (prefix) cache on")
-    p.add_argument("--out", default="benchmark/results/vit_per_chunk")
+    p.add_argument("--out", help="default: benchmark/results/vit_per_chunk[_FAMILY]")
     args = p.parse_args(argv)
     preset = PRESETS["quick" if args.quick else args.preset]
     n = args.images or preset["images"]
     w, h = parse_resolution(args.resolution or preset["resolution"])
-    chunk = args.chunk or preset["chunk"]
+    chunk = args.chunk or FAMILY_CHUNKS.get(args.family) or preset["chunk"]
     if args.model_path is None:
-        from benchmark.multiturn_image import default_model
-
-        args.model_path = default_model(args.model_size or preset["size"])
+        size = args.model_size or preset["size"]
+        size = size if args.family in SMALL_FAMILIES else "tiny"
+        args.model_path = str(tiny_model_path(args.family, size=size))
+    placeholder = IMAGE_PLACEHOLDER[args.family]
     images = [make_jpeg(i, w, h) for i in range(n)]
     modes = args.modes.split(",")
     results = []
     with tqdm(total=2 * len(modes), desc="vit_per_chunk") as bar:
         for mode in modes:
             bar.set_description(f"vit_per_chunk {mode}")
-            results.append(run_mode(args.model_path, mode, images, chunk, bar, args.radix))
+            results.append(
+                run_mode(args.model_path, mode, images, chunk, bar, args.radix, placeholder)
+            )
     result = {
         "benchmark": "vit_per_chunk",
-        "config": {"images": n, "resolution": f"{w}x{h}", "chunk": chunk,
+        "config": {"images": n, "resolution": f"{w}x{h}", "chunk": chunk, "family": args.family,
                    "radix_cache": args.radix, "model_path": args.model_path},
         "results": results,
     }  # fmt: skip
-    out = Path(args.out)
+    suffix = "" if args.family == DEFAULT_FAMILY else f"_{args.family}"
+    out = Path(args.out or f"benchmark/results/vit_per_chunk{suffix}")
     write_json(out.with_suffix(".json"), result)
     md = markdown(results)
     out.with_suffix(".md").write_text(md)

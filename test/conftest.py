@@ -13,16 +13,26 @@ import transformers
 from PIL import Image
 
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.testing.tiny_models import IMAGE_PLACEHOLDER, build_tiny_model
+from sglang.testing.tiny_models import (
+    BASE_VLM_FAMILIES,
+    EXTRA_VLM_FAMILIES,
+    HYBRID_VLM_FAMILIES,
+    IMAGE_PLACEHOLDER,
+    build_tiny_model,
+)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
-VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
+VLM_FAMILIES = BASE_VLM_FAMILIES  # test_parity.py; the others are in test_families.py
+HYBRID_FAMILIES = HYBRID_VLM_FAMILIES  # linear-attention + full-attention VLMs (Qwen3.5)
+ALL_VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES + HYBRID_FAMILIES
 TEXT_FAMILIES = ("qwen2", "llama")
-HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")  # linear-attention + full-attention VLMs
+# Granite LMs divide logits by ``logits_scaling`` and Cohere LMs multiply them by ``logit_scale``;
+# HF's LLaVA-NeXT and Aya Vision wrappers skip it.
+HF_SKIPS_LOGITS_SCALING = ("granite_vision", "aya_vision")
 
 _MODEL_ROOT: Path | None = None
 
@@ -53,7 +63,7 @@ def _hf(family: str):
     path = model_dir(family)
     cls = (
         transformers.AutoModelForImageTextToText
-        if family in VLM_FAMILIES + HYBRID_FAMILIES
+        if family in ALL_VLM_FAMILIES
         else transformers.AutoModelForCausalLM
     )
     model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
@@ -63,7 +73,9 @@ def _hf(family: str):
 def hf_greedy(
     family: str, prompt: str, images: list[Image.Image], max_new_tokens: int
 ) -> tuple[list[int], list[float]]:
-    """HF ``generate`` greedy ids and the log-probabilities of the chosen tokens."""
+    """HF ``generate`` greedy ids and the log-probabilities of the chosen tokens. Where HF's
+    wrapper skips the LM head's own scaling, log-probs are taken after it (the engine applies
+    it as the LM's causal-LM head does); greedy ids do not depend on it."""
     model, processor = _hf(family)
     if images:
         inputs = processor(text=[prompt], images=images, return_tensors="pt")
@@ -79,7 +91,12 @@ def hf_greedy(
             return_dict_in_generate=True,
         )
     ids = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    scaling = 1.0
+    if family in HF_SKIPS_LOGITS_SCALING:
+        text_config = model.config.get_text_config()
+        scaling = getattr(text_config, "logits_scaling", None) or 1 / text_config.logit_scale
     logprobs = [
-        float(torch.log_softmax(step[0].float(), -1)[tok]) for step, tok in zip(out.logits, ids)
+        float(torch.log_softmax(step[0].float() / scaling, -1)[tok])
+        for step, tok in zip(out.logits, ids)
     ]
     return ids, logprobs

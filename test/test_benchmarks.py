@@ -218,3 +218,17 @@ def test_ocrbench_same_accuracy_in_every_mode(tiny_model: str, tmp_path: Path) -
     assert len({r["correct"] for r in reports}) == 1
     predictions = [[p["prediction"] for p in r["predictions"]] for r in reports]
     assert predictions[0] == predictions[1] == predictions[2]  # greedy: identical outputs
+
+
+def test_constraint_cost_smoke(tiny_model: str, tmp_path: Path) -> None:
+    from benchmark.constraint_cost import main
+
+    out = tmp_path / "cc"
+    main(["--model-path", tiny_model, "--batches", "1,2", "--steps", "4", "--repeats", "1",
+          "--out", str(out)])  # fmt: skip
+    data = _load(out)
+    assert [r["batch"] for r in data["results"]] == [1, 2]
+    for r in data["results"]:
+        assert r["decode_steps"] >= 2 and r["constrained_step_ms"] > 0
+        assert r["constraint_ms_median"] > 0 and r["free_constraint_ms_median"] < 1
+    assert out.with_suffix(".md").exists()

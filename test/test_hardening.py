@@ -104,20 +104,30 @@ PROBES = [
     ("temperature infinity", "/generate", {"text": "a", "sampling_params": {}}, "temperature"),
     ("max_tokens 0 in chat", "/v1/chat/completions", _chat("hi", max_tokens=0), "max_tokens"),
     ("negative max_tokens", "/v1/completions", {"prompt": "a", "max_tokens": -2}, "max_tokens"),
-    ("logit_bias", "/v1/chat/completions", _chat("hi", logit_bias={"5": 10}), "'logit_bias'"),
+    ("logit_bias out of range", "/v1/chat/completions", _chat("hi", logit_bias={"5": 1e3}), "bias"),
     (
-        "response_format",
+        "uncompilable response_format",
         "/v1/chat/completions",
-        _chat("hi", response_format={"type": "json_object"}),
-        "'response_format'",
+        _chat(
+            "hi", response_format={"type": "json_schema", "json_schema": {"schema": {"type": 7}}}
+        ),
+        "invalid json_schema",
     ),
     (
-        "tools",
+        "tool_choice required without a parser",
         "/v1/chat/completions",
-        _chat("hi", tools=[{"type": "function", "function": {"name": "f"}}]),
-        "'tools'",
+        _chat(
+            "hi", tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"
+        ),
+        "--tool-call-parser",
     ),
-    ("completion echo", "/v1/completions", {"prompt": "a", "echo": True}, "'echo'"),
+    (
+        "legacy functions",
+        "/v1/chat/completions",
+        _chat("hi", functions=[{"name": "f"}]),
+        "'functions'",
+    ),
+    ("completion suffix", "/v1/completions", {"prompt": "a", "suffix": "b"}, "'suffix'"),
     ("generate lora", "/generate", {"text": "a", "lora_path": "x"}, "'lora_path'"),
     ("seed out of range", "/generate", {"text": "a", "sampling_params": {"seed": 2**80}}, "seed"),
 ]

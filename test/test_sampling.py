@@ -31,7 +31,10 @@ from sglang.srt.sampling.sampling_params import SamplingParams
         {"min_new_tokens": -1},
         {"seed": 2**80},
         {"seed": 1.5},
-        {"no_stop_trim": True},
+        {"no_stop_trim": "yes"},
+        {"n": 0},
+        {"logit_bias": {"x": 1}},
+        {"regex": "a", "json_schema": "{}"},
         {"ignore_eos": "yes"},
     ],
 )
@@ -96,3 +99,18 @@ def test_penalties_follow_openai_and_hf_rules() -> None:
     sp = SamplingParams.from_dict({"min_new_tokens": 2, "temperature": 0})
     out = apply_penalties(logits.clone(), [sp], [[]], [[]], [[0]])
     assert out[0, 0] == float("-inf") and sample(out, [sp], [None]) == [1]
+
+
+def test_choices_of_n_get_distinct_seeds_inside_64_bits() -> None:
+    from sglang.srt.managers.io_struct import TokenizedRequest
+    from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
+
+    sp = SamplingParams.from_dict({"n": 3, "seed": 2**64 - 2, "temperature": 1.0})
+    copies = sample_copies(TokenizedRequest("r", [1, 2], sp))
+    seeds = [c.sampling_params.seed for c in copies]
+    assert seeds == [2**64 - 2, 2**64 - 1, 0] and [c.rid for c in copies] == ["r-0", "r-1", "r-2"]
+    for seed in seeds:
+        torch.Generator().manual_seed(seed)
+    assert all(c.sampling_params.n == 1 for c in copies)
+    warm = prefill_request(TokenizedRequest("r", [1, 2], sp))
+    assert warm.sampling_params.max_new_tokens == 1 and warm.sampling_params.is_greedy

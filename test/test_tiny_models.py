@@ -17,12 +17,12 @@ from sglang.testing import tiny_models
 from sglang.testing.tiny_models import (
     FAMILIES,
     IMAGE_PLACEHOLDER,
+    IMAGE_TOKEN,
     build_tiny_model,
     default_model_path,
     tiny_model_path,
 )
 
-VLMS = tuple(IMAGE_PLACEHOLDER)
 TEXT_ONLY = tuple(f for f in FAMILIES if f not in IMAGE_PLACEHOLDER)
 # Placeholder tokens per image for a 64x64 and a 96x128 (h x w) image; pins the tiny recipes.
 EXPECTED_IMAGE_TOKENS = {
@@ -34,17 +34,7 @@ EXPECTED_IMAGE_TOKENS = {
     "qwen3_5": [16, 20],
     "qwen3_5_moe": [16, 20],
 }
-
-# The token the processor expands each placeholder into (the model's image_token_id).
-IMAGE_TOKEN = {
-    "qwen2_vl": "<|image_pad|>",
-    "qwen2_5_vl": "<|image_pad|>",
-    "qwen3_vl": "<|image_pad|>",
-    "llava": "<image>",
-    "gemma3": "<image_soft_token>",
-    "qwen3_5": "<|image_pad|>",
-    "qwen3_5_moe": "<|image_pad|>",
-}
+VLMS = tuple(EXPECTED_IMAGE_TOKENS)  # the other families: test_families.py
 
 
 def _image(seed: int, height: int, width: int) -> Image.Image:

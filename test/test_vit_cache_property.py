@@ -42,7 +42,8 @@ def _reference(req: Req) -> tuple[torch.Tensor, list[torch.Tensor]]:
     extras: list[torch.Tensor] = []
     engine.runner.embedder.preprocess(req.mm_items)
     with torch.no_grad():
-        entries = engine.runner.adapter.encode(_move_items_to_device(req.mm_items, "cpu"))
+        features = _move_items_to_device(req.mm_items, "cpu")
+        entries = engine.runner.adapter.encode(features, [it.num_tokens for it in req.mm_items])
     for item, entry in zip(req.mm_items, entries):
         positions, rows = item.token_offsets(0, len(req.input_ids))
         embeds[positions] = entry.embedding[rows]

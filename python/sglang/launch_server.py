@@ -38,12 +38,20 @@ def launch_server(args: ServerArgs) -> None:
         "server args: %s", {k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"}
     )
 
+    from sglang.srt.managers.compute_env import apply_compute_env_defaults
     from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.models.adapters import UnsupportedModelError, check_model
+
+    try:
+        check_model(model_path, args.trust_remote_code)
+    except UnsupportedModelError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
     ipc_dir = tempfile.mkdtemp(prefix="sglang-")
     tag = uuid.uuid4().hex[:8]
     to_scheduler = f"ipc://{ipc_dir}/to-scheduler-{tag}"
     from_scheduler = f"ipc://{ipc_dir}/from-scheduler-{tag}"
+    apply_compute_env_defaults()
     ctx = mp.get_context("spawn")
     reader, writer = ctx.Pipe(duplex=False)
     proc = ctx.Process(

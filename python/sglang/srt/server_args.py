@@ -77,6 +77,10 @@ class ServerArgs:
         },
     )
     mm_attention_backend: str = "sdpa"
+    enable_torch_compile: bool = field(
+        default=False,
+        metadata={"help": "Compile the Qwen-VL vision blocks (minutes of start-up per shape)."},
+    )
 
     # Chat
     reasoning_parser: str | None = field(
@@ -93,6 +97,14 @@ class ServerArgs:
     mm_encoder_token_budget: int | None = None
     limit_mm_data_per_request: str | None = field(
         default=None, metadata={"help": 'JSON, e.g. {"image": 8}.'}
+    )
+
+    # Structured outputs and tools
+    tool_call_parser: str | None = field(
+        default=None, metadata={"help": "Parse tool calls from outputs: qwen25."}
+    )
+    constrained_json_disable_any_whitespace: bool = field(
+        default=False, metadata={"help": "JSON-constrained outputs use compact separators only."}
     )
 
     # HTTP server
@@ -142,6 +154,10 @@ class ServerArgs:
             raise ValueError("mamba_ssm_dtype must be float32, bfloat16 or float16")
         if self.reasoning_parser not in (None, "qwen3"):
             raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r} (qwen3)")
+        if self.tool_call_parser is not None:
+            from sglang.srt.function_call import get_tool_call_parser
+
+            get_tool_call_parser(self.tool_call_parser)
         if self.watchdog_timeout <= 0:
             raise ValueError("watchdog_timeout must be positive")
         if self.max_request_body_mb <= 0:

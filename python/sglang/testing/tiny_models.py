@@ -23,18 +23,42 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FAMILIES = (
-    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen2", "llama", "qwen3_5",
-    "qwen3_5_moe",
-)  # fmt: skip
-VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "qwen3_5", "qwen3_5_moe")
+from sglang.testing.tiny_common import (
+    _BPE_VOCAB_SIZE,
+    _CLIP_MEAN,
+    _CLIP_STD,
+    _CORPUS,
+    _QWEN3_ROPE,
+    _QWEN3_VISION,
+    _QWEN_ROLES,
+    _QWEN_SPECIALS,
+    _QWEN_SYSTEM,
+    _QWEN_VISION,
+    _TEXT,
+    _VECTOR_NOISE,
+    _qwen_generation,
+    _qwen_ids,
+    _qwen_preprocessor,
+    _qwen_template,
+    _qwen_text,
+    _Recipe,
+    _TokSpec,
+)
+from sglang.testing.tiny_families import FAMILIES as _OTHER_FAMILIES
+from sglang.testing.tiny_hybrid import FAMILIES as _HYBRID_FAMILIES
+
+BASE_VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
+EXTRA_FAMILIES = {**_OTHER_FAMILIES, **_HYBRID_FAMILIES}
+EXTRA_VLM_FAMILIES = tuple(_OTHER_FAMILIES)
+HYBRID_VLM_FAMILIES = tuple(_HYBRID_FAMILIES)  # linear-attention layers: test_qwen3_5.py
+VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES + HYBRID_VLM_FAMILIES
+FAMILIES = (*VLM_FAMILIES, "qwen2", "llama")
 DEFAULT_FAMILY = "qwen2_5_vl"
 # Bump whenever the recipe changes so that stale cached folders are not reused.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_PLACEHOLDER: dict[str, str] = {
@@ -43,121 +67,21 @@ IMAGE_PLACEHOLDER: dict[str, str] = {
     "qwen3_vl": _QWEN_IMAGE,
     "llava": "<image>",
     "gemma3": "<start_of_image>",
-    "qwen3_5": _QWEN_IMAGE,
-    "qwen3_5_moe": _QWEN_IMAGE,
+    **{name: family.placeholder for name, family in EXTRA_FAMILIES.items()},
 }
-
-_BPE_VOCAB_SIZE = 1280  # trained BPE vocab (incl. 256 bytes + head specials); specials follow
-_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
-_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
-
-_CORPUS = """\
-The quick brown fox jumps over the lazy dog. A small model can still say hello to the world.
-Once upon a time there was a little red house at the edge of a green forest. Every morning the
-sun rose over the hills, and the birds began to sing in the tall trees. The children who lived in
-the house liked to run to the river, where they watched the fish swim between the smooth stones.
-What do you see in this picture? I see a cat sitting on a chair next to a window. The cat is
-black and white, and it looks at a bird outside. There is a blue cup on the table and a book with
-a yellow cover. The room is bright because it is a sunny day.
-Describe the image in one sentence. The image shows a busy street in a large city at night, with
-cars, buses, people walking on the sidewalk, and many shops with colorful lights.
-Please answer the question. What is the capital of France? The capital of France is Paris. What is
-two plus two? Two plus two is four. How many days are in a week? There are seven days in a week:
-Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday. The months of the year are
-January, February, March, April, May, June, July, August, September, October, November and December.
-Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 20 42 100 256 1000 2024 3.14 1/2 50% #1 $5.
-The system is a helpful assistant. The user asks a question and the assistant gives a short, clear
-and honest answer. If the assistant does not know the answer, it says so and explains why.
-Machine learning models learn patterns from data. A language model predicts the next token in a
-sequence of text, and a vision language model also looks at images before it writes an answer.
-Images are split into small patches, each patch becomes a vector, and the vectors are merged into
-image tokens that the language model reads together with the text tokens of the prompt.
-Red, orange, yellow, green, blue, indigo and violet are the colors of the rainbow. Black, white
-and gray are not in the rainbow. A square has four sides, a triangle has three sides and a circle
-has none.
-She said: "Let's go to the market tomorrow!" He replied, "Sure, I'll bring the bags; we need apples,
-bread, cheese, eggs, milk, rice and tea." They walked for ten minutes and arrived at nine o'clock.
-Write a short poem about the sea. The sea is wide, the sea is deep; it sings the sailors all to
-sleep. The waves come in, the waves go out, and that is what the sea is about.
-def add(a, b):
-    return a + b
-for i in range(10): print(i * 2)
-{"name": "tiny", "type": "model", "size": [64, 128], "ok": true}
-ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz 0123456789 .,;:!?'"()[]{}<>-_=+*/\\|@#$%^&~`
-"""
+# The token whose embedding rows are an image's (the model's image_token_id).
+IMAGE_TOKEN: dict[str, str] = {
+    "qwen2_vl": "<|image_pad|>",
+    "qwen2_5_vl": "<|image_pad|>",
+    "qwen3_vl": "<|image_pad|>",
+    "llava": "<image>",
+    "gemma3": "<image_soft_token>",
+    **{name: family.image_token for name, family in EXTRA_FAMILIES.items()},
+}
 
 # ---------------------------------------------------------------------------------------------
 # Chat templates (family style; content may be a string or a list of OpenAI-style parts)
 # ---------------------------------------------------------------------------------------------
-
-_QWEN_TEMPLATE = (
-    "{%- set image_count = namespace(value=0) -%}"
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' and DEFAULT_SYSTEM -%}"
-    "{{- '<|im_start|>system\\nDEFAULT_SYSTEM<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] in ('image', 'image_url') or 'image' in part or 'image_url' in part -%}"
-    "{%- set image_count.value = image_count.value + 1 -%}"
-    "{%- if add_vision_id -%}{{- 'Picture ' + image_count.value|string + ': ' -}}{%- endif -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif 'text' in part -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-
-
-def _qwen_template(default_system: str | None) -> str:
-    if default_system is None:  # Qwen3-VL style: no implicit system turn
-        return _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", " and false")
-    template = _QWEN_TEMPLATE.replace(" and DEFAULT_SYSTEM", "")
-    return template.replace("DEFAULT_SYSTEM", default_system)
-
-
-# Qwen3.5 style: thinking on by default (the generation prompt opens a <think> block);
-# ``enable_thinking=False`` renders an empty block. Earlier assistant turns keep only their answer.
-_QWEN3_5_TEMPLATE = (
-    "{%- set ns = namespace(last_query=-1, images=0) -%}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] == 'user' -%}{%- set ns.last_query = loop.index0 -%}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- for message in messages -%}"
-    "{%- set body = namespace(text='') -%}"
-    "{%- if message['content'] is string -%}{%- set body.text = message['content'] -%}"
-    "{%- elif message['content'] -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] in ('image', 'image_url') or 'image' in part or 'image_url' in part -%}"
-    "{%- set ns.images = ns.images + 1 -%}"
-    "{%- if add_vision_id -%}"
-    "{%- set body.text = body.text + 'Picture ' + ns.images|string + ': ' -%}{%- endif -%}"
-    "{%- set body.text = body.text + '<|vision_start|><|image_pad|><|vision_end|>' -%}"
-    "{%- elif 'text' in part -%}{%- set body.text = body.text + part['text'] -%}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{%- if message['role'] == 'assistant' -%}"
-    "{%- set reasoning = message['reasoning_content'] if message['reasoning_content'] is string "
-    "else '' -%}"
-    "{%- set answer = body.text -%}"
-    "{%- if '</think>' in answer -%}"
-    "{%- set reasoning = answer.split('</think>')[0].split('<think>')[-1].strip('\\n') -%}"
-    "{%- set answer = answer.split('</think>')[-1].lstrip('\\n') -%}"
-    "{%- endif -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if loop.index0 > ns.last_query and reasoning -%}"
-    "{{- '<think>\\n' + reasoning + '\\n</think>\\n\\n' -}}{%- endif -%}"
-    "{{- answer + '<|im_end|>\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + body.text + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking is false -%}"
-    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
-    "{%- else -%}{{- '<think>\\n' -}}{%- endif -%}"
-    "{%- endif -%}"
-)
 
 _GEMMA_TEMPLATE = (
     "{{- bos_token -}}"
@@ -215,25 +139,6 @@ _LLAMA_TEMPLATE = (
 # Tokenizer
 # ---------------------------------------------------------------------------------------------
 
-_QWEN_SPECIALS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _TokSpec:
-    head: tuple[str, ...]  # special tokens at ids 0..len(head)-1
-    tail: tuple[str, ...]  # special tokens appended after the BPE vocab
-    roles: dict[str, str]  # tokenizer_config special-token attributes (bos_token, eos_token, ...)
-    chat_template: str
-    add_bos: bool = False  # the tokenizer prepends bos_token (post-processor in tokenizer.json)
-    plain: tuple[str, ...] = ()  # added tokens that decoding keeps (not special), e.g. <think>
-
-
-_QWEN_ROLES = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
-_QWEN_SYSTEM = "You are a helpful assistant."
 _GEMMA_TAIL = (
     "<start_of_turn>",
     "<end_of_turn>",
@@ -267,8 +172,6 @@ _LLAMA_TAIL = (
 )
 _LLAMA_ROLES = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
 _GEMMA_HEAD = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
-_QWEN3_5_SPECIALS = (*_QWEN_SPECIALS, "<tool_call>", "</tool_call>")
-_THINK_TOKENS = ("<think>", "</think>")
 _TOK_SPECS: dict[str, _TokSpec] = {
     "qwen2_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(_QWEN_SYSTEM)),
     "qwen2_5_vl": _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(_QWEN_SYSTEM)),
@@ -279,10 +182,7 @@ _TOK_SPECS: dict[str, _TokSpec] = {
         ("<unk>", "<s>", "</s>"), ("<image>", "<pad>"), _LLAVA_ROLES, _LLAVA_TEMPLATE, add_bos=True
     ),
     "llama": _TokSpec((), _LLAMA_TAIL, _LLAMA_ROLES, _LLAMA_TEMPLATE, add_bos=True),
-    "qwen3_5": _TokSpec((), _QWEN3_5_SPECIALS, _QWEN_ROLES, _QWEN3_5_TEMPLATE, plain=_THINK_TOKENS),
-    "qwen3_5_moe": _TokSpec(
-        (), _QWEN3_5_SPECIALS, _QWEN_ROLES, _QWEN3_5_TEMPLATE, plain=_THINK_TOKENS
-    ),
+    **{name: family.tokenizer for name, family in EXTRA_FAMILIES.items()},
 }
 
 
@@ -328,26 +228,8 @@ def _build_tokenizer(family: str) -> Any:
 # Model configs
 # ---------------------------------------------------------------------------------------------
 
-_TEXT = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "initializer_range": 0.1,
-}
-_VECTOR_NOISE = 0.2
 _GEMMA_POST_NORM_BOOST = 3.0
 _GEMMA_POST_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
-_QWEN_VISION = {
-    "depth": 2,
-    "num_heads": 4,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "initializer_range": 0.05,
-}
-_QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
 SIZES = ("tiny", "small")
 SMALL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 # "small": overrides of the tiny recipe (text, vision tower, pixel range).
@@ -389,53 +271,6 @@ _SMALL_VISION = {
 _SMALL_MIN_PIXELS, _SMALL_MAX_PIXELS = 56 * 56, 16384 * 28 * 28
 
 
-@dataclass
-class _Recipe:
-    config: Any
-    auto_class: str  # "AutoModelForImageTextToText" | "AutoModelForCausalLM"
-    generation: dict[str, Any]
-    preprocessor: dict[str, Any] | None = None
-    processor: dict[str, Any] | None = None
-
-
-def _qwen_ids(tok: Any) -> dict[str, int]:
-    t = tok.convert_tokens_to_ids
-    return {
-        "image_token_id": t("<|image_pad|>"),
-        "video_token_id": t("<|video_pad|>"),
-        "vision_start_token_id": t("<|vision_start|>"),
-        "vision_end_token_id": t("<|vision_end|>"),
-    }
-
-
-def _qwen_generation(tok: Any) -> dict[str, Any]:
-    eot = tok.convert_tokens_to_ids("<|endoftext|>")
-    eos = [tok.convert_tokens_to_ids("<|im_end|>"), eot]
-    return {"bos_token_id": eot, "eos_token_id": eos, "pad_token_id": eot}
-
-
-def _qwen_text(tok: Any, vocab: int, **extra: Any) -> dict[str, Any]:
-    eot = tok.convert_tokens_to_ids("<|endoftext|>")
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    return {**_TEXT, "vocab_size": vocab, "bos_token_id": eot, "eos_token_id": eos, **extra}
-
-
-def _qwen_preprocessor(patch: int, processor_class: str, image_type: str, legacy: bool) -> dict:
-    mean, std = (_CLIP_MEAN, _CLIP_STD) if patch == 14 else ([0.5] * 3, [0.5] * 3)
-    pixels = {"min_pixels": _QWEN_MIN_PIXELS, "max_pixels": _QWEN_MAX_PIXELS} if legacy else {}
-    return {
-        **pixels,
-        "size": {"shortest_edge": _QWEN_MIN_PIXELS, "longest_edge": _QWEN_MAX_PIXELS},
-        "patch_size": patch,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "image_mean": mean,
-        "image_std": std,
-        "image_processor_type": image_type,
-        "processor_class": processor_class,
-    }
-
-
 def _recipe_qwen2_vl(tok: Any, vocab: int) -> _Recipe:
     from transformers import Qwen2VLConfig
 
@@ -474,71 +309,10 @@ def _recipe_qwen2_5_vl(tok: Any, vocab: int) -> _Recipe:
 def _recipe_qwen3_vl(tok: Any, vocab: int) -> _Recipe:
     from transformers import Qwen3VLConfig
 
-    rope = {
-        "rope_type": "default",
-        "rope_theta": 5000000.0,
-        "mrope_section": [6, 5, 5],
-        "mrope_interleaved": True,
-    }
+    rope = _QWEN3_ROPE
     config = Qwen3VLConfig(
         text_config=_qwen_text(tok, vocab, head_dim=32, rope_parameters=rope),
-        vision_config=dict(
-            _QWEN_VISION,
-            hidden_size=64,
-            intermediate_size=128,
-            out_hidden_size=128,
-            patch_size=16,
-            num_position_embeddings=256,
-            deepstack_visual_indexes=[0, 1],
-        ),
-        **_qwen_ids(tok),
-    )
-    pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)
-    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
-
-
-# Qwen3.5: 3 Gated DeltaNet linear-attention layers then 1 full-attention layer (partial rotary).
-_QWEN3_5_TEXT = {
-    "num_hidden_layers": 4,
-    "head_dim": 64,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "linear_conv_kernel_dim": 4,
-    "rope_parameters": {
-        "rope_type": "default",
-        "rope_theta": 10000000.0,
-        "partial_rotary_factor": 0.25,
-        "mrope_section": [3, 3, 2],
-        "mrope_interleaved": True,
-    },
-}
-_QWEN3_5_MOE = {
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 64,
-    "shared_expert_intermediate_size": 64,
-}
-
-
-def _recipe_qwen3_5(tok: Any, vocab: int, moe: bool = False) -> _Recipe:
-    import transformers
-
-    cls = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
-    text = _qwen_text(tok, vocab, **_QWEN3_5_TEXT, **(_QWEN3_5_MOE if moe else {}))
-    if moe:
-        del text["intermediate_size"]
-    config = cls(
-        text_config=text,
-        vision_config=dict(
-            _QWEN_VISION,
-            hidden_size=64,
-            intermediate_size=128,
-            out_hidden_size=128,
-            patch_size=16,
-            num_position_embeddings=256,
-        ),
+        vision_config=_QWEN3_VISION,
         **_qwen_ids(tok),
     )
     pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)
@@ -690,8 +464,7 @@ _RECIPES: dict[str, Callable[[Any, int], _Recipe]] = {
     "gemma3": _recipe_gemma3,
     "qwen2": _recipe_qwen2,
     "llama": _recipe_llama,
-    "qwen3_5": _recipe_qwen3_5,
-    "qwen3_5_moe": lambda tok, vocab: _recipe_qwen3_5(tok, vocab, moe=True),
+    **{name: family.recipe for name, family in EXTRA_FAMILIES.items()},
 }
 
 

@@ -9,8 +9,10 @@ from typing import Any
 import torch
 
 import sglang
+from sglang.srt.constrained.manager import MAX_TOP_LOGPROBS
 from sglang.srt.managers.inputs import split_generate_inputs, tokenize
 from sglang.srt.managers.io_struct import TokenizedRequest
+from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.req import Req
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -51,15 +53,35 @@ class Engine:
         image_data: Any = None,
         rid: str | list[str] | None = None,
         return_logprob: bool = False,
+        top_logprobs_num: int = 0,
     ) -> dict | list[dict]:
+        """With ``n`` > 1 in a request's sampling params, its n outputs take its place in the
+        returned list (which is then a list even for one prompt)."""
+        if not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
         tokenized, batched = self.tokenize(
             prompt, sampling_params, input_ids, image_data, rid, return_logprob
         )
+        for t in tokenized:
+            t.top_logprobs_num = top_logprobs_num
+        if any(t.sampling_params.n > 1 for t in tokenized):
+            tokenized, batched = self._fan_out(tokenized), True
+        outputs = [self.output_of(req) for req in self._run(tokenized)]
+        return outputs if batched else outputs[0]
+
+    def _run(self, tokenized: list[TokenizedRequest]) -> list[Req]:
         reqs = [self.scheduler.add_request(t) for t in tokenized]
         while not all(req.finished for req in reqs):
             self.scheduler.step()
-        outputs = [self.output_of(req) for req in reqs]
-        return outputs if batched else outputs[0]
+        return reqs
+
+    def _fan_out(self, tokenized: list[TokenizedRequest]) -> list[TokenizedRequest]:
+        parallel = [t for t in tokenized if t.sampling_params.n > 1]
+        if not self.server_args.disable_radix_cache:
+            self._run([prefill_request(t) for t in parallel])
+        return [
+            c for t in tokenized for c in (sample_copies(t) if t.sampling_params.n > 1 else [t])
+        ]
 
     def tokenize(
         self,
@@ -103,6 +125,10 @@ class Engine:
             out["meta_info"]["output_token_logprobs"] = [
                 (lp, tok, None) for lp, tok in zip(req.output_logprobs, req.output_ids)
             ]
+            if req.top_logprobs_num:
+                out["meta_info"]["output_top_logprobs"] = [
+                    [(lp, tok, None) for lp, tok in top] for top in req.output_top_logprobs
+                ]
         return out
 
     def get_server_info(self) -> dict:
@@ -113,6 +139,8 @@ class Engine:
 
     def shutdown(self) -> None:
         self.scheduler.waiting.clear()
+        self.scheduler.grammar_queue.clear()
+        self.scheduler.constraints.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -126,17 +154,22 @@ class Engine:
             req.output_ids,
             req.sampling_params.skip_special_tokens,
             req.finish_reason,
+            req.sampling_params.no_stop_trim,
         )
 
 
 def decode_output(
-    tokenizer: Any, output_ids: list[int], skip_special_tokens: bool, finish_reason: dict | None
+    tokenizer: Any,
+    output_ids: list[int],
+    skip_special_tokens: bool,
+    finish_reason: dict | None,
+    keep_stop: bool = False,
 ) -> str:
-    """Output text, cut before a matched stop string."""
+    """Output text, cut before a matched stop string (after it with ``keep_stop``)."""
     text = tokenizer.decode(output_ids, skip_special_tokens=skip_special_tokens)
     matched = (finish_reason or {}).get("matched")
     if isinstance(matched, str) and matched in text:
-        text = text[: text.find(matched)]
+        text = text[: text.find(matched) + (len(matched) if keep_stop else 0)]
     return text
 
 
@@ -148,11 +181,12 @@ def load_report(scheduler: Scheduler) -> dict:
     held = (
         scheduler.kv_pool.size - scheduler.kv_pool.available_size() - scheduler.tree.evictable_size
     )
-    queued = sum(len(req.input_ids) for req in scheduler.waiting)
+    waiting = [*scheduler.waiting, *scheduler.grammar_queue]  # compiling a grammar is waiting
+    queued = sum(len(req.input_ids) for req in waiting)
     return {
         "dp_rank": 0,
-        "num_reqs": len(scheduler.running) + len(scheduler.waiting),
-        "num_waiting_reqs": len(scheduler.waiting),
+        "num_reqs": len(scheduler.running) + len(waiting),
+        "num_waiting_reqs": len(waiting),
         "num_tokens": held + queued,
     }
 
@@ -174,7 +208,7 @@ def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
         "chunked_prefill_size": scheduler.chunk_size or -1,
         "forward_steps": scheduler.forward_steps,
         "num_running_reqs": len(scheduler.running),
-        "num_queue_reqs": len(scheduler.waiting),
+        "num_queue_reqs": len(scheduler.waiting) + len(scheduler.grammar_queue),
         "token_usage": 1 - scheduler.kv_pool.available_size() / scheduler.kv_pool.size,
         "kv_evictable_tokens": scheduler.tree.evictable_size,
         "mm_embedding_cache": {
@@ -193,4 +227,5 @@ def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
             "preprocess_skipped": stats.preprocess_skipped,
             "pinned": cache.num_pinned,
         },
+        "perf": runner.perf.as_dict(),
     }

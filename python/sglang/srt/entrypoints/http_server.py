@@ -9,7 +9,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from sglang.srt.entrypoints import openai_extras as oai
 from sglang.srt.entrypoints.middleware import ApiKeyMiddleware, BodyLimitMiddleware, error_body
 from sglang.srt.entrypoints.protocol import (
     UNIMPLEMENTED_CHAT_FIELDS,
@@ -29,6 +30,7 @@ from sglang.srt.entrypoints.protocol import (
     sampling_dict,
 )
 from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
+from sglang.srt.function_call import get_tool_call_parser
 from sglang.srt.managers.inputs import GenerateInput, split_generate_inputs
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
 from sglang.srt.server_args import ServerArgs
@@ -50,6 +52,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
 
     app = FastAPI(title="sglang-vitcache", version="0.1.0", lifespan=lifespan)
     model_name = args.served_model_name or args.model_path or "default"
+    tool_parser = get_tool_call_parser(args.tool_call_parser)
 
     # The last added is the outermost: the API key is checked before any body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_body_mb * 2**20)
@@ -171,7 +174,10 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         tokenized = await asyncio.gather(
             *(manager.tokenize(inp, body.return_logprob) for inp in inputs)
         )
-        streams = [manager.generate(t) for t in tokenized]
+        for t in tokenized:
+            t.top_logprobs_num = body.top_logprobs_num if body.return_logprob else 0
+        streams = (await oai.start_choices(manager, tokenized, args)).streams
+        batched = batched or len(streams) > len(tokenized)  # n > 1 answers with a list
         if body.stream:
             return _sse(_generate_chunks(streams, batched), request)
         finals = await _collect_all(streams, request)
@@ -191,33 +197,38 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         else:
             ids = None
         prompts = [prompt] if isinstance(prompt, str) else prompt
-        inputs, _ = split_generate_inputs(prompts, sampling_dict(body, max_new), ids, None)
+        params = oai.extra_sampling(body, sampling_dict(body, max_new))
+        if body.echo and body.logprobs is not None:
+            raise RequestError("echo with logprobs (prompt logprobs) is not supported")
+        inputs, _ = split_generate_inputs(prompts, params, ids, None)
         tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
-        streams = [manager.generate(t) for t in tokenized]
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        for t in tokenized:
+            oai.request_logprobs(t, body.logprobs)
+        choices = await oai.start_choices(manager, tokenized, args)
+        echoes = [
+            manager.tokenizer.decode(tokenized[p].input_ids) if prompts is None else prompts[p]
+            for p in choices.prompt_of
+        ] if body.echo else [""] * len(choices.streams)  # fmt: skip
+        fmt = None
+        if body.logprobs is not None:
+            fmt = oai.LogprobFormatter(manager.tokenizer, body.skip_special_tokens)
+        head = _head(f"cmpl-{uuid.uuid4().hex}", "text_completion", model_name, args)
         if body.stream:
+            usage = _stream_usage(body, choices, args)
+            merged = _merge(choices.streams)
             return _sse(
-                _openai_chunks(streams, rid, created, model_name, "text_completion", body, args),
+                oai.completion_chunks(merged, head, echoes, fmt, body.logprobs or 0, usage),
                 request,
             )
-        finals = await _collect_all(streams, request)
-        choices = [
-            {
-                "index": i,
-                "text": e.text,
-                "logprobs": None,
-                "finish_reason": _openai_finish(e.finish_reason),
-            }
-            for i, e in enumerate(finals)
-        ]
+        finals = await _collect_all(choices.streams, request)
         return JSONResponse(
             {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": model_name,
-                "choices": choices,
-                "usage": _usage(finals, args),
+                **head,
+                "choices": [
+                    oai.completion_choice(i, e, echoes[i], fmt, body.logprobs or 0)
+                    for i, e in enumerate(finals)
+                ],
+                "usage": oai.usage(finals, choices, args),
             }
         )
 
@@ -229,7 +240,9 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         sampling = sampling_dict(body, max_new)
         if max_new is None:
             sampling["max_new_tokens"] = manager.context_length
-        prompt, images = _render_chat(manager, body, args)
+        tools = oai.active_tools(body)
+        prompt, images = _render_chat(manager, body, args, tools)
+        sampling = oai.extra_sampling(body, sampling, tool_parser)
         bos = manager.tokenizer.bos_token
         inp = GenerateInput(
             uuid.uuid4().hex,
@@ -240,35 +253,27 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             add_special_tokens=not (bos and prompt.startswith(bos)),
         )
         tokenized = await manager.tokenize(inp)
-        stream = manager.generate(tokenized)
-        rid, created = f"chatcmpl-{tokenized.rid}", int(time.time())
-        parser = _reasoning_parser(args, body, prompt)
+        oai.request_logprobs(tokenized, (body.top_logprobs or 0) if body.logprobs else None)
+        choices = await oai.start_choices(manager, [tokenized], args)
+        fmt = oai.ChatFormat(
+            tool_parser if tools else None,
+            oai.LogprobFormatter(manager.tokenizer, body.skip_special_tokens)
+            if body.logprobs
+            else None,
+            _reasoning_parsers(args, body, prompt),
+        )
+        rid = f"chatcmpl-{tokenized.rid}"
         if body.stream:
-            return _sse(
-                _openai_chunks(
-                    [stream], rid, created, model_name, "chat.completion.chunk", body, args, parser
-                ),
-                request,
-            )
-        (final,) = await _collect_all([stream], request)
-        message: dict[str, Any] = {"role": "assistant", "content": final.text}
-        if parser is not None:
-            message["reasoning_content"], message["content"] = parser.parse(final.text)
+            head = _head(rid, "chat.completion.chunk", model_name, args)
+            usage = _stream_usage(body, choices, args)
+            merged = _merge(choices.streams)
+            return _sse(oai.chat_chunks(merged, head, len(choices.streams), fmt, usage), request)
+        finals = await _collect_all(choices.streams, request)
         return JSONResponse(
             {
-                "id": rid,
-                "object": "chat.completion",
-                "created": created,
-                "model": model_name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "logprobs": None,
-                        "finish_reason": _openai_finish(final.finish_reason),
-                    }
-                ],
-                "usage": _usage([final], args),
+                **_head(rid, "chat.completion", model_name, args),
+                "choices": [oai.chat_choice(i, e, fmt) for i, e in enumerate(finals)],
+                "usage": oai.usage(finals, choices, args),
             }
         )
 
@@ -283,7 +288,10 @@ def _params(params: dict[str, Any]):
 
 
 def _render_chat(
-    manager: TokenizerManager, body: ChatCompletionRequest, args: ServerArgs
+    manager: TokenizerManager,
+    body: ChatCompletionRequest,
+    args: ServerArgs,
+    tools: list[dict] | None = None,
 ) -> tuple[str, list[str]]:
     """Chat template over messages whose image parts become the template's image entries;
     returns the prompt and the image references in order."""
@@ -300,7 +308,9 @@ def _render_chat(
                     images.append(part.image_url.url)
                     parts.append({"type": "image"})
             content = parts
-        messages.append({"role": msg.role, "content": content})
+            if msg.role == "tool":  # templates print a tool result as text
+                content = "".join(p["text"] for p in parts if p["type"] == "text")
+        messages.append({"role": msg.role, "content": content, **_tool_fields(msg)})
     tokenizer = manager.tokenizer
     template = _chat_template(args)
     if template is None and not getattr(tokenizer, "chat_template", None):
@@ -309,9 +319,13 @@ def _render_chat(
     reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_ARGS)
     if reserved:
         raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
-    prompt = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, chat_template=template, **kwargs
-    )
+    extra = {**kwargs, "tools": tools} if tools else kwargs
+    try:
+        prompt = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, chat_template=template, **extra
+        )
+    except Exception as exc:  # the template's own checks (roles, tool messages) fail here
+        raise RequestError(f"the chat template cannot render these messages: {exc}") from exc
     return prompt, images
 
 
@@ -321,15 +335,42 @@ _RESERVED_TEMPLATE_ARGS = {
 }  # fmt: skip
 
 
-def _reasoning_parser(
+def _reasoning_parsers(
     args: ServerArgs, body: ChatCompletionRequest, prompt: str
-) -> ReasoningParser | None:
-    """With --reasoning-parser (and the request not opting out), a parser that starts inside
-    the reasoning block when the rendered prompt opened it (thinking templates)."""
-    if args.reasoning_parser is None or not body.separate_reasoning:
+) -> Callable[[], ReasoningParser] | None:
+    """With --reasoning-parser (and the request not opting out), a maker of per-choice parsers
+    that start inside the reasoning block when the rendered prompt opened it (thinking on)."""
+    name = args.reasoning_parser
+    if name is None or not body.separate_reasoning:
         return None
-    opened = prompt_opens_reasoning(prompt, args.reasoning_parser)
-    return ReasoningParser(args.reasoning_parser, in_reasoning=opened)
+    opened = prompt_opens_reasoning(prompt, name)
+    return lambda: ReasoningParser(name, in_reasoning=opened)
+
+
+def _tool_fields(msg: Any) -> dict[str, Any]:
+    """Tool calls of an assistant turn (arguments as objects, as templates expect) and the id of
+    a tool result."""
+    out: dict[str, Any] = {}
+    if msg.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name,
+             "arguments": _arguments(c.function.arguments)}}
+            for c in msg.tool_calls
+        ]  # fmt: skip
+    if msg.tool_call_id is not None:
+        out["tool_call_id"] = msg.tool_call_id
+    if msg.name is not None:
+        out["name"] = msg.name
+    return out
+
+
+def _arguments(arguments: str | dict | None) -> Any:
+    if not isinstance(arguments, str):
+        return arguments or {}
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
 
 
 def _architectures(model_path: str | None) -> list[str]:
@@ -446,67 +487,21 @@ def _generate_output(event: StreamEvent) -> dict:
     return {"text": event.text, "output_ids": event.output_ids, "meta_info": event.meta}
 
 
-async def _openai_chunks(
-    streams: list[AsyncIterator[StreamEvent]],
-    rid: str,
-    created: int,
-    model: str,
-    kind: str,
-    body: Any,
-    args: ServerArgs,
-    parser: ReasoningParser | None = None,
-) -> AsyncIterator[dict]:
-    chat = kind == "chat.completion.chunk"
-    finals: list[StreamEvent] = []
-    if chat:
-        yield _chunk(rid, created, model, kind, 0, {"delta": {"role": "assistant", "content": ""}})
-    async for i, event in _merge(streams):
-        finish = _openai_finish(event.finish_reason)
-        if parser is not None:
-            reasoning, content = parser.feed(event.delta, final=finish is not None)
-            delta = {"reasoning_content": reasoning} if reasoning else {}
-            payload = {"delta": {**delta, "content": content} if content else delta}
-            if not delta and not content and finish is None:
-                continue
-        elif not event.delta and finish is None:
-            continue
-        else:
-            payload = {"delta": {"content": event.delta}} if chat else {"text": event.delta}
-        yield _chunk(rid, created, model, kind, i, {**payload, "finish_reason": finish})
-        if finish is not None:
-            finals.append(event)
-    if body.stream_options and body.stream_options.include_usage:
-        yield {
-            "id": rid,
-            "object": kind,
-            "created": created,
-            "model": model,
-            "choices": [],
-            "usage": _usage(finals, args),
-        }
-
-
-def _chunk(rid: str, created: int, model: str, kind: str, index: int, choice: dict) -> dict:
-    choice = {"index": index, "logprobs": None, "finish_reason": None, **choice}
-    return {"id": rid, "object": kind, "created": created, "model": model, "choices": [choice]}
-
-
-def _openai_finish(reason: dict | None) -> str | None:
-    return None if reason is None else reason.get("type", "stop")
-
-
-def _usage(events: list[StreamEvent], args: ServerArgs) -> dict:
-    prompt = sum(e.meta["prompt_tokens"] for e in events)
-    completion = sum(e.meta["completion_tokens"] for e in events)
-    usage: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+def _head(rid: str, kind: str, model: str, args: ServerArgs) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": oai.system_fingerprint(args),
     }
-    if args.enable_cache_report:
-        cached = sum(e.meta["cached_tokens"] for e in events)
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    return usage
+
+
+def _stream_usage(body: Any, choices: oai.Choices, args: ServerArgs) -> Any:
+    """The usage callback of a stream that asked for ``stream_options.include_usage``."""
+    if not (body.stream_options and body.stream_options.include_usage):
+        return None
+    return lambda finals: oai.usage(finals, choices, args)
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -30,9 +30,58 @@ class ImagePart(BaseModel):
 ContentPart = TextPart | ImagePart
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCallMessagePart(BaseModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallMessagePart] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction
+
+
+class JsonSchemaResponseFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaResponseFormat | None = None
 
 
 class StreamOptions(BaseModel):
@@ -56,6 +105,12 @@ class _Sampling(_Body):
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    include_stop_str_in_output: bool = False
+    no_stop_trim: bool = False
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -65,6 +120,11 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     separate_reasoning: bool = True  # with --reasoning-parser: reasoning_content apart
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 class CompletionRequest(_Sampling):
@@ -72,6 +132,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
 
 
 class GenerateRequest(_Body):
@@ -81,6 +142,7 @@ class GenerateRequest(_Body):
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     return_logprob: bool = False
+    top_logprobs_num: int = Field(default=0, ge=0, le=20)
     rid: str | list[str] | None = None
 
 
@@ -108,8 +170,8 @@ def sampling_dict(req: _Sampling, max_new_tokens: int | None) -> dict[str, Any]:
     return out
 
 
-# Request fields this server does not implement yet: a request that uses one (a value other
-# than its default) is answered 400 naming it, never silently ignored.
+# Request fields this server does not implement: a request that uses one (a value other than its
+# default) is answered 400 naming it, never silently ignored.
 def _used(value: Any) -> bool:
     return value not in (None, False, 0, "", [], {})
 
@@ -119,12 +181,6 @@ def _not_in(*defaults: Any) -> Callable[[Any], bool]:
 
 
 UNIMPLEMENTED_CHAT_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "logit_bias": _used,
-    "logprobs": _used,
-    "top_logprobs": _used,
-    "response_format": lambda v: _used(v) and not (isinstance(v, dict) and v.get("type") == "text"),
-    "tools": _used,
-    "tool_choice": _not_in("none", "auto"),
     "functions": _used,
     "function_call": _not_in("none", "auto"),
     "audio": _used,
@@ -135,14 +191,10 @@ UNIMPLEMENTED_CHAT_FIELDS: dict[str, Callable[[Any], bool]] = {
     "web_search_options": _used,
 }
 UNIMPLEMENTED_COMPLETION_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "logit_bias": _used,
-    "logprobs": _used,
-    "echo": _used,
     "suffix": _used,
     "best_of": _not_in(1),
 }
 UNIMPLEMENTED_GENERATE_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "top_logprobs_num": _used,
     "token_ids_logprob": _used,
     "logprob_start_len": _not_in(-1),
     "return_hidden_states": _used,

@@ -18,6 +18,7 @@ class TokenizedRequest:
     sampling_params: SamplingParams
     mm_items: list[MultimodalItem] = field(default_factory=list)
     return_logprob: bool = False
+    top_logprobs_num: int = 0  # alternatives per output token, with return_logprob
 
     def validate(self, vocab_size: int, image_token_id: int | None) -> None:
         """Raise ValueError unless every token id is in the vocabulary and the image
@@ -75,6 +76,7 @@ class RequestOutput:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
 
 
 @dataclass

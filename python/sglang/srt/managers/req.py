@@ -52,6 +52,9 @@ class Req:
     finish_time: float | None = None
     return_logprob: bool = False
     output_logprobs: list[float] = field(default_factory=list)
+    top_logprobs_num: int = 0
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    grammar: Any = None  # constrained.manager.RequestGrammar
 
     def __post_init__(self) -> None:
         self.radix_key_input = radix_key(self.input_ids, self.mm_items)

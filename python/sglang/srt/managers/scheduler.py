@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.constrained.manager import ConstraintManager
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
 from sglang.srt.managers.req import Req, ReqStatus
@@ -76,6 +77,8 @@ class Scheduler:
         self.chunk_size: int | None = None if chunk == -1 else chunk
         self.bidirectional_images = runner.adapter.bidirectional_images
         self.forward_steps = 0
+        self.constraints = ConstraintManager(tokenizer, runner.vocab_size, self.eos_token_ids, args)
+        self.grammar_queue: list[Req] = []  # constrained requests whose grammar is compiling
 
     # Intake ------------------------------------------------------------------------------------
     def check_request(self, tokenized: TokenizedRequest) -> None:
@@ -96,6 +99,7 @@ class Scheduler:
                 f"the request needs {prompt_len + max_new} KV slots, more than the cache holds "
                 f"({self.kv_pool.size})"
             )
+        self.constraints.check(tokenized)
 
     def add_request(self, tokenized: TokenizedRequest) -> Req:
         """Queue a request; raises ValueError (bad request) or RequestFailed (it cannot run)."""
@@ -117,6 +121,7 @@ class Scheduler:
             eos_token_ids=self.eos_token_ids,
             generator=generator,
             return_logprob=tokenized.return_logprob,
+            top_logprobs_num=tokenized.top_logprobs_num,
         )
         if self.runner.adapter.uses_mrope:
             try:
@@ -127,10 +132,18 @@ class Scheduler:
                 logger.exception("positions of request %s failed", req.rid)
                 raise RequestFailed(f"cannot compute the positions of this prompt: {exc}") from exc
         req.arrival_time = time.perf_counter()
-        self.waiting.append(req)
+        if self.constraints.attach(req):
+            self.grammar_queue.append(req)
+        else:
+            self.waiting.append(req)
         return req
 
     def abort(self, rid: str) -> bool:
+        for req in self.grammar_queue:
+            if req.rid == rid:
+                self.grammar_queue.remove(req)
+                req.finish_reason = {"type": "abort"}
+                return True
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
@@ -146,13 +159,13 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.grammar_queue)
 
     # One step ----------------------------------------------------------------------------------
     def step(self) -> StepOutput:
         """Run one batch. A failure that belongs to a request (its positions, its forward, its
         sampling) aborts that request alone; it is returned with the others."""
-        self._failed: list[Req] = []
+        self._failed: list[Req] = self._take_compiled_grammars()
         batch = self._schedule_extend() or self._schedule_decode()
         done: list[Req] = []
         if batch is not None:
@@ -161,6 +174,15 @@ class Scheduler:
                 self.forward_steps += 1
                 done = self._process(batch, logits)
         return StepOutput(self._failed + done)
+
+    def _take_compiled_grammars(self) -> list[Req]:
+        """Queue the requests whose grammar compiled; return those whose compile failed."""
+        if not self.grammar_queue:
+            return []
+        idle = not self.waiting and not self.running
+        ready, failed = self.constraints.take_compiled(self.grammar_queue, idle)
+        self.waiting.extend(ready)
+        return failed
 
     def _forward(self, batch: ForwardBatch) -> tuple[ForwardBatch | None, torch.Tensor]:
         """Logits of ``batch``. When a batch of several requests fails, each request runs alone
@@ -296,6 +318,7 @@ class Scheduler:
             return None
         device = self.runner.device
         spans = [r.bidirectional_spans() if self.bidirectional_images else [] for r in kept]
+        self.constraints.prepare(kept)
         batch = ForwardBatch(
             reqs=kept,
             input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
@@ -338,7 +361,7 @@ class Scheduler:
         tokens = self._sample(sampled_reqs, logits)
         logprobs = None
         if any(r.return_logprob for r in sampled_reqs):
-            logprobs = torch.log_softmax(logits, dim=-1)
+            logprobs = torch.log_softmax(logits, dim=-1)  # before logit_bias and grammar masks
         now = time.perf_counter()
         done = []
         for i, (req, token) in enumerate(zip(sampled_reqs, tokens)):
@@ -351,6 +374,11 @@ class Scheduler:
                 req.output_ids.append(token)
                 if req.return_logprob:
                     req.output_logprobs.append(float(logprobs[i, token]))
+                    if req.top_logprobs_num:
+                        top = logprobs[i].topk(req.top_logprobs_num)
+                        pairs = zip(top.values.tolist(), top.indices.tolist())
+                        req.output_top_logprobs.append(list(pairs))
+                self.constraints.accept(req, token)
                 self._check_finished(req)
             if req.finished:
                 self._release(req)
@@ -370,6 +398,7 @@ class Scheduler:
                 [r.output_ids for r in reqs],
                 [self._banned_ids(r) for r in reqs],
             )
+        shaped = self.constraints.shaped(logits, reqs)
         tokens: list[int | None] = [None] * len(reqs)
         bad = torch.isnan(logits).any(dim=-1).tolist()
         for i, req in enumerate(reqs):
@@ -379,7 +408,7 @@ class Scheduler:
                 req.finish_reason = _aborted("the model produced NaN logits for this request")
                 continue
             try:
-                tokens[i] = sample(logits[i : i + 1], [params[i]], [req.generator])[0]
+                tokens[i] = sample(shaped[i : i + 1], [params[i]], [req.generator])[0]
             except Exception as exc:
                 logger.exception("sampling failed for request %s", req.rid)
                 req.finish_reason = _aborted(f"sampling failed: {exc}")
@@ -394,6 +423,11 @@ class Scheduler:
 
     def _check_finished(self, req: Req) -> None:
         sp, token = req.sampling_params, req.output_ids[-1]
+        if req.finished:  # the grammar rejected the token
+            return
+        if req.grammar is not None and req.grammar.terminated:
+            req.finish_reason = {"type": "stop", "matched": token}
+            return
         if token in (sp.stop_token_ids or ()) or (not sp.ignore_eos and token in req.eos_token_ids):
             req.finish_reason = {"type": "stop", "matched": token}
         elif len(req.output_ids) >= sp.max_new_tokens:

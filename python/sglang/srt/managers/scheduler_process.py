@@ -139,6 +139,7 @@ class SchedulerLoop:
                     prompt_tokens=len(req.input_ids),
                     cached_tokens=req.cached_len,
                     completion_tokens=len(req.output_ids),
+                    new_top_logprobs=req.output_top_logprobs[start:],
                 )
             )
             if req.finished:

@@ -46,6 +46,7 @@ class ReqState:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -210,11 +211,13 @@ class TokenizerManager:
                     raise RequestError(message, status_code=status)
                 state.output_ids += out.new_token_ids
                 state.logprobs += out.new_logprobs
+                state.top_logprobs += out.new_top_logprobs
                 text = decode_output(
                     self.tokenizer,
                     state.output_ids,
                     tokenized.sampling_params.skip_special_tokens,
                     out.finish_reason,
+                    tokenized.sampling_params.no_stop_trim,
                 )
                 if out.finish_reason is None:
                     # Hold back what may still turn into a stop string or a multi-byte char.
@@ -249,6 +252,10 @@ class TokenizerManager:
             meta["output_token_logprobs"] = [
                 (lp, tok, None) for lp, tok in zip(state.logprobs, state.output_ids)
             ]
+            if state.request.top_logprobs_num:
+                meta["output_top_logprobs"] = [
+                    [(lp, tok, None) for lp, tok in top] for top in state.top_logprobs
+                ]
         return meta
 
     async def abort(self, rid: str) -> None:

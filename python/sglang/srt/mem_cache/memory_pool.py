@@ -36,7 +36,13 @@ class ReqToTokenPool:
 
 
 class KVPool:
-    """Per-layer K and V buffers of shape (size, kv_heads, head_dim), addressed by slot index."""
+    """Per-layer K and V buffers of shape (size, kv_heads, head_dim), addressed by slot index.
+
+    Allocation hands out ascending slots and continues where the previous allocation ended
+    while the pool has not been fragmented by frees, so a request's tokens (and a conversation's
+    turns) mostly sit in a few contiguous runs that attention reads as views, not gathers. The
+    free list is a stack whose top holds the lowest slot of the most recently freed run.
+    """
 
     def __init__(
         self,
@@ -53,7 +59,7 @@ class KVPool:
         shape = (size, num_kv_heads, head_dim)
         self.k_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self._free = torch.arange(size, dtype=torch.int64)
+        self._free = torch.arange(size - 1, -1, -1, dtype=torch.int64)
         self._num_free = size
 
     @staticmethod
@@ -69,7 +75,7 @@ class KVPool:
         if n > self._num_free:
             return None
         start = self._num_free - n
-        out = self._free[start : self._num_free].clone()
+        out = self._free[start : self._num_free].flip(0)
         self._num_free = start
         return out
 
@@ -77,7 +83,7 @@ class KVPool:
         n = slots.numel()
         if n == 0:
             return
-        self._free[self._num_free : self._num_free + n] = slots.to("cpu", torch.int64)
+        self._free[self._num_free : self._num_free + n] = slots.to("cpu", torch.int64).flip(0)
         self._num_free += n
 
     def set_kv(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

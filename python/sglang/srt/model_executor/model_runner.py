@@ -15,6 +15,8 @@ from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
+from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
+from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
@@ -72,8 +74,10 @@ class ModelRunner:
             model_path, trust_remote_code=args.trust_remote_code
         )
         self.text_config = self.config.get_text_config()
+        get_adapter(None, self.config)  # an unservable model fails here, before its weights load
         self.is_multimodal = hasattr(self.config, "vision_config")
         self.dtype = resolve_dtype(args.dtype, self.config, self.device)
+        self.perf = PerfCounters()
         self.model = self._load(model_path)
         self.adapter = get_adapter(self.model, self.config)
         self.state_shape = install_pooled_linear_attention(
@@ -89,12 +93,12 @@ class ModelRunner:
             kv_pool=self.kv_pool,
             req_to_token_pool=self.req_to_token_pool,
         )
+        self.attn_backend.perf = self.perf
         self.hf_processor = load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
-        image_processor = getattr(self.hf_processor, "image_processor", None)
         self.embedder = MultimodalEmbedder(
             self.adapter,
-            ImagePreprocessor(image_processor, self.adapter),
+            ImagePreprocessor(self.hf_processor, self.adapter),
             MultimodalEmbeddingCache(args.mm_cache_bytes),
             self.device,
             self.dtype,
@@ -115,7 +119,12 @@ class ModelRunner:
             attn_implementation=attn,
             trust_remote_code=self.args.trust_remote_code,
         )
-        return model.to(self.device).eval()
+        model = model.to(self.device).eval()
+        if self.is_multimodal and fast_vision.install(model, self.config):
+            instrument_vision(model.model.visual, self.perf)
+            if self.args.enable_torch_compile:
+                fast_vision.compile_tower(model)
+        return model
 
     def _init_memory(self) -> None:
         tc = self.text_config
@@ -201,6 +210,7 @@ class ModelRunner:
             **lm_kwargs,
         ).last_hidden_state[0]
         logits = self.model.get_output_embeddings()(hidden[batch.last_token_indices]).float()
+        logits = self.adapter.scale_logits(logits)
         softcap = getattr(self.text_config, "final_logit_softcapping", None)
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap

@@ -32,11 +32,14 @@ class EncoderStats:
     max_call_tokens: int = 0
 
 
-def _move_items_to_device(items: list[MultimodalItem], device: torch.device | str) -> list[dict]:
-    """The one place where pixel features leave the host.
+def _move_items_to_device(
+    items: list[MultimodalItem], device: torch.device | str, dtype: torch.dtype | None = None
+) -> list[dict]:
+    """The one place where pixel features leave the host (and take the model's dtype).
 
     numpy arrays become tensors without a copy, host tensors are pinned when the target is CUDA,
-    and moves are non-blocking. Returns the device-side feature dicts; items keep host features.
+    and moves are non-blocking; floating features are cast to ``dtype``. Returns the
+    device-side feature dicts; items keep host features.
     """
     device = torch.device(device)
     moved = []
@@ -48,7 +51,8 @@ def _move_items_to_device(items: list[MultimodalItem], device: torch.device | st
             if isinstance(tensor, torch.Tensor):
                 if device.type == "cuda" and tensor.device.type == "cpu":
                     tensor = tensor.pin_memory()
-                tensor = tensor.to(device, non_blocking=True)
+                cast = dtype if dtype is not None and tensor.is_floating_point() else None
+                tensor = tensor.to(device, dtype=cast, non_blocking=True)
             out[name] = tensor
         moved.append(out)
     return moved
@@ -78,6 +82,7 @@ class MultimodalEmbedder:
         self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int], embeds: torch.Tensor
     ) -> dict[str, Any]:
         """Write image embeddings into ``embeds`` (T, hidden) in place; return extra LM kwargs."""
+        self._override_token_embeddings(reqs, prefix_lens, extend_lens, embeds)
         chunks = self._get_chunked_embedding_by_item(reqs, prefix_lens, extend_lens)
         if not chunks:
             return {}
@@ -94,6 +99,23 @@ class MultimodalEmbedder:
         mask = torch.zeros(1, embeds.shape[0], dtype=torch.bool, device=embeds.device)
         mask[0, positions] = True
         return self.adapter.lm_kwargs(mask, extras)
+
+    def _override_token_embeddings(
+        self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int], embeds: torch.Tensor
+    ) -> None:
+        """Model-given embeddings for special tokens of prompts with images (Ovis2)."""
+        overrides = self.adapter.token_embedding_overrides()
+        if not overrides:
+            return
+        offset = 0
+        for req, lo, n in zip(reqs, prefix_lens, extend_lens):
+            if req.mm_items:
+                ids = np.asarray(req.token_ids(lo, lo + n))
+                for token_id, row in overrides.items():
+                    hits = np.nonzero(ids == token_id)[0]
+                    if len(hits):
+                        embeds[torch.as_tensor(hits + offset)] = row.to(embeds.dtype)
+            offset += n
 
     def _get_chunked_embedding_by_item(
         self, reqs: list[Req], prefix_lens: list[int], extend_lens: list[int]
@@ -196,9 +218,9 @@ class MultimodalEmbedder:
     def _encode_batch(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
         start = time.perf_counter()
         self.preprocess(items)
-        features = _move_items_to_device(items, self.device)
+        features = _move_items_to_device(items, self.device, self.dtype)
         with torch.no_grad():
-            entries = self.adapter.encode(features)
+            entries = self.adapter.encode(features, [item.num_tokens for item in items])
         results = {}
         for item, entry in zip(items, entries):
             if entry.num_tokens != item.num_tokens:

@@ -1,32 +1,25 @@
 """Build a model's HF processor without torchvision and without a video processor.
 
-``AutoProcessor`` cannot build e.g. ``Qwen2_5_VLProcessor`` without torchvision because it
-also loads the (torchvision-only) video processor. Here the processor is composed by hand:
-the PIL image processor (``AutoImageProcessor(backend="pil")`` honours the folder's
-``image_processor_type``), ``AutoTokenizer``, the chat template and the processor kwargs from
-``processor_config.json``; Qwen processors are wrapped in a subclass whose ``__init__`` takes
-no video processor.
+``AutoProcessor`` cannot build e.g. ``Qwen2_5_VLProcessor`` or ``InternVLProcessor`` without
+torchvision because it also loads the (torchvision-only) video processor. Here every processor
+is composed by hand: the class named by the folder (``processor_class``) or by transformers'
+auto mapping for its ``model_type``, the PIL image processor (``AutoImageProcessor(backend=
+"pil")`` honours the folder's ``image_processor_type``), ``AutoTokenizer``, the chat template and
+the processor kwargs from ``processor_config.json``. A processor that takes a video processor is
+wrapped in a subclass whose ``__init__`` takes none.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import inspect
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-# config.json model_type -> (processor class name in transformers, drop the video processor)
-PROCESSOR_REGISTRY: dict[str, tuple[str, bool]] = {
-    "qwen2_vl": ("Qwen2VLProcessor", True),
-    "qwen2_5_vl": ("Qwen2_5_VLProcessor", True),
-    "qwen3_vl": ("Qwen3VLProcessor", True),
-    "qwen3_vl_moe": ("Qwen3VLProcessor", True),
-    "qwen3_5": ("Qwen3VLProcessor", True),
-    "qwen3_5_moe": ("Qwen3VLProcessor", True),
-    "llava": ("LlavaProcessor", False),
-    "gemma3": ("Gemma3Processor", False),
-}
 _SUBPROCESSOR_ARGS = ("image_processor", "tokenizer", "video_processor", "chat_template")
 
 
@@ -34,12 +27,56 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-@functools.cache
-def _processor_class(name: str, drop_video: bool) -> type:
-    import transformers
+def processor_class_name(model_path: str | Path) -> str | None:
+    """The processor class of a model folder: its own ``processor_class``, else transformers'
+    mapping for its ``model_type``."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    base: type = getattr(transformers, name)
-    if not drop_video:
+    path = Path(model_path)
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        cls = _read_json(path / name).get("processor_class")
+        if cls:
+            return cls
+    model_type = _read_json(path / "config.json").get("model_type")
+    return PROCESSOR_MAPPING_NAMES.get(model_type)
+
+
+def _import_processor_class(name: str) -> type:
+    """``transformers.<name>``; where its module imports a helper from the torchvision image
+    processor module (Pixtral), that module is stood in for by the PIL one, which defines the
+    same helpers."""
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    cls = getattr(transformers, name)
+    if not getattr(cls, "_backends", None):  # else a placeholder for a missing backend
+        return cls
+    for model_type, class_name in PROCESSOR_MAPPING_NAMES.items():
+        package = f"transformers.models.{model_type}"
+        if (
+            class_name != name
+            or importlib.util.find_spec(f"{package}.processing_{model_type}") is None
+        ):
+            continue
+        torchvision_module = f"{package}.image_processing_{model_type}"
+        saved = sys.modules.get(torchvision_module)
+        sys.modules[torchvision_module] = importlib.import_module(
+            f"{package}.image_processing_pil_{model_type}"
+        )
+        try:
+            return getattr(importlib.import_module(f"{package}.processing_{model_type}"), name)
+        finally:
+            if saved is None:
+                del sys.modules[torchvision_module]
+            else:
+                sys.modules[torchvision_module] = saved
+    raise ImportError(f"processor class {name} cannot be imported without torchvision")
+
+
+@functools.cache
+def _processor_class(name: str) -> type:
+    base: type = _import_processor_class(name)
+    if "video_processor" not in inspect.signature(base.__init__).parameters:
         return base
 
     def __init__(
@@ -49,7 +86,14 @@ def _processor_class(name: str, drop_video: bool) -> type:
         chat_template: str | None = None,
         **kwargs: Any,
     ) -> None:
-        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+        base.__init__(
+            self,
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=None,
+            chat_template=chat_template,
+            **kwargs,
+        )
 
     # ProcessorMixin derives the sub-processor list from the __init__ signature.
     return type(name, (base,), {"__init__": __init__, "__module__": __name__})
@@ -65,20 +109,19 @@ def _chat_template(path: Path, tokenizer: Any) -> str | None:
 def load_hf_processor(model_path: str | Path) -> Any:
     """Return the model's HF processor (tokenizer + image processor composed), built without
     torchvision and without a video processor. For text-only models return the tokenizer."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers import AutoImageProcessor, AutoTokenizer
 
     path = Path(model_path)
-    model_type = _read_json(path / "config.json").get("model_type")
     preprocessor = _read_json(path / "preprocessor_config.json")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    if model_type not in PROCESSOR_REGISTRY:
-        if not preprocessor:
-            return tokenizer
-        return AutoProcessor.from_pretrained(path)  # unknown family: best effort
-
-    cls = _processor_class(*PROCESSOR_REGISTRY[model_type])
+    is_vlm = preprocessor or "vision_config" in _read_json(path / "config.json")
+    name = processor_class_name(path) if is_vlm else None
+    if name is None:
+        return tokenizer
+    cls = _processor_class(name)
     image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
-    params = inspect.signature(cls.__init__).parameters
+    base = cls.__mro__[1] if cls.__module__ == __name__ else cls
+    params = inspect.signature(base.__init__).parameters
     # Processor kwargs (patch_size, image_seq_length, ...): processor_config.json wins over the
     # legacy copies some folders keep in preprocessor_config.json.
     options = {**preprocessor, **_read_json(path / "processor_config.json")}

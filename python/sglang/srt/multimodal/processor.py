@@ -1,13 +1,17 @@
 """Prompt + images -> expanded input ids and one ``MultimodalItem`` per image.
 
-Placeholder expansion uses only each image's size (HF's own replacement strings, fed with a
-layout computed from the size); pixel preprocessing is deferred to ``ImagePreprocessor``, which
-runs only for images whose embedding is not cached.
+Placeholder text is HF's own (``replace_image_token``), fed with the image's *layout*: the
+processor outputs it reads, known from the image size alone (the family's size rule, or an
+earlier image of the same size). Pixel preprocessing is then deferred to ``ImagePreprocessor``,
+which runs only for images whose embedding is not cached; only an image whose layout nothing
+can tell is preprocessed eagerly (its features ride with the item).
 """
 
 from __future__ import annotations
 
 import io
+import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +19,8 @@ import numpy as np
 from PIL import Image
 
 from sglang.srt.models.adapters import ModelAdapter, get_adapter
+from sglang.srt.models.adapters.base import Layout, layout_of, same_layout
+from sglang.srt.multimodal import fast_preprocess
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.image_io import (
     DecodedImageCache,
@@ -24,33 +30,58 @@ from sglang.srt.multimodal.image_io import (
 )
 from sglang.srt.multimodal.items import MultimodalItem, spans_of
 
+LAYOUT_MEMO_SIZE = 4096
+
 
 class ImagePreprocessor:
-    """Runs the HF image processor on items that lack features (cache misses)."""
+    """Runs the model's HF processor (``_process_images`` with the processor's merged image
+    defaults, not the bare image processor: several processors switch on tiling options the
+    image processor lacks) on one image at a time."""
 
-    def __init__(self, image_processor: Any, adapter: ModelAdapter) -> None:
-        self.image_processor = image_processor
+    def __init__(self, hf_processor: Any, adapter: ModelAdapter) -> None:
+        has_images = hasattr(hf_processor, "image_processor")
+        self.processor = hf_processor if has_images else None
+        self.image_processor = hf_processor.image_processor if has_images else None
         self.adapter = adapter
-        settings = image_processor.to_json_string().encode() if image_processor else b""
+        self.images_kwargs = images_kwargs_of(hf_processor) if has_images else {}
+        settings = b""
+        if self.image_processor is not None:
+            kwargs = json.dumps(self.images_kwargs, sort_keys=True, default=str)
+            settings = self.image_processor.to_json_string().encode() + kwargs.encode()
         self.settings_hash = content_hash(settings).to_bytes(8, "little")
         self.num_preprocessed = 0
+        self.fast_path_ok = self.image_processor is not None and all(
+            _same(self.images_kwargs.get(key), getattr(self.image_processor, key, None))
+            for key in self.images_kwargs
+            if key not in ("return_tensors",)
+        )
 
     def item_hash(self, image_hash: int) -> int:
         return content_hash(image_hash.to_bytes(8, "little"), self.settings_hash)
 
+    def process(self, image: Image.Image) -> tuple[dict[str, Any], str]:
+        """(features of one image as host arrays, the text replacing its placeholder)."""
+        assert self.processor is not None, "this model does not accept images"
+        processed, replacements = self.processor._process_images([image], **self.images_kwargs)
+        self.num_preprocessed += 1
+        return dict(processed), replacements[0]
+
     def features(self, images: Sequence[Image.Image]) -> list[dict[str, Any]]:
-        processed = self.image_processor(images=list(images), return_tensors="np")
-        self.num_preprocessed += len(images)
-        return self.adapter.split_features(processed, len(images))
+        """The features of each image (host arrays); Qwen-VL images take the bit-identical
+        fast path when the processor's merged options are the image processor's own."""
+        if self.fast_path_ok and fast_preprocess.supports(self.image_processor, images):
+            self.num_preprocessed += len(images)
+            return [fast_preprocess.preprocess(self.image_processor, [image]) for image in images]
+        return [self.process(image)[0] for image in images]
 
     def __call__(self, items: Sequence[MultimodalItem]) -> None:
+        """Preprocess the items that lack features (cache misses)."""
         todo = [item for item in items if item.features is None]
-        if not todo:
-            return
         for item, features in zip(todo, self.features([_pil(item.source) for item in todo])):
-            layout = self.adapter.layout_of(features)
-            if not _same_layout(layout, item.layout):
-                raise ValueError(f"image layout {layout} differs from the expected {item.layout}")
+            if not same_layout(item.layout, layout_of(features)):
+                raise ValueError(
+                    f"image layout {layout_of(features)} differs from the expected {item.layout}"
+                )
             item.features = features
 
 
@@ -64,13 +95,15 @@ class MultimodalProcessor:
     ):
         self.hf_processor = hf_processor or load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
-        self.adapter = get_adapter(None, hf_config)  # type: ignore[arg-type]
+        self.adapter = get_adapter(None, hf_config)
         self.is_multimodal = hasattr(hf_config, "vision_config")
         self.allowed_local_dir = allowed_local_dir
         self.seen = DecodedImageCache()
-        self.preprocessor = ImagePreprocessor(
-            getattr(self.hf_processor, "image_processor", None), self.adapter
-        )
+        self.preprocessor = ImagePreprocessor(self.hf_processor, self.adapter)
+        # (width, height) -> layout learnt from preprocessing an image of that size: the layout
+        # depends on the size only, so later images of that size are expanded without pixels.
+        self.layouts_by_size: OrderedDict[tuple[int, int], Layout] = OrderedDict()
+        self._image_token_counts: dict[str, int] = {}
 
     def load_images(self, image_data: Sequence[Any]) -> list[LoadedImage]:
         return [load_image(src, self.allowed_local_dir, self.seen) for src in image_data]
@@ -102,45 +135,85 @@ class MultimodalProcessor:
                 f"the prompt has {found} image placeholder(s) ({proc.image_token!r}) but "
                 f"{len(images)} image(s) were given"
             )
-        items = [self._item(img) for img in images]
-        replacements = [self.adapter.replacement(proc, item.layout) for item in items]
+        items, replacements = [], []
+        for img in images:
+            item, replacement = self._item(img)
+            items.append(item)
+            replacements.append(replacement)
         (text,), _ = proc.get_text_with_replacements([prompt], replacements)
         encoded = self.tokenizer(text, add_special_tokens=add_special_tokens)
         ids = [int(t) for t in encoded["input_ids"]]
-        self._assign_spans(ids, items)
+        self._assign_spans(ids, items, replacements)
         return ids, items
 
-    def _item(self, img: LoadedImage) -> MultimodalItem:
+    def _item(self, img: LoadedImage) -> tuple[MultimodalItem, str]:
+        """The item of one image and its placeholder text; preprocesses eagerly only when
+        neither the family's size rule nor an earlier image of the same size gives the
+        layout."""
         item = MultimodalItem(self.preprocessor.item_hash(img.hash), [], source=img.source)
-        layout = self.adapter.layout(self.preprocessor.image_processor, *img.size)
+        kwargs = self.preprocessor.images_kwargs
+        layout = self.adapter.layout_from_size(self.hf_processor, kwargs, *img.size)
         if layout is None:
-            item.features = self.preprocessor.features([img.pil()])[0]
-            layout = self.adapter.layout_of(item.features)
+            layout = self.layouts_by_size.get(img.size)
+        if layout is None:
+            item.features, replacement = self.preprocessor.process(img.pil())
+            item.layout = layout_of(item.features)
+            self._remember(img.size, item.layout)
+            return item, replacement
         item.layout = layout
-        return item
+        return item, self.adapter.replacement(self.hf_processor, layout, kwargs)
 
-    def _assign_spans(self, ids: list[int], items: list[MultimodalItem]) -> None:
+    def _remember(self, size: tuple[int, int], layout: Layout) -> None:
+        self.layouts_by_size[size] = layout
+        if len(self.layouts_by_size) > LAYOUT_MEMO_SIZE:
+            self.layouts_by_size.popitem(last=False)
+
+    def _image_tokens(self, replacement: str) -> int:
+        """Embedding rows of an image: the image tokens in its replacement (wrapper, break and
+        tile tokens around them keep their text embeddings)."""
+        count = self._image_token_counts.get(replacement)
+        if count is None:
+            ids = self.tokenizer(replacement, add_special_tokens=False)["input_ids"]
+            count = sum(1 for t in ids if t == self.adapter.image_token_id)
+            if len(self._image_token_counts) >= LAYOUT_MEMO_SIZE:
+                self._image_token_counts.clear()
+            self._image_token_counts[replacement] = count
+        return count
+
+    def _assign_spans(
+        self, ids: list[int], items: list[MultimodalItem], replacements: list[str]
+    ) -> None:
+        """Each image owns the image-token positions of its own replacement, in prompt order:
+        one span for a contiguous run, several when break or tile tokens interleave."""
         positions = np.nonzero(np.asarray(ids) == self.adapter.image_token_id)[0]
-        counts = [self.adapter.num_tokens(item.layout) for item in items]
-        if any(c is None for c in counts):
-            if len(positions) % len(items):
-                raise ValueError("cannot attribute image placeholder tokens to images")
-            counts = [len(positions) // len(items)] * len(items)
-        if sum(counts) != len(positions):  # type: ignore[arg-type]
+        counts = [self._image_tokens(r) for r in replacements]
+        if sum(counts) != len(positions):
             raise ValueError(
                 f"prompt has {len(positions)} image tokens but its {len(items)} image(s) need "
-                f"{sum(counts)}: use one image placeholder per image"  # type: ignore[arg-type]
+                f"{sum(counts)}: use one image placeholder per image"
             )
         bounds = np.cumsum([0, *counts])
         for i, item in enumerate(items):
             item.spans = spans_of(positions[bounds[i] : bounds[i + 1]])
 
 
+def images_kwargs_of(hf_processor: Any) -> dict[str, Any]:
+    """The processor's merged image defaults (what its ``__call__`` would pass), with numpy
+    outputs."""
+    tokenizer = getattr(hf_processor, "tokenizer", None)
+    init = tokenizer.init_kwargs if tokenizer is not None else {}
+    merged = hf_processor._merge_kwargs(tokenizer_init_kwargs=init, return_tensors="np")
+    return merged["images_kwargs"]
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(np.all(a == b)) if a is not None else True
+    except (TypeError, ValueError):
+        return False
+
+
 def _pil(source: Any) -> Image.Image:
     if isinstance(source, Image.Image):
         return source
     return Image.open(io.BytesIO(source)).convert("RGB")
-
-
-def _same_layout(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

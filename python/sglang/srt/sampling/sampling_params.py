@@ -6,11 +6,14 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sglang.srt.constrained.spec import normalize_constraint_params
+
 _INT_MAX = 2**31 - 1
+MAX_N = 64
 # Below this a temperature samples the argmax anyway; dividing by it would overflow the logits.
 SAMPLING_EPS = 1e-6
 # Accepted with their default value only (what clients and routers send by default).
-_DEFAULT_ONLY = {"no_stop_trim": False, "spaces_between_special_tokens": True}
+_DEFAULT_ONLY = {"spaces_between_special_tokens": True}
 
 
 @dataclass
@@ -30,6 +33,13 @@ class SamplingParams:
     skip_special_tokens: bool = True
     seed: int | None = field(default=None)
     n: int = 1
+    # Structured output and logit shaping (see sglang.srt.constrained).
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    logit_bias: dict[int, float] | None = None
+    no_stop_trim: bool = False  # keep a matched stop string at the end of the output text
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -87,7 +97,11 @@ class SamplingParams:
             _is_finite(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
             f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}",
         )
-        check(self.n == 1, "only n=1 is supported")
+        check(
+            _is_int(self.n) and 1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}], got {self.n!r}"
+        )
+        check(isinstance(self.no_stop_trim, bool), "no_stop_trim must be a boolean")
+        normalize_constraint_params(self)
         check(
             self.seed is None or (_is_int(self.seed) and -(2**63) <= self.seed < 2**64),
             f"seed must be a 64-bit integer, got {self.seed!r}",

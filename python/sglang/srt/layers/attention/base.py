@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(ABC):
+    perf: Any = None  # the runner's PerfCounters: time and FLOPs of every forward call
+
     @abstractmethod
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         """Build whatever the per-layer calls of this batch share (indices, masks)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -9,10 +10,67 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base import AttentionBackend
+from sglang.srt.model_executor.perf_counters import causal_attention_flops
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
     from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+
+# A run of contiguous KV slots shorter than this is gathered rather than read as a view (every
+# view costs one more flash call and merge); at most MAX_VIEW_RUNS views per request.
+MIN_VIEW_RUN = 64
+MAX_VIEW_RUNS = 16
+
+
+@dataclass
+class _KVLayout:
+    """Where a request's keys sit in the pool, for ``_causal_over_pool``.
+
+    ``runs`` (slot ranges, read as views) and ``rest`` (slots to gather) hold the keys that every
+    query sees without a mask; ``chunk`` holds the chunk's own keys, attended causally (a slot
+    range or slots), or is None when the chunk is a single query (its key is then in the
+    unmasked set)."""
+
+    runs: list[tuple[int, int]]
+    rest: torch.Tensor | None
+    chunk: tuple[int, int] | torch.Tensor | None
+
+    @classmethod
+    def of(cls, kv_indices: torch.Tensor, prefix: int, q_len: int) -> _KVLayout:
+        unmasked = prefix + q_len if q_len == 1 else prefix
+        runs, rest = _split_runs(kv_indices[:unmasked])
+        chunk = None
+        if q_len > 1:
+            chunk_runs, chunk_rest = _split_runs(kv_indices[prefix:], min_run=q_len)
+            chunk = chunk_runs[0] if chunk_runs else chunk_rest
+        return cls(runs, rest, chunk)
+
+
+def _split_runs(
+    slots: torch.Tensor, min_run: int | None = None
+) -> tuple[list[tuple[int, int]], torch.Tensor | None]:
+    """The longest runs of consecutive slots (at least ``min_run`` long, default
+    ``MIN_VIEW_RUN``; at most ``MAX_VIEW_RUNS``) as [start, end) ranges, and the remaining
+    slots (None if none)."""
+    min_run = MIN_VIEW_RUN if min_run is None else min_run
+    n = slots.numel()
+    if n == 0:
+        return [], None
+    slots = slots.cpu()
+    breaks = torch.nonzero(slots[1:] - slots[:-1] != 1).flatten() + 1
+    bounds = [0, *breaks.tolist(), n]
+    pieces = sorted(zip(bounds, bounds[1:]), key=lambda p: p[0] - p[1])  # longest first
+    long = [p for p in pieces[:MAX_VIEW_RUNS] if p[1] - p[0] >= min_run]
+    if len(long) == len(pieces):
+        rest = None
+    else:
+        keep = torch.ones(n, dtype=torch.bool)
+        for a, b in long:
+            keep[a:b] = False
+        rest = slots[keep]
+    first = [int(slots[a]) for a, _ in long]
+    return [(s, s + b - a) for s, (a, b) in zip(first, long)], rest
 
 
 @dataclass
@@ -27,10 +85,16 @@ class _ReqAttn:
     spans: list[tuple[int, int]]
     dtype: torch.dtype
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+    _layout: _KVLayout | None = None
 
     @property
     def seq_len(self) -> int:
         return self.prefix + self.q_len
+
+    def layout(self) -> _KVLayout:
+        if self._layout is None:
+            self._layout = _KVLayout.of(self.kv_indices, self.prefix, self.q_len)
+        return self._layout
 
     def is_plain_causal(self, sliding_window: int | None) -> bool:
         return not self.spans and (sliding_window is None or sliding_window >= self.seq_len)
@@ -87,18 +151,26 @@ class TorchNativeAttnBackend(AttentionBackend):
         sliding_window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
+        started = time.perf_counter()
         pool = self.kv_pool
         pool.set_kv(layer, batch.out_cache_loc, k[0].transpose(0, 1), v[0].transpose(0, 1))
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
         out = q.new_empty(q.shape[2], q.shape[1], q.shape[3])
         for r in self._reqs:
             qi = q[:, :, r.q_start : r.q_start + r.q_len]
+            if (
+                not softcap
+                and q.device.type == "cpu"
+                and k_buf.dtype == q.dtype
+                and r.is_plain_causal(sliding_window)
+            ):
+                oi = _causal_over_pool(qi, k_buf, v_buf, r.layout(), scaling)
+                out[r.q_start : r.q_start + r.q_len] = oi[0].transpose(0, 1)
+                continue
             ki = k_buf[r.kv_indices].transpose(0, 1).unsqueeze(0).to(q.dtype)
             vi = v_buf[r.kv_indices].transpose(0, 1).unsqueeze(0).to(q.dtype)
             if softcap:
                 oi = _softcapped_attention(qi, ki, vi, r.mask(sliding_window), scaling, softcap)
-            elif r.q_len > 1 and q.device.type == "cpu" and r.is_plain_causal(sliding_window):
-                oi = _causal_after_prefix(qi, ki, vi, r.prefix, scaling)
             else:
                 oi = F.scaled_dot_product_attention(
                     qi,
@@ -109,27 +181,69 @@ class TorchNativeAttnBackend(AttentionBackend):
                     enable_gqa=ki.shape[1] != qi.shape[1],
                 )
             out[r.q_start : r.q_start + r.q_len] = oi[0].transpose(0, 1)
+        if self.perf is not None:
+            flops = sum(
+                causal_attention_flops(q.shape[1], q.shape[3], r.prefix, r.q_len)
+                for r in self._reqs
+            )
+            self.perf.add_lm_attention(time.perf_counter() - started, flops)
         return out.unsqueeze(0)
 
 
-def _causal_after_prefix(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int, scaling: float
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def _causal_over_pool(
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, kv: _KVLayout, scaling: float
 ) -> torch.Tensor:
-    """Queries at positions [prefix, prefix + n) see every prefix key and their own chunk
-    causally. Two fused CPU flash calls (prefix: unmasked; chunk: causal) merged by their
-    log-sum-exp, so no (n x seq_len) mask is built or read."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out_new, lse_new = flash(q, k[:, :, prefix:], v[:, :, prefix:], 0.0, True, scale=scaling)
-    if prefix == 0:
-        return out_new
-    out_old, lse_old = flash(q, k[:, :, :prefix], v[:, :, :prefix], 0.0, False, scale=scaling)
-    top = torch.maximum(lse_old, lse_new)
-    w_old, w_new = torch.exp(lse_old - top), torch.exp(lse_new - top)
-    merged = out_old * w_old.unsqueeze(-1) + out_new * w_new.unsqueeze(-1)
-    return merged / (w_old + w_new).unsqueeze(-1)
+    """Causal attention of queries at positions [prefix, prefix + n) read straight from the pool.
+
+    Keys every query sees (the prefix; for a single query, all of them) come as views of
+    contiguous slot runs plus one gather of the rest, attended without a mask by fused CPU
+    flash calls in which each KV head is one batch entry whose query heads share its K/V through
+    a stride-0 expand (GQA without repeating K/V). The chunk's own keys get one causal call.
+    Partial results merge by log-sum-exp.
+    q: (1, heads, n, dim); returns (1, heads, n, dim)."""
+    _, heads, n, dim = q.shape
+    kv_heads = k_buf.shape[1]
+    groups = heads // kv_heads
+    grouped = q.reshape(kv_heads, groups, n, dim)  # batch = KV head, heads = its query heads
+
+    def attend(k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, ...]:
+        """k, v: (kv_heads, len, dim), shared by each group's query heads (stride 0)."""
+        shape = (kv_heads, groups, k.shape[1], dim)
+        o, lse = _flash(
+            grouped, k[:, None].expand(shape), v[:, None].expand(shape), 0.0, causal, scale=scaling
+        )
+        return o.reshape(1, heads, n, dim), lse.reshape(1, heads, n)
+
+    parts = [
+        attend(k_buf[a:b].transpose(0, 1), v_buf[a:b].transpose(0, 1), False) for a, b in kv.runs
+    ]
+    if kv.rest is not None:
+        parts.append(attend(k_buf[kv.rest].transpose(0, 1), v_buf[kv.rest].transpose(0, 1), False))
+    if kv.chunk is not None:
+        parts.append(attend(_chunk_keys(k_buf, kv.chunk), _chunk_keys(v_buf, kv.chunk), True))
+    return _merge_by_lse(parts)
+
+
+def _chunk_keys(buf: torch.Tensor, chunk: tuple[int, int] | torch.Tensor) -> torch.Tensor:
+    """(kv_heads, n, dim): a view of a contiguous run, else a gather."""
+    if isinstance(chunk, tuple):
+        return buf[chunk[0] : chunk[1]].transpose(0, 1)
+    return buf[chunk].transpose(0, 1)
+
+
+def _merge_by_lse(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Softmax-weighted combination of attention outputs over disjoint key sets."""
+    if len(parts) == 1:
+        return parts[0][0]
+    lses = torch.stack([lse for _, lse in parts])
+    weights = torch.exp(lses - lses.amax(0, keepdim=True)).unsqueeze(-1)
+    merged = parts[0][0] * weights[0]
+    for (out, _), w in zip(parts[1:], weights[1:]):
+        merged.addcmul_(out, w)
+    return merged / weights.sum(0)
 
 
 def _softcapped_attention(

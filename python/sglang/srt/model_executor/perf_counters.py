@@ -1,0 +1,81 @@
+"""Work and time counters of the two compute-heavy parts, for achieved GFLOP/s.
+
+- Vision tower: seconds inside the tower's forward; FLOPs of its linear layers (2 x in x out
+  per row, counted by forward hooks), of its patch embedding, and of its attention (counted by
+  ``varlen_vision_attention``: 4 x heads x dim x len^2 per segment).
+- Language-model attention: seconds inside the attention backend (KV store + attention) and
+  the FLOPs of causal attention, 4 x heads x dim x queries x (mean keys per query).
+
+Counts are analytic (multiply-adds x 2), so GFLOP/s compares directly with a GEMM peak.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch import nn
+
+ACTIVE: PerfCounters | None = None  # what varlen_vision_attention adds its FLOPs to
+
+
+@dataclass
+class PerfCounters:
+    vision_seconds: float = 0.0
+    vision_flops: float = 0.0
+    vision_calls: int = 0
+    lm_attention_seconds: float = 0.0
+    lm_attention_flops: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def add_lm_attention(self, seconds: float, flops: float) -> None:
+        self.lm_attention_seconds += seconds
+        self.lm_attention_flops += flops
+
+
+def causal_attention_flops(heads: int, dim: int, prefix: int, q_len: int) -> float:
+    """QK^T and PV of ``q_len`` queries at positions [prefix, prefix + q_len) over the keys
+    each one sees (all earlier ones and itself)."""
+    keys_seen = q_len * prefix + q_len * (q_len + 1) / 2
+    return 4.0 * heads * dim * keys_seen
+
+
+def instrument_vision(tower: nn.Module, counters: PerfCounters) -> None:
+    """Time ``tower``'s forward and count the FLOPs of its linear and patch-projection layers."""
+    global ACTIVE
+    ACTIVE = counters
+    started: list[float] = []
+
+    def before(module: nn.Module, args: Any) -> None:
+        started.append(time.perf_counter())
+
+    def after(module: nn.Module, args: Any, output: Any) -> None:
+        counters.vision_seconds += time.perf_counter() - started.pop()
+        counters.vision_calls += 1
+
+    tower.register_forward_pre_hook(before)
+    tower.register_forward_hook(after)
+    for module in tower.modules():
+        if isinstance(module, nn.Linear):
+            module.register_forward_hook(_count_linear(counters))
+        elif type(module).__name__.endswith("PatchEmbed") and hasattr(module, "proj"):
+            module.register_forward_hook(_count_patch_embed(counters))
+
+
+def _count_linear(counters: PerfCounters):
+    def hook(module: nn.Linear, args: Any, output: Any) -> None:
+        rows = output.numel() // module.out_features
+        counters.vision_flops += 2.0 * rows * module.in_features * module.out_features
+
+    return hook
+
+
+def _count_patch_embed(counters: PerfCounters):
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        weight = module.proj.weight
+        counters.vision_flops += 2.0 * output.numel() * weight[0].numel()
+
+    return hook

@@ -1,0 +1,109 @@
+"""Model adapters: the generic HF-driven VLM adapter, the families' overrides, and the check
+that tells at startup whether a model can be served."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
+from sglang.srt.models.adapters.families import (
+    FixedCountAdapter,
+    Gemma3Adapter,
+    Glm4vAdapter,
+    Granite4VisionAdapter,
+    LlavaAdapter,
+    Ovis2Adapter,
+    PixtralAdapter,
+    QwenVLAdapter,
+    TiledAdapter,
+)
+
+# model_type -> adapter: the families tested at parity with HF (tiny builders in
+# sglang.testing.tiny_models). ModelAdapter itself means the generic path needs no override.
+FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
+    "qwen2_vl": QwenVLAdapter,
+    "qwen2_5_vl": QwenVLAdapter,
+    "qwen3_vl": QwenVLAdapter,
+    "llava": LlavaAdapter,
+    "gemma3": Gemma3Adapter,
+    "internvl": TiledAdapter,
+    "llava_next": ModelAdapter,  # Granite Vision 3.x too (a Granite LM inside)
+    "llava_onevision": ModelAdapter,
+    "mistral3": PixtralAdapter,
+    "idefics3": ModelAdapter,
+    "smolvlm": ModelAdapter,
+    "qwen3_vl_moe": QwenVLAdapter,
+    "qwen3_5": QwenVLAdapter,  # no deepstack; linear-attention state: linear_attention.py
+    "qwen3_5_moe": QwenVLAdapter,
+    "glm4v": Glm4vAdapter,
+    "deepseek_vl": FixedCountAdapter,
+    "deepseek_vl_hybrid": FixedCountAdapter,
+    "deepseek_ocr2": ModelAdapter,
+    "aya_vision": TiledAdapter,
+    "granite4_vision": Granite4VisionAdapter,
+    "ovis2": Ovis2Adapter,
+}
+
+
+# Families transformers has but this engine cannot serve yet, and what they would need.
+KNOWN_GAPS: dict[str, str] = {
+    "gemma3n": "per-layer inputs and audio towers are not wired into the engine",
+    "paligemma": (
+        "a prefix-LM (the whole prompt, text-only ones too, attends both ways, positions start "
+        "at 1, KV reusable only for an identical prompt) needs scheduler and radix support"
+    ),
+    "gemma4": (
+        "full-attention layers with another head dim, KV sharing between layers and per-layer "
+        "inputs need a non-uniform KV pool"
+    ),
+}
+
+
+class UnsupportedModelError(ValueError):
+    """A model this engine cannot serve; the message is one line meant for the user."""
+
+
+def supported_families() -> list[str]:
+    return sorted(FAMILY_ADAPTERS)
+
+
+def get_adapter(model: nn.Module | None, config: Any) -> ModelAdapter:
+    if not hasattr(config, "vision_config"):
+        return TextAdapter(model, config)
+    cls = FAMILY_ADAPTERS.get(config.model_type)
+    if cls is None:
+        missing = KNOWN_GAPS.get(
+            config.model_type, "no adapter for this family (its image layout is untested)"
+        )
+        raise UnsupportedModelError(
+            f"cannot serve model type {config.model_type!r}: {missing}; supported VLM families: "
+            f"{', '.join(supported_families())} (and text-only causal LMs)"
+        )
+    return cls(model, config)
+
+
+def check_model(model_path: str, trust_remote_code: bool = False) -> None:
+    """Raise ``UnsupportedModelError`` (one line) when the model at ``model_path`` cannot be
+    served; reads only its config."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = f"cannot read a model config at {model_path}: {reason}"
+        raise UnsupportedModelError(message) from None
+    get_adapter(None, config)
+
+
+__all__ = [
+    "FAMILY_ADAPTERS",
+    "ModelAdapter",
+    "TextAdapter",
+    "UnsupportedModelError",
+    "check_model",
+    "get_adapter",
+    "supported_families",
+]

@@ -1,0 +1,233 @@
+"""The generic VLM adapter, driven by transformers' own API.
+
+An adapter never reimplements a forward pass. Everything it needs comes from the model's HF
+processor and model classes:
+
+- placeholder text: ``processor.replace_image_token`` fed with one image's *layout* (the
+  processor outputs the replacement reads, with pixel arrays reduced to their shapes);
+- embedding rows of an image: the count of ``image_token_id`` in its replacement (HF merges
+  with ``masked_scatter``, one row per image token; break and wrapper tokens stay text);
+- the encoder: ``get_image_features`` with the keyword arguments its signature accepts, the
+  output split per image (a list/tuple per image, or a tensor cut into each image's rows);
+- the language model: ``language_model`` or ``text_model`` of the inner model;
+- positions: M-RoPE through ``get_rope_index`` wherever the model has it.
+
+Family subclasses (``families.py``) override only what really differs and say why.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
+
+Layout = dict[str, Any]
+
+
+class PixelShape(tuple):
+    """A pixel array reduced to its shape inside a layout (replacements read only shapes)."""
+
+
+class ModelAdapter:
+    #: image tokens attend to each other in both directions: an image is never split by a chunk
+    bidirectional_images = False
+
+    def __init__(self, model: nn.Module | None, config: Any) -> None:
+        self.model = model
+        self.config = config
+        self.text_config = config.get_text_config()
+        token_id = getattr(config, "image_token_id", None)
+        self.image_token_id: int | None = (
+            token_id if token_id is not None else getattr(config, "image_token_index", None)
+        )
+
+    # Language model -------------------------------------------------------------------------
+    @property
+    def inner(self) -> nn.Module:
+        """The model under the LM head (``model.model`` for HF's *ForConditionalGeneration)."""
+        assert self.model is not None
+        return getattr(self.model, "model", self.model)
+
+    @property
+    def language_model(self) -> nn.Module:
+        inner = self.inner
+        for name in ("language_model", "text_model"):
+            lm = getattr(inner, name, None)
+            if lm is not None:
+                return lm
+        return inner
+
+    @property
+    def uses_mrope(self) -> bool:
+        return self.model is not None and hasattr(self.inner, "get_rope_index")
+
+    def lm_kwargs(self, image_positions: torch.Tensor, extras: list[torch.Tensor]) -> dict:
+        """Extra language-model inputs for the image tokens of a step. Extras are Qwen3-VL-style
+        deepstack features, added at early decoder layers at the image positions."""
+        if not extras:
+            return {}
+        return {"visual_pos_masks": image_positions, "deepstack_visual_embeds": extras}
+
+    def token_embedding_overrides(self) -> dict[int, torch.Tensor]:
+        """Token id -> embedding that replaces the text embedding of that token in the prompt of
+        a request with images (Ovis2's indicator tokens); empty for most models."""
+        return {}
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The LM head's own scaling, which its causal-LM class applies and HF's VLM wrappers
+        around it skip: Granite divides by ``logits_scaling``, Cohere multiplies by
+        ``logit_scale``."""
+        scaling = getattr(self.text_config, "logits_scaling", None)
+        if scaling and scaling != 1:
+            logits = logits / scaling
+        scale = getattr(self.text_config, "logit_scale", None)
+        if scale and scale != 1:
+            logits = logits * scale
+        return logits
+
+    # Image layout and placeholder text (processor side; ``model`` may be None here) ----------
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        """The layout of a ``width`` x ``height`` image by the family's resize rule, or None
+        when there is no such rule here (then the size memo or preprocessing tells)."""
+        return None
+
+    def replacement(self, processor: Any, layout: Layout, images_kwargs: dict[str, Any]) -> str:
+        """The text that replaces one image placeholder: HF's own expansion."""
+        return processor.replace_image_token(layout_inputs(layout), 0, **images_kwargs)
+
+    # Vision encoder -------------------------------------------------------------------------
+    @property
+    def image_features_fn(self) -> Callable[..., Any]:
+        inner = self.inner
+        return getattr(inner, "get_image_features", None) or self.model.get_image_features
+
+    def encode(self, features: list[dict[str, Any]], rows: Sequence[int]) -> list[CachedEmbedding]:
+        """Encode device-side feature dicts of several images in one call; ``rows[i]`` is the
+        number of embedding rows image i needs."""
+        fn = self.image_features_fn
+        out = fn(**batch_features(features, accepted_kwargs(fn)))
+        embeds = split_rows(_pooled(out), rows)
+        deepstack = getattr(out, "deepstack_features", None) or []
+        layers = [split_rows(layer, rows) for layer in deepstack]
+        return [
+            CachedEmbedding(embeds[i], [layer[i] for layer in layers]) for i in range(len(rows))
+        ]
+
+    def mrope(self, input_ids: list[int], layouts: list[Layout]) -> tuple[torch.Tensor, int]:
+        """(3, L) M-RoPE positions of a prompt and the decode position delta."""
+        fn = self.inner.get_rope_index
+        ids = torch.tensor([input_ids])
+        kwargs: dict[str, Any] = {}
+        if layouts and "image_grid_thw" in accepted_kwargs(fn):
+            grids = [torch.as_tensor(layout["image_grid_thw"]) for layout in layouts]
+            kwargs["image_grid_thw"] = torch.cat(grids)
+        mm_types = (ids == self.image_token_id).int()
+        positions, delta = fn(ids, mm_token_type_ids=mm_types, **kwargs)
+        return positions[:, 0], int(delta.reshape(-1)[0])
+
+
+class TextAdapter(ModelAdapter):
+    """Text-only models: no images, plain positions."""
+
+
+# Helpers --------------------------------------------------------------------------------------
+def layout_of(features: dict[str, Any]) -> Layout:
+    """An image's layout from its preprocessed features: pixel arrays become their shapes."""
+    return {
+        k: PixelShape(np.shape(v)) if "pixel" in k else _as_numpy(v) for k, v in features.items()
+    }
+
+
+def layout_inputs(layout: Layout) -> dict[str, Any]:
+    """A layout as processor outputs of one image (zero-stride arrays stand for pixels)."""
+    return {
+        k: np.broadcast_to(np.float32(0), v) if isinstance(v, PixelShape) else v
+        for k, v in layout.items()
+    }
+
+
+def same_layout(expected: Layout, actual: Layout) -> bool:
+    """Whether ``actual`` agrees with every entry ``expected`` has."""
+    return all(k in actual and np.array_equal(v, actual[k]) for k, v in expected.items())
+
+
+@functools.cache
+def _accepted(fn: Any) -> frozenset[str]:
+    params = inspect.signature(fn).parameters.values()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(p.name for p in params if p.kind in named and p.name != "self")
+
+
+def accepted_kwargs(fn: Callable[..., Any]) -> frozenset[str]:
+    """Named parameters of ``fn`` (a bound method's underlying function is cached)."""
+    return _accepted(getattr(fn, "__func__", fn))
+
+
+def batch_features(features: list[dict[str, Any]], names: frozenset[str]) -> dict[str, Any]:
+    """Stack the per-image features that ``names`` accepts along dim 0, zero-padding the other
+    dims to the batch maximum (what HF processors do for a batch: the models drop the padding
+    by ``image_sizes`` or by all-zero tiles)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        # Per-view arrays (DeepSeek-OCR2's local tiles) are absent for an image without such
+        # views: the others' are concatenated, as the processor does for a batch.
+        values = [f[name] for f in features if name in f]
+        if not values:
+            continue
+        if all(isinstance(v, torch.Tensor) for v in values):
+            out[name] = _pad_cat(values)
+        else:
+            out[name] = [x for v in values for x in (v if isinstance(v, (list, tuple)) else [v])]
+    return out
+
+
+def _pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if len(tensors) == 1:
+        return tensors[0]
+    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].ndim)]
+    padded = []
+    for t in tensors:
+        pad = [x for d in reversed(range(1, t.ndim)) for x in (0, shape[d - 1] - t.shape[d])]
+        padded.append(torch.nn.functional.pad(t, pad) if any(pad) else t)
+    return torch.cat(padded)
+
+
+def _pooled(out: Any) -> Any:
+    pooled = getattr(out, "pooler_output", None)
+    if pooled is not None:
+        return pooled
+    if isinstance(out, (torch.Tensor, list, tuple)):
+        return out
+    return out.last_hidden_state
+
+
+def split_rows(embeds: Any, rows: Sequence[int]) -> list[torch.Tensor]:
+    """Per-image (rows_i, hidden) tensors from an encoder output: a list/tuple with one entry
+    per image, or anything whose rows, in image order, are every image's rows."""
+    if isinstance(embeds, (list, tuple)) and len(embeds) == len(rows):
+        parts = [e.reshape(-1, e.shape[-1]) for e in embeds]
+        if [p.shape[0] for p in parts] == list(rows):
+            return parts
+    if isinstance(embeds, (list, tuple)):
+        embeds = torch.cat([e.reshape(-1, e.shape[-1]) for e in embeds])
+    flat = embeds.reshape(-1, embeds.shape[-1])
+    if flat.shape[0] != sum(rows):
+        raise RuntimeError(
+            f"vision encoder gave {flat.shape[0]} rows for images needing {list(rows)}"
+        )
+    return list(torch.split(flat, list(rows)))
+
+
+def _as_numpy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    return np.asarray(value) if isinstance(value, (list, tuple)) else value

@@ -1,0 +1,200 @@
+"""Where a family really differs from the generic adapter, and why.
+
+Most overrides are *size rules*: the layout of an image computed from its size alone, so that
+the placeholder text is known without preprocessing (an image whose embedding is cached is then
+never preprocessed, not even the first time its size is seen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
+from sglang.srt.models.adapters.base import (
+    Layout,
+    ModelAdapter,
+    PixelShape,
+    accepted_kwargs,
+    batch_features,
+    split_rows,
+)
+
+
+def _grid_settings(image_processor: Any, images_kwargs: dict[str, Any]) -> tuple[dict, int, int]:
+    """(size bounds, patch size, merge size) of a Qwen-style grid processor."""
+    size = images_kwargs.get("size") or image_processor.size
+    patch = images_kwargs.get("patch_size") or image_processor.patch_size
+    merge = images_kwargs.get("merge_size") or image_processor.merge_size
+    return size, patch, merge
+
+
+def _grid_layout(resized: tuple[int, int], patch: int) -> Layout:
+    return {"image_grid_thw": np.array([[1, resized[0] // patch, resized[1] // patch]])}
+
+
+class QwenVLAdapter(ModelAdapter):
+    """Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE): ``image_grid_thw`` from Qwen's
+    ``smart_resize`` (M-RoPE and deepstack features come with the generic adapter)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+        resized = smart_resize(
+            height,
+            width,
+            patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return _grid_layout(resized, patch)
+
+
+class LlavaAdapter(ModelAdapter):
+    """LLaVA 1.5: every image becomes the processor's center crop (the replacement reads only
+    the pixel shape)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        image_processor = processor.image_processor
+        if not images_kwargs.get("do_center_crop", image_processor.do_center_crop):
+            return None
+        crop = images_kwargs.get("crop_size") or image_processor.crop_size
+        return {"pixel_values": PixelShape((1, 3, int(crop["height"]), int(crop["width"])))}
+
+
+class Gemma3Adapter(ModelAdapter):
+    """Gemma3: image tokens attend bidirectionally, so a chunk never splits an image; without
+    pan-and-scan every image is one fixed-size crop."""
+
+    bidirectional_images = True
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        if images_kwargs.get("do_pan_and_scan"):
+            return None
+        return {"num_crops": np.array([0])}
+
+
+class TiledAdapter(ModelAdapter):
+    """InternVL, Aya Vision (GotOCR2 tiling): the replacement reads only the tile count, which
+    the image processor computes from the size (``get_number_of_image_patches``)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        tiles = processor.image_processor.get_number_of_image_patches(height, width, images_kwargs)
+        return {"num_patches": np.array([tiles])}
+
+
+class PixtralAdapter(ModelAdapter):
+    """Mistral3 (Pixtral tower): the replacement reads the resized size, which Pixtral's resize
+    rule gives from the size (rows of ``[IMG]`` tokens broken by ``[IMG_BREAK]``)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.pixtral.image_processing_pil_pixtral import (
+            get_resize_output_image_size,
+        )
+
+        longest = (images_kwargs.get("size") or processor.image_processor.size)["longest_edge"]
+        patch = processor.patch_size * processor.spatial_merge_size
+        shape_only = np.broadcast_to(np.uint8(0), (height, width, 3))
+        resized = get_resize_output_image_size(
+            shape_only, size=(longest, longest), patch_size=(patch, patch)
+        )
+        return {"image_sizes": np.array([resized])}
+
+
+class Glm4vAdapter(ModelAdapter):
+    """GLM-4.1V: ``image_grid_thw`` from GLM's own ``smart_resize`` (M-RoPE is generic)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize
+
+        image_processor = processor.image_processor
+        size, patch, merge = _grid_settings(image_processor, images_kwargs)
+        temporal = images_kwargs.get("temporal_patch_size") or image_processor.temporal_patch_size
+        resized = smart_resize(
+            num_frames=temporal,
+            height=height,
+            width=width,
+            temporal_factor=temporal,
+            factor=patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return _grid_layout(resized, patch)
+
+
+class FixedCountAdapter(ModelAdapter):
+    """DeepSeek-VL (and -Hybrid): every image is resized to one square, so the replacement is
+    the same ``num_image_tokens`` run whatever the size."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        return {}
+
+
+class Granite4VisionAdapter(ModelAdapter):
+    """Granite 4 Vision: image tokens enter the LM as zeros; the encoder's features are added
+    at the image positions before given decoder layers (``deepstack_features`` as
+    ``(llm_layer, per-image features)`` pairs, a later pair for a layer replacing an earlier one
+    as HF's dict does). They are cached with the image as its extras, in layer order."""
+
+    @property
+    def injection_layers(self) -> list[int]:
+        pairs = [layer for _, layer in self.config.deepstack_layer_map or []]
+        return list(dict.fromkeys([*pairs, *self.config.spatial_target_layers]))
+
+    def encode(self, features: list[dict[str, Any]], rows: Sequence[int]) -> list[CachedEmbedding]:
+        fn = self.image_features_fn
+        out = fn(**batch_features(features, accepted_kwargs(fn)))
+        by_layer = {layer: split_rows(packed, rows) for layer, packed in out.deepstack_features}
+        layers = self.injection_layers
+        assert list(by_layer) == layers, (list(by_layer), layers)
+        hidden = self.text_config.hidden_size
+        return [
+            CachedEmbedding(
+                by_layer[layers[0]][i].new_zeros(n, hidden), [by_layer[k][i] for k in layers]
+            )
+            for i, n in enumerate(rows)
+        ]
+
+    def lm_kwargs(self, image_positions: torch.Tensor, extras: list[torch.Tensor]) -> dict:
+        if not extras:
+            return {}
+        return {
+            "vision_mask": image_positions.unsqueeze(-1),  # (1, T, 1), as HF's placeholder mask
+            "deepstack_features": dict(zip(self.injection_layers, extras)),
+        }
+
+
+class Ovis2Adapter(ModelAdapter):
+    """Ovis2: the indicator tokens around and between an image's tiles (``<IMG_START>``,
+    ``<IMG_GRID>``, ...) take learned visual embeddings instead of their text embeddings. They
+    do not depend on the image, so they are computed once and written over the prompt's text
+    embeddings; the image rows themselves are generic."""
+
+    def token_embedding_overrides(self) -> dict[int, torch.Tensor]:
+        if not hasattr(self, "_overrides"):
+            inner = self.inner
+            count = inner.vision_tower.num_visual_indicator_tokens
+            ids = torch.arange(inner.visual_vocab_size - count, inner.visual_vocab_size)
+            with torch.no_grad():
+                table = inner.visual_embeddings_table
+                rows = table(ids.to(table.weight.device))
+            self._overrides = dict(zip(inner.visual_indicator_token_ids, rows))
+        return self._overrides

@@ -1,0 +1,1043 @@
+"""Tiny recipes for the VLM families users bring (InternVL, LLaVA-NeXT, Granite Vision, ...).
+
+Each family is laid out as its published checkpoints are: the processor class they name, the
+family's special tokens (as tokenizer attributes where the processor reads them) and a chat
+template in the family's style. Sizes are tiny but keep each family's structure: several tiles
+per image where the family tiles, row breaks where it breaks rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.testing.tiny_common import (
+    _CLIP_MEAN,
+    _CLIP_STD,
+    _QWEN3_ROPE,
+    _QWEN3_VISION,
+    _QWEN_ROLES,
+    _QWEN_SPECIALS,
+    _QWEN_SYSTEM,
+    _QWEN_VISION,
+    _TEXT,
+    _qwen_generation,
+    _qwen_ids,
+    _qwen_preprocessor,
+    _qwen_template,
+    _qwen_text,
+    _Recipe,
+    _TokSpec,
+)
+
+_IMAGENET_MEAN = [0.485, 0.456, 0.406]
+_IMAGENET_STD = [0.229, 0.224, 0.225]
+_SMALL_VIT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    tokenizer: _TokSpec
+    recipe: Callable[[Any, int], _Recipe]
+    placeholder: str  # what a prompt writes for one image
+    image_token: str  # the token whose embedding rows are the image's
+
+
+def _chatml(image_text: str, system: str | None = _QWEN_SYSTEM) -> str:
+    """A Qwen-style ChatML template that writes ``image_text`` for every image part."""
+    return _qwen_template(system).replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
+
+
+def _content(image_text: str) -> str:
+    """Jinja writing a message's content: a string, or OpenAI-style parts where every image part
+    becomes ``image_text``."""
+    return (
+        "{%- if message['content'] is string -%}{{- message['content'] -}}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + image_text + "' -}}"
+        "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+    )
+
+
+# InternVL 3 (-hf checkpoints): Qwen2 LM; tiles of 448 (here 56) plus a thumbnail --------------
+_INTERNVL_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>"}
+_INTERNVL_ROLES = {
+    **_QWEN_ROLES,
+    **_INTERNVL_TOKENS,
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+
+
+def _recipe_internvl(tok: Any, vocab: int) -> _Recipe:
+    from transformers import InternVLConfig
+
+    config = InternVLConfig(
+        text_config=dict(_qwen_text(tok, vocab), model_type="qwen2"),
+        vision_config=dict(_SMALL_VIT, image_size=[56, 56], patch_size=[14, 14]),
+        image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),
+        image_seq_length=4,
+        downsample_ratio=0.5,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+    )
+    pre = {
+        "crop_to_patches": False,  # the processor turns tiling on, the image processor does not
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _IMAGENET_MEAN,
+        "image_processor_type": "GotOcr2ImageProcessorFast",
+        "image_std": _IMAGENET_STD,
+        "max_patches": 6,
+        "min_patches": 1,
+        "processor_class": "InternVLProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 56, "width": 56},
+    }
+    proc = {"image_seq_length": 4, "processor_class": "InternVLProcessor"}
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+
+
+# LLaVA-NeXT (llava-v1.6-mistral-7b-hf layout): anyres tiles at 336 (here 28) -------------------
+_LLAVA_HEAD = ("<unk>", "<s>", "</s>")
+_LLAVA_ROLES = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+_MISTRAL_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{{- '[INST] ' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image>\\n' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{- ' [/INST]' -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- ' ' + (message['content'] if message['content'] is string"
+    " else message['content'][0]['text']) + eos_token -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+_ANYRES_PINPOINTS = [[28, 56], [56, 28], [56, 56], [84, 28], [28, 84]]
+
+
+def _clip_vision(**extra: Any) -> dict[str, Any]:
+    base = dict(_SMALL_VIT, model_type="clip_vision_model", image_size=28, patch_size=14)
+    return {**base, "projection_dim": 64, "hidden_act": "quick_gelu", **extra}
+
+
+def _llava_text(tok: Any, vocab: int, model_type: str, **extra: Any) -> dict[str, Any]:
+    t = tok.convert_tokens_to_ids
+    return dict(
+        _TEXT,
+        model_type=model_type,
+        vocab_size=vocab,
+        bos_token_id=t("<s>"),
+        eos_token_id=t("</s>"),
+        pad_token_id=t("<pad>"),
+        rms_norm_eps=1e-5,
+        **extra,
+    )
+
+
+def _llava_generation(tok: Any) -> dict[str, Any]:
+    t = tok.convert_tokens_to_ids
+    return {"bos_token_id": t("<s>"), "eos_token_id": t("</s>"), "pad_token_id": t("<pad>")}
+
+
+def _anyres_preprocessor(processor_class: str, mean: list, std: list, **extra: Any) -> dict:
+    return {
+        "aspect_ratio_setting": "anyres",
+        "crop_size": {"height": 28, "width": 28},
+        "do_center_crop": True,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_grid_pinpoints": _ANYRES_PINPOINTS,
+        "image_mean": mean,
+        "image_processor_type": "LlavaNextImageProcessor",
+        "image_std": std,
+        "processor_class": processor_class,
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 28},
+        **extra,
+    }
+
+
+def _recipe_llava_next(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaNextConfig
+
+    config = LlavaNextConfig(
+        text_config=_llava_text(tok, vocab, "mistral", sliding_window=None, head_dim=32),
+        vision_config=_clip_vision(),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=_ANYRES_PINPOINTS,
+        image_seq_length=4,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    pre = _anyres_preprocessor("LlavaNextProcessor", _CLIP_MEAN, _CLIP_STD)
+    proc = {
+        "image_token": "<image>",
+        "num_additional_image_tokens": 1,
+        "patch_size": 14,
+        "processor_class": "LlavaNextProcessor",
+        "vision_feature_select_strategy": "default",
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _llava_generation(tok), pre, proc)
+
+
+# Granite Vision 3.x: LLaVA-NeXT with a SigLIP tower, several feature layers concatenated and a
+# Granite LM (embedding / residual / attention multipliers, logits scaling) ---------------------
+_GRANITE_TAIL = ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>", "<image>", "<pad>")
+_GRANITE_ROLES = {
+    "bos_token": "<|end_of_text|>",
+    "eos_token": "<|end_of_text|>",
+    "pad_token": "<pad>",
+    "unk_token": "<|end_of_text|>",
+}
+_GRANITE_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' -}}"
+    + _content("<image>\\n")
+    + "{{- '<|end_of_text|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}"
+    "{%- endif -%}"
+)
+
+
+def _granite_text(tok: Any, vocab: int, model_type: str, **extra: Any) -> dict[str, Any]:
+    """A Granite LM: embedding, residual and attention multipliers and logits scaling."""
+    t = tok.convert_tokens_to_ids
+    return dict(
+        _TEXT,
+        model_type=model_type,
+        vocab_size=vocab,
+        bos_token_id=t("<|end_of_text|>"),
+        eos_token_id=t("<|end_of_text|>"),
+        pad_token_id=t("<pad>"),
+        embedding_multiplier=12.0,
+        logits_scaling=8.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.015625,
+        **extra,
+    )
+
+
+def _recipe_granite_vision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaNextConfig
+
+    t = tok.convert_tokens_to_ids
+    text = _granite_text(tok, vocab, "granite", tie_word_embeddings=True)
+    vision = dict(_SMALL_VIT, model_type="siglip_vision_model", image_size=28, patch_size=14)
+    vision["num_hidden_layers"] = 3
+    config = LlavaNextConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=t("<image>"),
+        image_grid_pinpoints=_ANYRES_PINPOINTS,
+        image_seq_length=4,
+        vision_feature_layer=[-3, -2, -1],
+        vision_feature_select_strategy="full",
+        tie_word_embeddings=True,
+    )
+    pre = _anyres_preprocessor("LlavaNextProcessor", [0.5] * 3, [0.5] * 3)
+    proc = {
+        "image_token": "<image>",
+        "num_additional_image_tokens": 0,
+        "patch_size": 14,
+        "processor_class": "LlavaNextProcessor",
+        "vision_feature_select_strategy": "full",
+    }
+    gen = {"bos_token_id": t("<|end_of_text|>"), "eos_token_id": t("<|end_of_text|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
+# LLaVA-OneVision (llava-onevision-qwen2-*-ov-hf): SigLIP + Qwen2, anyres_max_9 ----------------
+def _recipe_llava_onevision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaOnevisionConfig
+
+    config = LlavaOnevisionConfig(
+        text_config=dict(_qwen_text(tok, vocab), model_type="qwen2"),
+        vision_config=dict(
+            _SMALL_VIT, model_type="siglip_vision_model", image_size=28, patch_size=14
+        ),
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        video_token_index=tok.convert_tokens_to_ids("<video>"),
+        image_grid_pinpoints=_ANYRES_PINPOINTS,
+        vision_aspect_ratio="anyres_max_9",
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+    )
+    pre = _anyres_preprocessor("LlavaOnevisionProcessor", [0.5] * 3, [0.5] * 3)
+    pre.update(
+        image_processor_type="LlavaOnevisionImageProcessor", size={"height": 28, "width": 28}
+    )
+    del pre["crop_size"], pre["do_center_crop"], pre["aspect_ratio_setting"]
+    proc = {
+        "image_token": "<image>",
+        "num_image_tokens": 4,
+        "processor_class": "LlavaOnevisionProcessor",
+        "video_token": "<video>",
+        "vision_aspect_ratio": "anyres_max_9",
+        "vision_feature_select_strategy": "full",
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+
+
+# Mistral3 (Mistral-Small-3.1): Pixtral tower, [IMG] runs broken by [IMG_BREAK] per row ------------
+_MISTRAL3_TAIL = ("[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]")
+_MISTRAL3_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{{- '[INST]' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '[IMG]' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{- '[/INST]' -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{{- (message['content'] if message['content'] is string"
+    " else message['content'][0]['text']) + eos_token -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+)
+
+
+def _recipe_mistral3(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Mistral3Config
+
+    vision = dict(_SMALL_VIT, model_type="pixtral", image_size=112, patch_size=14, head_dim=16)
+    config = Mistral3Config(
+        text_config=_llava_text(tok, vocab, "mistral", sliding_window=None, head_dim=32),
+        vision_config=vision,
+        image_token_index=tok.convert_tokens_to_ids("[IMG]"),
+        spatial_merge_size=2,
+        vision_feature_layer=-1,
+        multimodal_projector_bias=False,
+        projector_hidden_act="gelu",
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "PixtralImageProcessor",
+        "image_std": _CLIP_STD,
+        "patch_size": 14,
+        "processor_class": "PixtralProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": 112},
+    }
+    proc = {
+        "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]",
+        "image_token": "[IMG]",
+        "patch_size": 14,
+        "processor_class": "PixtralProcessor",
+        "spatial_merge_size": 2,
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _llava_generation(tok), pre, proc)
+
+
+# Idefics3 / SmolVLM: tiles with <row_i_col_j> tags around <image> runs, a global view last ------
+_ROW_COL = tuple(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))
+_IDEFICS_TAIL = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>")
+
+
+def _idefics_template(bos: str) -> str:
+    return (
+        "{{- " + bos + " -}}"
+        "{%- for message in messages -%}"
+        "{{- message['role'] | capitalize -}}"
+        "{%- if message['content'] is string -%}{{- ': ' + message['content'] -}}"
+        "{%- else -%}{{- ':' -}}{%- for part in message['content'] -%}"
+        "{%- if part['type'] in ('image', 'image_url') -%}{{- '<image>' -}}"
+        "{%- elif part['type'] == 'text' -%}{{- ' ' + part['text'] -}}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+        "{{- '<end_of_utterance>\\n' -}}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- 'Assistant:' -}}{%- endif -%}"
+    )
+
+
+def _idefics_preprocessor(processor_class: str, image_type: str, tile: int) -> dict[str, Any]:
+    return {
+        "do_convert_rgb": True,
+        "do_image_splitting": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": image_type,
+        "image_std": [0.5] * 3,
+        "max_image_size": {"longest_edge": tile},
+        "processor_class": processor_class,
+        "resample": 1,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": 2 * tile},
+    }
+
+
+def _recipe_idefics3(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Idefics3Config
+
+    t = tok.convert_tokens_to_ids
+    text = dict(
+        _TEXT,
+        model_type="llama",
+        vocab_size=vocab,
+        bos_token_id=t("<|begin_of_text|>"),
+        eos_token_id=[t("<|end_of_text|>"), t("<end_of_utterance>")],
+        pad_token_id=t("<|end_of_text|>"),
+        rms_norm_eps=1e-5,
+    )
+    config = Idefics3Config(
+        text_config=text,
+        vision_config=dict(_SMALL_VIT, image_size=56, patch_size=14),
+        image_token_id=t("<image>"),
+        scale_factor=2,
+    )
+    pre = _idefics_preprocessor("Idefics3Processor", "Idefics3ImageProcessor", 56)
+    proc = {"image_seq_len": 4, "processor_class": "Idefics3Processor"}
+    gen = {"bos_token_id": t("<|begin_of_text|>"), "eos_token_id": text["eos_token_id"]}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
+_SMOLVLM_ROLES = {
+    "bos_token": "<|im_start|>",
+    "eos_token": "<end_of_utterance>",
+    "pad_token": "<|im_end|>",
+    "unk_token": "<|endoftext|>",
+    "fake_image_token": "<fake_token_around_image>",
+    "image_token": "<image>",
+    "global_image_token": "<global-img>",
+    "end_of_utterance_token": "<end_of_utterance>",
+}
+
+
+def _recipe_smolvlm(tok: Any, vocab: int) -> _Recipe:
+    from transformers import SmolVLMConfig
+
+    t = tok.convert_tokens_to_ids
+    text = dict(
+        _TEXT,
+        model_type="llama",
+        vocab_size=vocab,
+        bos_token_id=t("<|im_start|>"),
+        eos_token_id=t("<end_of_utterance>"),
+        pad_token_id=t("<|im_end|>"),
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
+    config = SmolVLMConfig(
+        text_config=text,
+        vision_config=dict(_SMALL_VIT, image_size=64, patch_size=16),
+        image_token_id=t("<image>"),
+        scale_factor=2,
+        tie_word_embeddings=True,
+    )
+    pre = _idefics_preprocessor("SmolVLMProcessor", "SmolVLMImageProcessor", 64)
+    proc = {"image_seq_len": 4, "processor_class": "SmolVLMProcessor"}
+    gen = {"bos_token_id": t("<|im_start|>"), "eos_token_id": t("<end_of_utterance>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
+# Qwen3-VL-MoE (Qwen3-VL-30B-A3B): the Qwen3-VL layout and deepstack with an MoE LM ------------
+def _recipe_qwen3_vl_moe(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Qwen3VLMoeConfig
+
+    rope = _QWEN3_ROPE
+    text = _qwen_text(
+        tok,
+        vocab,
+        head_dim=32,
+        rope_parameters=rope,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        decoder_sparse_step=1,
+    )
+    config = Qwen3VLMoeConfig(
+        text_config=text,
+        vision_config=_QWEN3_VISION,
+        **_qwen_ids(tok),
+    )
+    pre = _qwen_preprocessor(16, "Qwen3VLProcessor", "Qwen2VLImageProcessorFast", legacy=False)
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
+# GLM-4.1V (GLM-4.1V-9B-Thinking): <|begin_of_image|> <|image|>*N <|end_of_image|>, M-RoPE -------
+_GLM_SPECIALS = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
+    "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>",
+)  # fmt: skip
+_GLM_IMAGE = "<|begin_of_image|><|image|><|end_of_image|>"
+_GLM_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{%- for message in messages -%}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}" + _content(_GLM_IMAGE) + "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+)
+
+
+def _recipe_glm4v(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Glm4vConfig
+
+    t = tok.convert_tokens_to_ids
+    eos = [t("<|endoftext|>"), t("<|user|>"), t("<|observation|>")]
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [2, 3, 3],
+        "partial_rotary_factor": 0.5,
+    }
+    text = dict(
+        _TEXT,
+        vocab_size=vocab,
+        rope_parameters=rope,
+        eos_token_id=eos,
+        pad_token_id=t("<|endoftext|>"),
+    )
+    vision = dict(
+        _QWEN_VISION,
+        hidden_size=64,
+        intermediate_size=128,
+        out_hidden_size=128,
+        patch_size=14,
+        image_size=56,
+    )
+    config = Glm4vConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=t("<|image|>"),
+        video_token_id=t("<|video|>"),
+        image_start_token_id=t("<|begin_of_image|>"),
+        image_end_token_id=t("<|end_of_image|>"),
+        video_start_token_id=t("<|begin_of_video|>"),
+        video_end_token_id=t("<|end_of_video|>"),
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "Glm4vImageProcessor",
+        "image_std": _CLIP_STD,
+        "merge_size": 2,
+        "patch_size": 14,
+        "processor_class": "Glm4vProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 56 * 56, "longest_edge": 112 * 112},
+        "temporal_patch_size": 2,
+    }
+    gen = {"eos_token_id": eos, "pad_token_id": t("<|endoftext|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+
+
+# DeepSeek-VL (deepseek-community/deepseek-vl-*-chat): 576 (here 4) image tokens per image; the
+# hybrid adds a SAM high-resolution tower whose features join in the aligner -------------------
+_DEEPSEEK_BOS, _DEEPSEEK_EOS = (
+    "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
+)
+_DEEPSEEK_ROLES = {
+    "bos_token": _DEEPSEEK_BOS,
+    "eos_token": _DEEPSEEK_EOS,
+    "pad_token": _DEEPSEEK_EOS,
+    "image_token": "<image_placeholder>",
+}
+_DEEPSEEK_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- message['role'] | capitalize + ': ' -}}"
+    + _content("<image_placeholder>")
+    + "{{- '\\n\\n' if message['role'] == 'user' else eos_token -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'Assistant:' -}}{%- endif -%}"
+)
+
+
+def _deepseek_text(tok: Any, vocab: int) -> dict[str, Any]:
+    t = tok.convert_tokens_to_ids
+    return dict(
+        _TEXT,
+        model_type="llama",
+        vocab_size=vocab,
+        bos_token_id=t(_DEEPSEEK_BOS),
+        eos_token_id=t(_DEEPSEEK_EOS),
+        pad_token_id=t(_DEEPSEEK_EOS),
+        rms_norm_eps=1e-6,
+    )
+
+
+def _deepseek_preprocessor(image_type: str, processor_class: str, **extra: Any) -> dict:
+    return {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": image_type,
+        "image_std": [0.5] * 3,
+        "min_size": 14,
+        "processor_class": processor_class,
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 28, "width": 28},
+        **extra,
+    }
+
+
+def _deepseek_generation(tok: Any) -> dict[str, Any]:
+    t = tok.convert_tokens_to_ids
+    return {"bos_token_id": t(_DEEPSEEK_BOS), "eos_token_id": t(_DEEPSEEK_EOS)}
+
+
+def _recipe_deepseek_vl(tok: Any, vocab: int) -> _Recipe:
+    from transformers import DeepseekVLConfig
+
+    config = DeepseekVLConfig(
+        text_config=_deepseek_text(tok, vocab),
+        vision_config=dict(
+            _SMALL_VIT, model_type="siglip_vision_model", image_size=28, patch_size=14
+        ),
+        image_token_id=tok.convert_tokens_to_ids("<image_placeholder>"),
+    )
+    pre = _deepseek_preprocessor("DeepseekVLImageProcessor", "DeepseekVLProcessor")
+    proc = {"num_image_tokens": 4, "processor_class": "DeepseekVLProcessor"}
+    return _Recipe(config, "AutoModelForImageTextToText", _deepseek_generation(tok), pre, proc)
+
+
+def _recipe_deepseek_vl_hybrid(tok: Any, vocab: int) -> _Recipe:
+    from transformers import DeepseekVLHybridConfig
+
+    sam = {
+        "model_type": "sam_vision_model",
+        "hidden_size": 32,
+        "output_channels": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 64,
+        "patch_size": 16,
+        "window_size": 2,
+        "global_attn_indexes": [1],
+        "num_pos_feats": 16,
+        "mlp_dim": 64,
+    }
+    config = DeepseekVLHybridConfig(
+        text_config=_deepseek_text(tok, vocab),
+        vision_config=dict(
+            _SMALL_VIT, model_type="siglip_vision_model", image_size=28, patch_size=14
+        ),
+        high_res_vision_config=sam,
+        image_token_id=tok.convert_tokens_to_ids("<image_placeholder>"),
+    )
+    pre = _deepseek_preprocessor(
+        "DeepseekVLHybridImageProcessor",
+        "DeepseekVLHybridProcessor",
+        high_res_image_mean=_CLIP_MEAN,
+        high_res_image_std=_CLIP_STD,
+        high_res_resample=3,
+        high_res_size={"height": 64, "width": 64},
+    )
+    proc = {"num_image_tokens": 4, "processor_class": "DeepseekVLHybridProcessor"}
+    return _Recipe(config, "AutoModelForImageTextToText", _deepseek_generation(tok), pre, proc)
+
+
+# DeepSeek-OCR-2 (the DeepSeek-VL2 design): local tiles + a global view + a learned view
+# separator, one contiguous run per image; an MoE LM. Its vision tower has fixed learned queries
+# (144 per 768-px tile, 256 per 1024-px view), so views keep those token counts at tiny scale:
+# a 48-px tile and a 64-px view through a SAM stage with 1-px patches and a 4x downsample.
+def _recipe_deepseek_ocr2(tok: Any, vocab: int) -> _Recipe:
+    from transformers import DeepseekOcr2Config
+
+    text = dict(
+        _deepseek_text(tok, vocab),
+        model_type="deepseek_ocr2_text",
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        mlp_layer_types=["dense", "sparse"],
+    )
+    sam = {  # windowed attention only: a global layer over 64x64 patches costs seconds here
+        "hidden_size": 16,
+        "output_channels": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": 64,
+        "patch_size": 1,
+        "window_size": 8,
+        "global_attn_indexes": [],
+        "mlp_dim": 32,
+        "downsample_channels": [32, 64],
+    }
+    encoder = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 16,
+    }
+    config = DeepseekOcr2Config(
+        text_config=text,
+        vision_config={"sam_config": sam, "encoder_config": encoder},
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+    )
+    pre = _deepseek_preprocessor(
+        "DeepseekOcr2ImageProcessor",
+        "DeepseekOcr2Processor",
+        crop_to_patches=True,
+        min_patches=2,
+        max_patches=6,
+        size={"height": 64, "width": 64},
+        tile_size=48,
+    )
+    del pre["min_size"]
+    proc = {"downsample_ratio": 4, "patch_size": 1, "processor_class": "DeepseekOcr2Processor"}
+    return _Recipe(config, "AutoModelForImageTextToText", _deepseek_generation(tok), pre, proc)
+
+
+# Aya Vision (CohereLabs/aya-vision-*): GotOCR2 tiles, each "TILE_k" + patch tokens, a global tile
+# last, inside <|START_OF_IMG|>...<|END_OF_IMG|>; a Cohere2 LM (3:1 sliding, logit_scale) ---------
+_COHERE_HEAD = ("<PAD>", "<UNK>", "<CLS>", "<SEP>", "<MASK_TOKEN>", "<BOS_TOKEN>", "<EOS_TOKEN>")
+_AYA_TAIL = (
+    "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
+    "<|SYSTEM_TOKEN|>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>",
+    "<|IMG_LINE_BREAK|>", "TILE_GLOBAL", "<image>",
+)  # fmt: skip
+_AYA_ROLES = {
+    "bos_token": "<BOS_TOKEN>",
+    "eos_token": "<|END_OF_TURN_TOKEN|>",
+    "pad_token": "<PAD>",
+    "unk_token": "<UNK>",
+}
+_AYA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'CHATBOT' if message['role'] == 'assistant' else message['role'] | upper -%}"
+    "{{- '<|START_OF_TURN_TOKEN|><|' + role + '_TOKEN|>' -}}"
+    + _content("<image>")
+    + "{{- '<|END_OF_TURN_TOKEN|>' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}{%- endif -%}"
+)
+
+
+def _recipe_aya_vision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import AyaVisionConfig
+
+    t = tok.convert_tokens_to_ids
+    layer_types = ["sliding_attention"] * 3 + ["full_attention"]
+    text = dict(
+        _TEXT,
+        model_type="cohere2",
+        num_hidden_layers=4,
+        layer_types=layer_types,
+        sliding_window=16,
+        vocab_size=vocab,
+        logit_scale=0.25,
+        bos_token_id=t("<BOS_TOKEN>"),
+        eos_token_id=t("<|END_OF_TURN_TOKEN|>"),
+        pad_token_id=t("<PAD>"),
+    )
+    config = AyaVisionConfig(
+        text_config=text,
+        vision_config=dict(
+            _SMALL_VIT, model_type="siglip_vision_model", image_size=56, patch_size=14
+        ),
+        image_token_index=t("<|IMG_PATCH|>"),
+        downsample_factor=2,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+    )
+    pre = {
+        "crop_to_patches": False,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "GotOcr2ImageProcessor",
+        "image_std": [0.5] * 3,
+        "max_patches": 6,
+        "min_patches": 1,
+        "processor_class": "AyaVisionProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 56, "width": 56},
+    }
+    proc = {
+        "downsample_factor": 2,
+        "img_size": 56,
+        "patch_size": 14,
+        "processor_class": "AyaVisionProcessor",
+    }
+    gen = {"bos_token_id": t("<BOS_TOKEN>"), "eos_token_id": t("<|END_OF_TURN_TOKEN|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
+# Granite 4 Vision: LLaVA-NeXT tiling, window Q-Former downsamplers, image-token embeddings zero and
+# projected features added before given decoder layers (deepstack + spatial offsets) -------------
+def _recipe_granite4_vision(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Granite4VisionConfig
+
+    t = tok.convert_tokens_to_ids
+    text = _granite_text(tok, vocab, "granite4_vision_text", num_hidden_layers=4)
+    pinpoints = [[56, 112], [112, 56], [112, 112]]
+    config = Granite4VisionConfig(
+        text_config=text,
+        vision_config=_clip_vision(image_size=56),
+        qformer_config={"num_hidden_layers": 1, "intermediate_size": 128},
+        image_token_index=t("<image>"),
+        image_grid_pinpoints=pinpoints,
+        image_seq_length=4,
+        downsample_rate="2/4",
+        deepstack_layer_map=[[-2, 0], [-1, 1]],
+        spatial_vision_layer=-1,
+        spatial_target_layers=[2, 3],
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_dropout=0.0,
+    )
+    pre = _anyres_preprocessor("Granite4VisionProcessor", _CLIP_MEAN, _CLIP_STD)
+    pre.update(
+        crop_size={"height": 56, "width": 56},
+        image_grid_pinpoints=pinpoints,
+        size={"shortest_edge": 56},
+    )
+    proc = {
+        "downsample_rate": "2/4",
+        "image_token": "<image>",
+        "num_additional_image_tokens": 1,
+        "patch_size": 14,
+        "processor_class": "Granite4VisionProcessor",
+        "vision_feature_select_strategy": "default",
+    }
+    gen = {"bos_token_id": t("<|end_of_text|>"), "eos_token_id": t("<|end_of_text|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
+# Ovis2 (AIDC-AI/Ovis2-*-hf style): a visual tokenizer (softmax over a visual vocabulary, then an
+# embedding table); indicator tokens around and between tiles take learned visual embeddings ----
+_OVIS_INDICATORS = ("<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>")
+
+
+def _recipe_ovis2(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Ovis2Config
+
+    t = tok.convert_tokens_to_ids
+    vision = dict(
+        _SMALL_VIT,
+        image_size=56,
+        patch_size=14,
+        vocab_size=64,
+        hidden_stride=2,
+        num_visual_indicator_tokens=len(_OVIS_INDICATORS),
+    )
+    text = dict(_qwen_text(tok, vocab), model_type="qwen2")
+    config = Ovis2Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=t("<IMG_ATOM>"),
+        visual_indicator_token_ids=[t(x) for x in _OVIS_INDICATORS],
+        vocab_size=vocab,
+        hidden_size=text["hidden_size"],
+    )
+    pre = {
+        "crop_to_patches": True,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "Ovis2ImageProcessor",
+        "image_std": _CLIP_STD,
+        "max_patches": 6,
+        "min_patches": 1,
+        "processor_class": "Ovis2Processor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 56, "width": 56},
+        "use_covering_area_grid": True,
+    }
+    proc = {"image_seq_length": 4, "processor_class": "Ovis2Processor"}
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+
+
+FAMILIES: dict[str, Family] = {
+    "internvl": Family(
+        _TokSpec(
+            (),
+            (*_QWEN_SPECIALS, "<img>", "</img>", "<IMG_CONTEXT>", "<video>"),
+            _INTERNVL_ROLES,
+            _chatml("<IMG_CONTEXT>\n"),
+        ),
+        _recipe_internvl,
+        "<IMG_CONTEXT>",
+        "<IMG_CONTEXT>",
+    ),
+    "llava_next": Family(
+        _TokSpec(
+            _LLAVA_HEAD,
+            ("<image>", "<pad>"),
+            {**_LLAVA_ROLES, "image_token": "<image>"},
+            _MISTRAL_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_llava_next,
+        "<image>",
+        "<image>",
+    ),
+    "granite_vision": Family(
+        _TokSpec((), _GRANITE_TAIL, _GRANITE_ROLES, _GRANITE_TEMPLATE),
+        _recipe_granite_vision,
+        "<image>",
+        "<image>",
+    ),
+    "llava_onevision": Family(
+        _TokSpec(
+            (),
+            (*_QWEN_SPECIALS, "<image>", "<video>"),
+            {**_QWEN_ROLES, "image_token": "<image>", "video_token": "<video>"},
+            _chatml("<image>\n"),
+        ),
+        _recipe_llava_onevision,
+        "<image>",
+        "<image>",
+    ),
+    "mistral3": Family(
+        _TokSpec(
+            _LLAVA_HEAD,
+            (*_MISTRAL3_TAIL, "<pad>"),
+            _LLAVA_ROLES,
+            _MISTRAL3_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_mistral3,
+        "[IMG]",
+        "[IMG]",
+    ),
+    "idefics3": Family(
+        _TokSpec(
+            (),
+            ("<|begin_of_text|>", "<|end_of_text|>", *_IDEFICS_TAIL, *_ROW_COL),
+            {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
+            _idefics_template("bos_token"),
+            add_bos=True,
+        ),
+        _recipe_idefics3,
+        "<image>",
+        "<image>",
+    ),
+    "smolvlm": Family(
+        _TokSpec(
+            (),
+            ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *_IDEFICS_TAIL, *_ROW_COL),
+            _SMOLVLM_ROLES,
+            _idefics_template("'<|im_start|>'"),
+        ),
+        _recipe_smolvlm,
+        "<image>",
+        "<image>",
+    ),
+    "qwen3_vl_moe": Family(
+        _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(None)),
+        _recipe_qwen3_vl_moe,
+        "<|vision_start|><|image_pad|><|vision_end|>",
+        "<|image_pad|>",
+    ),
+    "glm4v": Family(
+        _TokSpec(
+            (),
+            _GLM_SPECIALS,
+            {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+            _GLM_TEMPLATE,
+        ),
+        _recipe_glm4v,
+        _GLM_IMAGE,
+        "<|image|>",
+    ),
+    "deepseek_vl": Family(
+        _TokSpec(
+            (),
+            (_DEEPSEEK_BOS, _DEEPSEEK_EOS, "<image_placeholder>"),
+            _DEEPSEEK_ROLES,
+            _DEEPSEEK_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_deepseek_vl,
+        "<image_placeholder>",
+        "<image_placeholder>",
+    ),
+    "deepseek_vl_hybrid": Family(
+        _TokSpec(
+            (),
+            (_DEEPSEEK_BOS, _DEEPSEEK_EOS, "<image_placeholder>"),
+            _DEEPSEEK_ROLES,
+            _DEEPSEEK_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_deepseek_vl_hybrid,
+        "<image_placeholder>",
+        "<image_placeholder>",
+    ),
+    "deepseek_ocr2": Family(
+        _TokSpec(
+            (),
+            (_DEEPSEEK_BOS, _DEEPSEEK_EOS, "<image>"),
+            {**_DEEPSEEK_ROLES, "image_token": "<image>"},
+            _DEEPSEEK_TEMPLATE.replace("<image_placeholder>", "<image>\\n"),
+            add_bos=True,
+        ),
+        _recipe_deepseek_ocr2,
+        "<image>",
+        "<image>",
+    ),
+    "aya_vision": Family(
+        _TokSpec(_COHERE_HEAD, _AYA_TAIL, _AYA_ROLES, _AYA_TEMPLATE, add_bos=True),
+        _recipe_aya_vision,
+        "<image>",
+        "<|IMG_PATCH|>",
+    ),
+    "granite4_vision": Family(
+        _TokSpec((), _GRANITE_TAIL, _GRANITE_ROLES, _GRANITE_TEMPLATE),
+        _recipe_granite4_vision,
+        "<image>",
+        "<image>",
+    ),
+    "ovis2": Family(
+        _TokSpec(
+            (),
+            (*_QWEN_SPECIALS, "<image>", "<IMG_ATOM>", *_OVIS_INDICATORS),
+            {**_QWEN_ROLES, "image_token": "<image>"},
+            _chatml("<image>\\n"),
+        ),
+        _recipe_ovis2,
+        "<image>",
+        "<IMG_ATOM>",
+    ),
+}

@@ -1,0 +1,103 @@
+"""The Qwen-VL vision fast path against HF's own tower: the batched segment attention is
+bitwise equal; the matrix-product patch embedding is equal to float rounding."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import transformers
+from conftest import make_image, model_dir
+
+from sglang.srt.models import fast_vision
+from sglang.srt.multimodal.hf_processor import load_hf_processor
+
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+@functools.cache
+def _inputs(family: str):
+    processor = load_hf_processor(model_dir(family)).image_processor
+    images = [make_image(1, 96, 64), make_image(2, 64, 128), make_image(3, 96, 64)]
+    out = processor(images=images, return_tensors="pt")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
+def _model(family: str) -> torch.nn.Module:
+    return transformers.AutoModelForImageTextToText.from_pretrained(
+        model_dir(family), dtype=torch.float32, attn_implementation="sdpa"
+    ).eval()
+
+
+def _encode(model: torch.nn.Module, family: str) -> list[torch.Tensor]:
+    pixel_values, grid = _inputs(family)
+    with torch.no_grad():
+        out = model.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grid)
+    return _flat([out.pooler_output, getattr(out, "deepstack_features", None) or []])
+
+
+def _flat(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for part in value for t in _flat(part)]
+
+
+@pytest.mark.parametrize("family", QWEN_FAMILIES)
+def test_fast_vision_matches_hf(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = transformers.AutoConfig.from_pretrained(model_dir(family))
+    ref = _encode(_model(family), family)
+
+    calls = []
+    monkeypatch.setattr(
+        fast_vision.F,
+        "scaled_dot_product_attention",
+        _counting(fast_vision.F.scaled_dot_product_attention, calls),
+    )
+    monkeypatch.setenv("SGLANG_EXACT_PATCH_EMBED", "1")
+    exact = _model(family)
+    assert fast_vision.install(exact, config)
+    got = _encode(exact, family)
+    assert calls, "the tower's attention did not go through varlen_vision_attention"
+    assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
+
+    monkeypatch.setenv("SGLANG_EXACT_PATCH_EMBED", "0")
+    fast = _model(family)
+    fast_vision.install(fast, config)
+    for a, b in zip(ref, _encode(fast, family), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def _counting(fn, calls: list):
+    def wrapper(*args, **kwargs):
+        calls.append(args[0].shape)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def test_equal_segment_runs() -> None:
+    assert fast_vision.equal_segment_runs([0, 4, 8, 12, 14, 18, 18, 22]) == [
+        (0, 3, 4),
+        (12, 1, 2),
+        (14, 2, 4),
+    ]
+    assert fast_vision.equal_segment_runs([0]) == []
+
+
+def test_varlen_attention_equals_per_segment_sdpa() -> None:
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 10, 15, 18, 30, 42], dtype=torch.int32)
+    q, k, v = (torch.randn(1, 42, 3, 8).transpose(1, 2) for _ in range(3))
+    out, _ = fast_vision.varlen_vision_attention(None, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu)
+    for a, b in zip(cu.tolist(), cu[1:].tolist()):
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], scale=0.3
+        )
+        assert torch.equal(out[0, a:b], ref[0].transpose(0, 1))
+
+
+def test_other_families_are_left_alone() -> None:
+    config = transformers.AutoConfig.from_pretrained(model_dir("llava"))
+    model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir("llava"))
+    assert not fast_vision.install(model, config)
