@@ -17,6 +17,18 @@ import numpy as np
 from PIL import Image
 
 CACHE_MODES = ("per-image", "combined", "off")
+THINK_MODES = ("none", "qwen3")
+
+
+def think_mode_body(mode: str) -> dict[str, Any]:
+    """Extra chat-request fields for a reasoning model's thinking switch: ``qwen3`` turns
+    thinking off through the chat template (``enable_thinking: false``), as the reference
+    Qwen3.5 runs do; ``none`` sends nothing."""
+    if mode not in THINK_MODES:
+        raise ValueError(f"think mode must be one of {THINK_MODES}, not {mode!r}")
+    return {"chat_template_kwargs": {"enable_thinking": False}} if mode == "qwen3" else {}
+
+
 ENCODER_KEYS = ("encoder_seconds", "encoded_items", "encoded_tokens", "encoder_calls", "hits")
 
 

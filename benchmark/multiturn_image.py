@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from benchmark.common import (
     CACHE_MODES,
+    THINK_MODES,
     achieved,
     chat,
     counter_delta,
@@ -38,6 +39,7 @@ from benchmark.common import (
     pyplot,
     ratio,
     server_info,
+    think_mode_body,
     write_json,
 )
 from benchmark.servers import connect, launch
@@ -63,6 +65,7 @@ def run_conversation(
     max_tokens: int,
     progress: tqdm | None = None,
     image_offset: int = 0,
+    extra: dict[str, Any] | None = None,
     peak_gflops: float | None = None,
     server_pid: int | None = None,
 ) -> list[dict[str, Any]]:
@@ -72,7 +75,7 @@ def run_conversation(
     w, h = resolution
     warm = [{"role": "user", "content": [image_part(make_jpeg(WARMUP_ID + w, w, h)), "hi"]}]
     warm[0]["content"][1] = {"type": "text", "text": "hi"}
-    chat(client, base_url, model, warm, 2)
+    chat(client, base_url, model, warm, 2, extra=extra)
     flush_cache(client, base_url)
     messages: list[dict[str, Any]] = []
     out = []
@@ -84,7 +87,7 @@ def run_conversation(
         messages.append({"role": "user", "content": [part, {"type": "text", "text": text}]})
         info = server_info(client, base_url)
         cpu_before = process_tree_cpu_seconds(server_pid)
-        res = chat(client, base_url, model, messages, max_tokens)
+        res = chat(client, base_url, model, messages, max_tokens, extra=extra)
         cpu_after = process_tree_cpu_seconds(server_pid)
         after = server_info(client, base_url)
         delta = counter_delta(encoder_counters(info), encoder_counters(after))
@@ -251,10 +254,10 @@ def plot(runs: list[dict[str, Any]], resolutions: list[str], path: Path) -> None
     plt.close(fig)
 
 
-def default_model(size: str) -> str:
+def default_model(size: str, family: str | None = None) -> str:
     from sglang.testing.tiny_models import DEFAULT_FAMILY, tiny_model_path
 
-    return str(tiny_model_path(DEFAULT_FAMILY, size=size))
+    return str(tiny_model_path(family or DEFAULT_FAMILY, size=size))
 
 
 def targets(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -278,6 +281,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "report per round the repetition with the lowest TTFT")  # fmt: skip
     p.add_argument("--model-path", help="model folder (default: the embedded Qwen2.5-VL)")
     p.add_argument("--model-size", choices=("tiny", "small"), help="embedded model size")
+    p.add_argument("--family", help="embedded model family (default qwen2_5_vl; e.g. qwen3_5)")
+    p.add_argument("--think-mode", choices=THINK_MODES, default="none",
+                   help="qwen3: send chat_template_kwargs {enable_thinking: false}")  # fmt: skip
     p.add_argument("--modes", default=",".join(CACHE_MODES))
     p.add_argument("--engines", default="ours", help="ours,vllm,hf (peers need their venvs)")
     p.add_argument("--server-args", default="", help="extra flags for our server")
@@ -291,8 +297,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     resolutions = (args.resolutions or preset["resolutions"]).split(",")
     rounds = args.rounds or preset["rounds"]
     model_path = args.model_path or (
-        None if args.base_url else default_model(args.model_size or preset["size"])
+        None if args.base_url else default_model(args.model_size or preset["size"], args.family)
     )
+    extra = think_mode_body(args.think_mode)
     plan = [("external", "")] if args.base_url else targets(args)
     runs: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
@@ -312,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     rows = best_of([
                         run_conversation(
                             client, server.base_url, server.model, parse_resolution(res), rounds,
-                            args.max_tokens, bar, image_offset=1000 * k,
+                            args.max_tokens, bar, image_offset=1000 * k, extra=extra,
                             peak_gflops=peak["gflop_per_s"] if peak else None,
                             server_pid=server.proc.pid if server.proc else None,
                         )
@@ -344,6 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rounds": rounds,
             "max_tokens": args.max_tokens,
             "repeats": args.repeats,
+            "think_mode": args.think_mode,
             "model_path": model_path,
             "engines": [label for label, _ in plan],
             "matmul_peak": peak,

@@ -23,7 +23,14 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from benchmark.common import CACHE_MODES, achat, markdown_table, write_json
+from benchmark.common import (
+    CACHE_MODES,
+    THINK_MODES,
+    achat,
+    markdown_table,
+    think_mode_body,
+    write_json,
+)
 from benchmark.servers import Server, connect, launch
 
 CATEGORIES = (
@@ -103,6 +110,7 @@ async def _ask_all(
     server: Server, entries: list[dict[str, Any]], args: argparse.Namespace, bar: tqdm
 ) -> list[dict[str, Any]]:
     sem = asyncio.Semaphore(args.concurrency)
+    extra = think_mode_body(args.think_mode)
     limits = httpx.Limits(max_connections=args.concurrency + 2)
 
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
@@ -115,7 +123,7 @@ async def _ask_all(
             async with sem:
                 res = await achat(
                     client, server.base_url, server.model, [{"role": "user", "content": content}],
-                    args.max_tokens, stream=args.stream,
+                    args.max_tokens, stream=args.stream, extra=extra,
                 )  # fmt: skip
             bar.update(1)
             return {"id": entry.get("id"), "prediction": res.text, "ok": res.ok,
@@ -156,6 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--stream", action="store_true")
+    p.add_argument("--think-mode", choices=THINK_MODES, default="none",
+                   help="qwen3: send chat_template_kwargs {enable_thinking: false}")  # fmt: skip
     p.add_argument("--model-path")
     p.add_argument("--modes", default=",".join(CACHE_MODES))
     p.add_argument("--server-args", default="", help="extra flags for our server")
@@ -175,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "benchmark": "ocrbench",
         "config": {"data": str(args.data), "questions": len(entries),
-                   "max_tokens": args.max_tokens, "model_path": args.model_path},
+                   "max_tokens": args.max_tokens, "model_path": args.model_path,
+                   "think_mode": args.think_mode},
         "reports": reports,
     }  # fmt: skip
     out = Path(args.out)

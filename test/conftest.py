@@ -21,6 +21,7 @@ from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.testing.tiny_models import (
     BASE_VLM_FAMILIES,
     EXTRA_VLM_FAMILIES,
+    HYBRID_VLM_FAMILIES,
     IMAGE_PLACEHOLDER,
     build_tiny_model,
 )
@@ -31,7 +32,8 @@ transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
 VLM_FAMILIES = BASE_VLM_FAMILIES  # test_parity.py; the others are in test_families.py
-ALL_VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES
+HYBRID_FAMILIES = HYBRID_VLM_FAMILIES  # linear-attention + full-attention VLMs (Qwen3.5)
+ALL_VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES + HYBRID_FAMILIES
 TEXT_FAMILIES = ("qwen2", "llama")
 # Granite LMs divide logits by ``logits_scaling`` and Cohere LMs multiply them by ``logit_scale``;
 # HF's LLaVA-NeXT and Aya Vision wrappers skip it.

@@ -123,6 +123,23 @@ def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path) -> None:
     assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".md").exists()
 
 
+@needs_server
+@needs_plots
+def test_multiturn_image_smoke_on_qwen3_5(tmp_path: Path) -> None:
+    """The hybrid model resumes every later round from a state snapshot; thinking off."""
+    from benchmark.multiturn_image import main
+    from sglang.testing.tiny_models import build_tiny_model
+
+    model = build_tiny_model("qwen3_5", tmp_path / "qwen3_5")
+    out = tmp_path / "mt35"
+    main(["--model-path", str(model), "--resolutions", "64x64", "--rounds", "3",
+          "--max-tokens", "4", "--modes", "per-image", "--think-mode", "qwen3",
+          "--out", str(out)])  # fmt: skip
+    (run,) = _load(out)["runs"]
+    assert [r["encoded_items"] for r in run["rounds"]] == [1, 1, 1]
+    assert [r["cached_tokens"] > 0 for r in run["rounds"]] == [False, True, True]
+
+
 @needs_plots
 def test_vit_per_chunk_smoke(tiny_model: str, tmp_path: Path) -> None:
     from benchmark.vit_per_chunk import main

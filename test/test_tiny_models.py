@@ -31,6 +31,8 @@ EXPECTED_IMAGE_TOKENS = {
     "qwen3_vl": [16, 20],
     "llava": [16, 16],
     "gemma3": [16, 16],
+    "qwen3_5": [16, 20],
+    "qwen3_5_moe": [16, 20],
 }
 VLMS = tuple(EXPECTED_IMAGE_TOKENS)  # the other families: test_families.py
 

@@ -55,6 +55,18 @@ class ServerArgs:
         },
     )
 
+    # Hybrid models (linear-attention layers, e.g. Qwen3.5)
+    max_mamba_cache_size: int | None = field(
+        default=None, metadata={"help": "Linear-attention state slots for running requests."}
+    )
+    mamba_ssm_dtype: str = field(
+        default="float32", metadata={"help": "Recurrent-state dtype: float32 (as HF), bfloat16."}
+    )
+    state_snapshot_mb: float | None = field(
+        default=None,
+        metadata={"help": "Prefix-cache snapshots of linear-attention state, MB (default: 10%%)."},
+    )
+
     # Attention
     attention_backend: str | None = field(
         default=None,
@@ -68,6 +80,11 @@ class ServerArgs:
     enable_torch_compile: bool = field(
         default=False,
         metadata={"help": "Compile the Qwen-VL vision blocks (minutes of start-up per shape)."},
+    )
+
+    # Chat
+    reasoning_parser: str | None = field(
+        default=None, metadata={"help": "qwen3: split <think>...</think> into reasoning_content."}
     )
 
     # Multimodal embedding cache
@@ -133,6 +150,10 @@ class ServerArgs:
             )
         if self.mm_attention_backend != "sdpa":
             raise ValueError("the vision tower runs on sdpa (--mm-attention-backend sdpa)")
+        if self.mamba_ssm_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError("mamba_ssm_dtype must be float32, bfloat16 or float16")
+        if self.reasoning_parser not in (None, "qwen3"):
+            raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r} (qwen3)")
         if self.tool_call_parser is not None:
             from sglang.srt.function_call import get_tool_call_parser
 

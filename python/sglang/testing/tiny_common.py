@@ -120,6 +120,7 @@ class _TokSpec:
     roles: dict[str, str]  # tokenizer_config special-token attributes (bos_token, eos_token, ...)
     chat_template: str
     add_bos: bool = False  # the tokenizer prepends bos_token (post-processor in tokenizer.json)
+    plain: tuple[str, ...] = ()  # added tokens that decoding keeps (not special), e.g. <think>
 
 
 _QWEN_ROLES = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}

@@ -47,11 +47,14 @@ from sglang.testing.tiny_common import (
     _Recipe,
     _TokSpec,
 )
-from sglang.testing.tiny_families import FAMILIES as EXTRA_FAMILIES
+from sglang.testing.tiny_families import FAMILIES as _OTHER_FAMILIES
+from sglang.testing.tiny_hybrid import FAMILIES as _HYBRID_FAMILIES
 
 BASE_VLM_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3")
-EXTRA_VLM_FAMILIES = tuple(EXTRA_FAMILIES)
-VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES
+EXTRA_FAMILIES = {**_OTHER_FAMILIES, **_HYBRID_FAMILIES}
+EXTRA_VLM_FAMILIES = tuple(_OTHER_FAMILIES)
+HYBRID_VLM_FAMILIES = tuple(_HYBRID_FAMILIES)  # linear-attention layers: test_qwen3_5.py
+VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES + HYBRID_VLM_FAMILIES
 FAMILIES = (*VLM_FAMILIES, "qwen2", "llama")
 DEFAULT_FAMILY = "qwen2_5_vl"
 # Bump whenever the recipe changes so that stale cached folders are not reused.
@@ -202,6 +205,7 @@ def _build_tokenizer(family: str) -> Any:
     tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.head])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.tail])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.plain])
     if spec.add_bos:
         bos = spec.roles["bos_token"]
         tok.post_processor = processors.TemplateProcessing(
@@ -227,7 +231,7 @@ def _build_tokenizer(family: str) -> Any:
 _GEMMA_POST_NORM_BOOST = 3.0
 _GEMMA_POST_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
 SIZES = ("tiny", "small")
-SMALL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+SMALL_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 # "small": overrides of the tiny recipe (text, vision tower, pixel range).
 _SMALL_TEXT = {
     "hidden_size": 256,
@@ -255,6 +259,13 @@ _SMALL_VISION = {
         "intermediate_size": 1024,
         "out_hidden_size": 256,
         "deepstack_visual_indexes": [1, 3],
+    },
+    "qwen3_5": {
+        "depth": 4,
+        "hidden_size": 384,
+        "num_heads": 6,
+        "intermediate_size": 1024,
+        "out_hidden_size": 256,
     },
 }
 _SMALL_MIN_PIXELS, _SMALL_MAX_PIXELS = 56 * 56, 16384 * 28 * 28

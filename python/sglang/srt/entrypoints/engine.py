@@ -194,7 +194,9 @@ def load_report(scheduler: Scheduler) -> dict:
 def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
     runner = scheduler.runner
     cache, stats = runner.embedder.cache, runner.embedder.stats
+    hybrid = {"linear_state": scheduler.states.stats()} if scheduler.states is not None else {}
     return {
+        **hybrid,
         **{k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"},
         "version": sglang.__version__,
         "dp_size": 1,

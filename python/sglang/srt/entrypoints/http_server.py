@@ -9,7 +9,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,6 +29,7 @@ from sglang.srt.entrypoints.protocol import (
     reject_unimplemented,
     sampling_dict,
 )
+from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
 from sglang.srt.function_call import get_tool_call_parser
 from sglang.srt.managers.inputs import GenerateInput, split_generate_inputs
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
@@ -259,6 +260,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             oai.LogprobFormatter(manager.tokenizer, body.skip_special_tokens)
             if body.logprobs
             else None,
+            _reasoning_parsers(args, body, prompt),
         )
         rid = f"chatcmpl-{tokenized.rid}"
         if body.stream:
@@ -313,7 +315,11 @@ def _render_chat(
     template = _chat_template(args)
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError("the model has no chat template; use /v1/completions or /generate")
-    extra = {"tools": tools} if tools else {}
+    kwargs = body.chat_template_kwargs or {}
+    reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_ARGS)
+    if reserved:
+        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    extra = {**kwargs, "tools": tools} if tools else kwargs
     try:
         prompt = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, chat_template=template, **extra
@@ -321,6 +327,24 @@ def _render_chat(
     except Exception as exc:  # the template's own checks (roles, tool messages) fail here
         raise RequestError(f"the chat template cannot render these messages: {exc}") from exc
     return prompt, images
+
+
+_RESERVED_TEMPLATE_ARGS = {
+    "messages", "conversation", "tokenize", "add_generation_prompt", "chat_template",
+    "return_dict", "return_tensors", "continue_final_message", "tools", "documents",
+}  # fmt: skip
+
+
+def _reasoning_parsers(
+    args: ServerArgs, body: ChatCompletionRequest, prompt: str
+) -> Callable[[], ReasoningParser] | None:
+    """With --reasoning-parser (and the request not opting out), a maker of per-choice parsers
+    that start inside the reasoning block when the rendered prompt opened it (thinking on)."""
+    name = args.reasoning_parser
+    if name is None or not body.separate_reasoning:
+        return None
+    opened = prompt_opens_reasoning(prompt, name)
+    return lambda: ReasoningParser(name, in_reasoning=opened)
 
 
 def _tool_fields(msg: Any) -> dict[str, Any]:

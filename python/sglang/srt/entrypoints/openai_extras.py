@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from sglang.srt.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.entrypoints.reasoning_parser import ReasoningParser
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
@@ -209,17 +210,21 @@ def finish_reason(reason: dict | None) -> str | None:
 
 @dataclass
 class ChatFormat:
-    """What shapes a chat answer: the tool-call parser (when tools are active) and logprobs."""
+    """What shapes a chat answer: the tool-call parser (when tools are active), logprobs, and
+    (with --reasoning-parser) a maker of per-choice reasoning splitters, applied first."""
 
     parser: ModuleType | None
     logprobs: LogprobFormatter | None
+    reasoning: Callable[[], ReasoningParser] | None = None
 
 
 def chat_choice(index: int, event: StreamEvent, fmt: ChatFormat) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": event.text}
+    if fmt.reasoning is not None:
+        message["reasoning_content"], message["content"] = fmt.reasoning().parse(event.text)
     finish = finish_reason(event.finish_reason)
     if fmt.parser is not None:
-        content, calls = fmt.parser.parse(event.text)
+        content, calls = fmt.parser.parse(message["content"])
         if calls:
             message["content"] = content
             message["tool_calls"] = [c.to_openai() for c in calls]
@@ -245,6 +250,7 @@ def completion_choice(
 @dataclass
 class _ChoiceState:
     tools: Any = None  # the parser's StreamParser
+    reasoning: ReasoningParser | None = None
     sent_logprobs: int = 0
     calls: int = 0
     offset: int = 0
@@ -260,7 +266,11 @@ async def chat_chunks(
     """SSE chunks of a chat stream: a role chunk per choice, content / tool-call deltas (with
     their logprobs), an empty delta carrying the finish reason, then usage if asked for."""
     states = [
-        _ChoiceState(fmt.parser.StreamParser() if fmt.parser else None) for _ in range(num_choices)
+        _ChoiceState(
+            fmt.parser.StreamParser() if fmt.parser else None,
+            fmt.reasoning() if fmt.reasoning else None,
+        )
+        for _ in range(num_choices)
     ]
     finals: list[StreamEvent | None] = [None] * num_choices
     for i in range(num_choices):
@@ -268,8 +278,12 @@ async def chat_chunks(
     async for i, event in merged:
         state, finish = states[i], finish_reason(event.finish_reason)
         content, calls = event.delta, []
+        if state.reasoning is not None:
+            reasoning, content = state.reasoning.feed(content, final=finish is not None)
+            if reasoning:
+                yield _chunk(head, i, {"reasoning_content": reasoning})
         if state.tools is not None:
-            content, calls = state.tools.feed(event.delta)
+            content, calls = state.tools.feed(content)
             if finish is not None:
                 content += state.tools.finish()
                 finish = "tool_calls" if state.tools.calls else finish

@@ -118,6 +118,8 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
+    separate_reasoning: bool = True  # with --reasoning-parser: reasoning_content apart
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -184,7 +186,6 @@ UNIMPLEMENTED_CHAT_FIELDS: dict[str, Callable[[Any], bool]] = {
     "audio": _used,
     "prediction": _used,
     "modalities": _not_in(["text"]),
-    "chat_template_kwargs": _used,
     "continue_final_message": _used,
     "reasoning_effort": _used,
     "web_search_options": _used,

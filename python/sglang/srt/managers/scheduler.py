@@ -20,7 +20,9 @@ import torch
 
 from sglang.srt.constrained.manager import ConstraintManager
 from sglang.srt.managers.io_struct import TokenizedRequest
+from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
 from sglang.srt.managers.req import Req, ReqStatus
+from sglang.srt.mem_cache.hybrid_radix_cache import HybridRadixCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -55,6 +57,18 @@ class Scheduler:
         self.kv_pool = runner.kv_pool
         self.req_to_token = runner.req_to_token_pool
         self.tree = RadixCache(self.kv_pool.free)
+        self.states: LinearStateManager | None = None  # hybrid models' linear-attention state
+        if runner.state_pool is not None:
+            self.tree = HybridRadixCache(
+                self.kv_pool.free, runner.state_pool, runner.state_snapshot_slots
+            )
+            self.states = LinearStateManager(
+                runner.state_pool,
+                self.tree,
+                runner.max_running_requests,
+                caching=not args.disable_radix_cache,
+                turn_start_id=turn_start_token(tokenizer),
+            )
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         chunk = args.chunked_prefill_size
@@ -185,6 +199,9 @@ class Scheduler:
             return None, torch.empty(0)
         rows, survivors = [], []
         for i, req in enumerate(batch.reqs):
+            if self.states is not None and self.states.is_dirty(req):
+                self._fail_in_step(req, "internal error in the forward pass")
+                continue  # the failed forward already changed its linear-attention state
             try:
                 rows.append(self.runner.forward(batch.select([i])))
                 survivors.append(i)
@@ -240,12 +257,13 @@ class Scheduler:
         if self.args.disable_radix_cache:
             slots, node = torch.empty(0, dtype=torch.int64), self.tree.root
         else:
-            slots, node = self.tree.match_prefix(req.radix_key(len(req.input_ids)))
-            slots = slots[: len(req.input_ids) - 1]
+            # The last prompt token is always computed: it gives the first output's logits.
+            slots, node = self.tree.match_prefix(req.radix_key(len(req.input_ids) - 1))
         self.tree.inc_lock_ref(node)
         req.cached_len = req.computed_len = len(slots)
         need = self._footprint(req) + sum(self._footprint(r) for r in self.running)
-        if need > self.kv_pool.available_size() + self.tree.evictable_size:
+        states_full = self.states is not None and not self.states.can_admit()
+        if states_full or need > self.kv_pool.available_size() + self.tree.evictable_size:
             self.tree.dec_lock_ref(node)
             req.cached_len = req.computed_len = 0
             return False
@@ -253,6 +271,8 @@ class Scheduler:
         assert row is not None, "request rows are sized to max_running_requests"
         req.req_pool_idx, req.last_node, req.status = row, node, ReqStatus.RUNNING
         self.req_to_token.req_to_token[row, : len(slots)] = slots
+        if self.states is not None:
+            self.states.admit(req, node)
         return True
 
     def _footprint(self, req: Req) -> int:
@@ -299,7 +319,7 @@ class Scheduler:
         device = self.runner.device
         spans = [r.bidirectional_spans() if self.bidirectional_images else [] for r in kept]
         self.constraints.prepare(kept)
-        return ForwardBatch(
+        batch = ForwardBatch(
             reqs=kept,
             input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
             positions=torch.cat(positions, dim=-1).to(device),
@@ -310,6 +330,9 @@ class Scheduler:
             bidirectional_spans=spans,
             is_decode=is_decode,
         )
+        if self.states is not None:
+            batch.state_plan = self.states.plan(batch)
+        return batch
 
     def _alloc_slots(self, n: int) -> torch.Tensor:
         slots = self.kv_pool.alloc(n)
@@ -322,6 +345,8 @@ class Scheduler:
 
     # Results -----------------------------------------------------------------------------------
     def _process(self, batch: ForwardBatch, logits: torch.Tensor) -> list[Req]:
+        if self.states is not None:
+            self.states.step_done(batch)
         sampled_rows, sampled_reqs = [], []
         for i, req in enumerate(batch.reqs):
             req.computed_len += req.extend_len
@@ -415,7 +440,8 @@ class Scheduler:
                     break
 
     def _release(self, req: Req) -> None:
-        """Hand the request's KV to the radix cache (or free it) and drop its pins."""
+        """Hand the request's KV (and linear-attention state) to the radix cache (or free it)
+        and drop its pins."""
         row = req.req_pool_idx
         assert row is not None
         slots = self.req_to_token.req_to_token[row, : req.computed_len].clone()
@@ -424,6 +450,8 @@ class Scheduler:
         else:
             dup = self.tree.insert(req.radix_key(req.computed_len), slots)
             self.kv_pool.free(slots[req.cached_len : dup])
+        if self.states is not None:
+            self.states.release(req)
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token.free(row)
         req.req_pool_idx = None
@@ -446,6 +474,8 @@ class Scheduler:
         self.kv_pool.check_integrity(held)
         self.req_to_token.check_integrity()
         self.runner.embedder.cache.check_integrity()
+        if self.states is not None:
+            self.states.check_integrity(self.running)
 
 
 def _aborted(message: str, status_code: int = 500) -> dict[str, Any]:

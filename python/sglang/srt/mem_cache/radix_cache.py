@@ -134,15 +134,20 @@ class RadixCache:
         freed = 0
         while freed < num_tokens and heap:
             leaf = heapq.heappop(heap)
-            self._free_slots(leaf.value)
             freed += len(leaf.key)
-            self.evictable_size -= len(leaf.key)
-            parent = leaf.parent
-            assert parent is not None
-            del parent.children[leaf.key[0]]
+            parent = self._remove_leaf(leaf)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, parent)
         return freed
+
+    def _remove_leaf(self, leaf: TreeNode) -> TreeNode:
+        """Free an unlocked leaf's slots and drop it from the tree; return its parent."""
+        self._free_slots(leaf.value)
+        self.evictable_size -= len(leaf.key)
+        parent = leaf.parent
+        assert parent is not None
+        del parent.children[leaf.key[0]]
+        return parent
 
     def held_slots(self) -> torch.Tensor:
         values = [n.value for n in self._nodes()]

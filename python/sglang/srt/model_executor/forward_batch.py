@@ -27,6 +27,7 @@ class ForwardBatch:
     bidirectional_spans: list[list[tuple[int, int]]]
     is_decode: bool
     attn_backend: Any = None
+    state_plan: Any = None  # hybrid models: linear-attention state slots (StatePlan)
 
     @property
     def num_tokens(self) -> int:
@@ -57,4 +58,5 @@ class ForwardBatch:
             extend_lens=[self.extend_lens[i] for i in indices],
             bidirectional_spans=[self.bidirectional_spans[i] for i in indices],
             is_decode=self.is_decode,
+            state_plan=None if self.state_plan is None else self.state_plan.select(indices),
         )

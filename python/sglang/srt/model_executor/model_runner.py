@@ -12,7 +12,9 @@ from transformers import AutoConfig
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
+from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor.forward_batch import ForwardBatch
+from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter
@@ -25,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "sglang_engine"
 CPU_KV_BUDGET_BYTES = 1 << 30
+# Hybrid models: shares of the cache budget for linear-attention state (unless set by flags).
+STATE_REQUESTS_FRACTION = 0.25
+STATE_SNAPSHOTS_FRACTION = 0.1
 
 
 def _engine_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
@@ -33,7 +38,7 @@ def _engine_attention(module, query, key, value, attention_mask, scaling=None, *
         query,
         key,
         value,
-        module.layer_idx,
+        getattr(module, "kv_layer_idx", module.layer_idx),
         batch,
         scaling=scaling if scaling is not None else module.head_dim**-0.5,
         sliding_window=kwargs.get("sliding_window"),
@@ -75,6 +80,11 @@ class ModelRunner:
         self.perf = PerfCounters()
         self.model = self._load(model_path)
         self.adapter = get_adapter(self.model, self.config)
+        self.state_shape = install_pooled_linear_attention(
+            self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
+        )
+        self.state_pool: StatePool | None = None
+        self.state_snapshot_slots = 0
         self.context_length = args.context_length or self.text_config.max_position_embeddings
         self.vocab_size = self.text_config.vocab_size
         self._init_memory()
@@ -120,17 +130,56 @@ class ModelRunner:
         tc = self.text_config
         num_kv_heads = getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-        per_token = KVPool.bytes_per_token(tc.num_hidden_layers, num_kv_heads, head_dim, self.dtype)
-        size = self.args.max_total_tokens or self._kv_budget_bytes() // per_token
+        kv_layers = self._kv_layers()
+        per_token = KVPool.bytes_per_token(len(kv_layers), num_kv_heads, head_dim, self.dtype)
+        budget = self._kv_budget_bytes()
+        state_reqs = self._init_state_pool(budget) if self.state_shape else None
+        state_bytes = self.state_pool.nbytes if self.state_pool else 0
+        size = self.args.max_total_tokens or max(budget - state_bytes, 0) // per_token
         size = max(int(size), 16)
         max_reqs = self.args.max_running_requests or max(min(size // 64, 256), 8)
+        if state_reqs is not None:  # every running request holds a state slot
+            max_reqs = min(self.args.max_running_requests or state_reqs, state_reqs)
         self.max_running_requests = max_reqs
         self.max_total_tokens = size
         self.req_to_token_pool = ReqToTokenPool(max_reqs + 1, self.context_length + 8, self.device)
-        self.kv_pool = KVPool(
-            size, tc.num_hidden_layers, num_kv_heads, head_dim, self.dtype, self.device
-        )
+        self.kv_pool = KVPool(size, len(kv_layers), num_kv_heads, head_dim, self.dtype, self.device)
         logger.info("KV pool: %d tokens (%.1f MB)", size, size * per_token / 2**20)
+
+    def _kv_layers(self) -> list[int]:
+        """Layers with per-token KV; for hybrid models the full-attention ones, whose attention
+        modules learn their index in the KV pool."""
+        num_layers = self.text_config.num_hidden_layers
+        if self.state_shape is None:
+            return list(range(num_layers))
+        layers = [i for i in range(num_layers) if i not in self.state_shape.layer_ids]
+        index = {layer: i for i, layer in enumerate(layers)}
+        for module in self.adapter.language_model.modules():
+            if isinstance(getattr(module, "layer_idx", None), int) and module.layer_idx in index:
+                module.kv_layer_idx = index[module.layer_idx]
+        return layers
+
+    def _init_state_pool(self, budget: int) -> int:
+        """Slots of linear-attention state for running requests plus prefix-cache snapshots,
+        carved out of the cache budget; returns the number of request slots."""
+        assert self.state_shape is not None
+        per_slot = self.state_shape.bytes_per_slot
+        args = self.args
+        requests = args.max_mamba_cache_size or args.max_running_requests
+        if requests is None:
+            requests = min(max(int(budget * STATE_REQUESTS_FRACTION) // per_slot, 1), 256)
+        mb = args.state_snapshot_mb
+        snapshot_bytes = mb * 2**20 if mb is not None else budget * STATE_SNAPSHOTS_FRACTION
+        snapshots = 0 if args.disable_radix_cache else int(snapshot_bytes // per_slot)
+        self.state_snapshot_slots = snapshots
+        self.state_pool = StatePool(requests + snapshots, self.state_shape, self.device)
+        logger.info(
+            "linear-attention state: %d request + %d snapshot slots of %.2f MB",
+            requests,
+            snapshots,
+            per_slot / 2**20,
+        )
+        return requests
 
     def _kv_budget_bytes(self) -> int:
         if self.device == "cpu":

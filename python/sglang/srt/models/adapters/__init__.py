@@ -35,6 +35,8 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "idefics3": ModelAdapter,
     "smolvlm": ModelAdapter,
     "qwen3_vl_moe": QwenVLAdapter,
+    "qwen3_5": QwenVLAdapter,  # no deepstack; linear-attention state: linear_attention.py
+    "qwen3_5_moe": QwenVLAdapter,
     "glm4v": Glm4vAdapter,
     "deepseek_vl": FixedCountAdapter,
     "deepseek_vl_hybrid": FixedCountAdapter,
@@ -47,8 +49,6 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
 
 # Families transformers has but this engine cannot serve yet, and what they would need.
 KNOWN_GAPS: dict[str, str] = {
-    "qwen3_5": "Gated DeltaNet linear-attention layers need a per-request state pool",
-    "qwen3_5_moe": "Gated DeltaNet linear-attention layers need a per-request state pool",
     "gemma3n": "per-layer inputs and audio towers are not wired into the engine",
     "paligemma": (
         "a prefix-LM (the whole prompt, text-only ones too, attends both ways, positions start "
