@@ -239,8 +239,9 @@ def _streaming(url: str, n: int, max_new_tokens: int = 1000, headers: dict | Non
 
 
 def _queued_load(url: str) -> dict | None:
+    """The worker's load once two requests run and one waits (not while they arrive)."""
     entry = _worker_load(url)
-    return entry if entry["num_waiting_reqs"] == 1 else None
+    return entry if entry["num_waiting_reqs"] == 1 and entry["num_reqs"] == 3 else None
 
 
 def _wait_idle(urls: list[str]) -> None:
