@@ -130,6 +130,8 @@ PROBES = [
     ("completion suffix", "/v1/completions", {"prompt": "a", "suffix": "b"}, "'suffix'"),
     ("generate lora", "/generate", {"text": "a", "lora_path": "x"}, "'lora_path'"),
     ("seed out of range", "/generate", {"text": "a", "sampling_params": {"seed": 2**80}}, "seed"),
+    ("rid list for one prompt", "/generate", {"text": "a", "rid": ["x"]}, "rid must be a string"),
+    ("rid count off", "/generate", {"text": ["a", "b"], "rid": ["x"]}, "rid must be a list"),
 ]
 
 

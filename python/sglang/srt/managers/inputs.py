@@ -52,6 +52,8 @@ def split_generate_inputs(
     images = _per_request(image_data, n, batched, "image_data")
     params = _per_request(sampling_params, n, batched, "sampling_params", allow_dict=True)
     rids = _per_request(rid, n, batched, "rid")
+    if not all(r is None or isinstance(r, str) for r in rids):
+        raise ValueError("rid must be a string (a list of strings for a batch)")
     return [
         GenerateInput(
             rid=rids[i] or uuid.uuid4().hex,
