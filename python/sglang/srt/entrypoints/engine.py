@@ -11,7 +11,7 @@ import torch
 import sglang
 from sglang.srt.constrained.manager import MAX_TOP_LOGPROBS
 from sglang.srt.managers.inputs import split_generate_inputs, tokenize
-from sglang.srt.managers.io_struct import TokenizedRequest
+from sglang.srt.managers.io_struct import TokenizedRequest, logprob_meta
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.req import Req
 from sglang.srt.managers.scheduler import Scheduler
@@ -54,9 +54,11 @@ class Engine:
         rid: str | list[str] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        logprob_start_len: int = -1,
     ) -> dict | list[dict]:
         """With ``n`` > 1 in a request's sampling params, its n outputs take its place in the
-        returned list (which is then a list even for one prompt)."""
+        returned list (which is then a list even for one prompt). With ``return_logprob``,
+        ``logprob_start_len`` >= 0 also returns the prompt tokens' logprobs from there on."""
         if not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
         tokenized, batched = self.tokenize(
@@ -64,6 +66,7 @@ class Engine:
         )
         for t in tokenized:
             t.top_logprobs_num = top_logprobs_num
+            t.logprob_start_len = logprob_start_len if return_logprob else -1
         if any(t.sampling_params.n > 1 for t in tokenized):
             tokenized, batched = self._fan_out(tokenized), True
         outputs = [self.output_of(req) for req in self._run(tokenized)]
@@ -122,13 +125,14 @@ class Engine:
             },
         }
         if req.return_logprob:
-            out["meta_info"]["output_token_logprobs"] = [
-                (lp, tok, None) for lp, tok in zip(req.output_logprobs, req.output_ids)
-            ]
-            if req.top_logprobs_num:
-                out["meta_info"]["output_top_logprobs"] = [
-                    [(lp, tok, None) for lp, tok in top] for top in req.output_top_logprobs
-                ]
+            out["meta_info"] |= logprob_meta(
+                req,
+                req.output_ids,
+                req.output_logprobs,
+                req.output_top_logprobs,
+                req.input_logprobs if req.wants_prompt_logprobs else None,
+                req.input_top_logprobs,
+            )
         return out
 
     def get_server_info(self) -> dict:

@@ -176,6 +176,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         )
         for t in tokenized:
             t.top_logprobs_num = body.top_logprobs_num if body.return_logprob else 0
+            t.logprob_start_len = body.logprob_start_len if body.return_logprob else -1
         streams = (await oai.start_choices(manager, tokenized, args)).streams
         batched = batched or len(streams) > len(tokenized)  # n > 1 answers with a list
         if body.stream:
@@ -198,12 +199,10 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             ids = None
         prompts = [prompt] if isinstance(prompt, str) else prompt
         params = oai.extra_sampling(body, sampling_dict(body, max_new))
-        if body.echo and body.logprobs is not None:
-            raise RequestError("echo with logprobs (prompt logprobs) is not supported")
         inputs, _ = split_generate_inputs(prompts, params, ids, None)
         tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
         for t in tokenized:
-            oai.request_logprobs(t, body.logprobs)
+            oai.request_logprobs(t, body.logprobs, prompt=body.echo)
         choices = await oai.start_choices(manager, tokenized, args)
         echoes = [
             manager.tokenizer.decode(tokenized[p].input_ids) if prompts is None else prompts[p]

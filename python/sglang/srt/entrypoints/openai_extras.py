@@ -76,10 +76,12 @@ def _tool_choice_grammar(
     params["structural_tag"] = json.dumps(tag)
 
 
-def request_logprobs(tokenized: TokenizedRequest, top: int | None) -> None:
-    """Ask the scheduler for logprobs (``top`` alternatives per token; None: none at all)."""
+def request_logprobs(tokenized: TokenizedRequest, top: int | None, prompt: bool = False) -> None:
+    """Ask the scheduler for logprobs (``top`` alternatives per token; None: none at all), of
+    the prompt's tokens too with ``prompt`` (completions with ``echo``)."""
     tokenized.return_logprob = top is not None
     tokenized.top_logprobs_num = top or 0
+    tokenized.logprob_start_len = 0 if prompt and top is not None else -1
 
 
 # n > 1 ---------------------------------------------------------------------------------------
@@ -202,6 +204,36 @@ class LogprobFormatter:
             out["top_logprobs"] = None
         return out, offset
 
+    def prompt(self, meta: dict[str, Any], top: int) -> dict[str, Any]:
+        """The completions ``logprobs`` object of an echoed prompt (``echo`` with ``logprobs``):
+        every prompt token, the first one with a null logprob, as OpenAI's legacy API."""
+        chosen = meta.get("input_token_logprobs", [])
+        tops = meta.get("input_top_logprobs") or [None] * len(chosen)
+        out: dict[str, Any] = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
+        offset = 0
+        for (lp, tok, _), alternatives in zip(chosen, tops):
+            text = self.token(tok)
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp)
+            out["text_offset"].append(offset)
+            if alternatives is not None:
+                alternatives = {self.token(t): t_lp for t_lp, t, _ in alternatives}
+            out["top_logprobs"].append(alternatives)
+            offset += len(text)
+        if not top:
+            out["top_logprobs"] = None
+        return out
+
+
+def _joined(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Two completions ``logprobs`` objects, one after the other."""
+    return {k: None if first[k] is None else first[k] + second[k] for k in first}
+
 
 # Responses -----------------------------------------------------------------------------------
 def finish_reason(reason: dict | None) -> str | None:
@@ -239,6 +271,8 @@ def completion_choice(
     logprobs = None
     if fmt is not None:
         logprobs, _ = fmt.completion(event.meta, 0, len(echo), top)
+        if echo:
+            logprobs = _joined(fmt.prompt(event.meta, top), logprobs)
     return {
         "index": index,
         "text": echo + event.text,
@@ -313,12 +347,18 @@ async def completion_chunks(
 ) -> AsyncIterator[dict]:
     states = [_ChoiceState() for _ in echoes]
     finals: list[StreamEvent | None] = [None] * len(echoes)
+    # With logprobs, an echo waits for the choice's first output, which brings the prompt's.
+    echo_pending = [bool(echo) and fmt is not None for echo in echoes]
     for i, echo in enumerate(echoes):
-        if echo:
+        if echo and not echo_pending[i]:
             yield _completion_chunk(head, i, echo, None, None)
             states[i].offset = len(echo)
     async for i, event in merged:
         state, finish = states[i], finish_reason(event.finish_reason)
+        if echo_pending[i] and fmt is not None:
+            echo_pending[i] = False
+            yield _completion_chunk(head, i, echoes[i], fmt.prompt(event.meta, top), None)
+            state.offset = len(echoes[i])
         logprobs = None
         if fmt is not None:
             logprobs, state.offset = fmt.completion(

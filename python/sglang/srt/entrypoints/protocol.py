@@ -143,6 +143,7 @@ class GenerateRequest(_Body):
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
+    logprob_start_len: int = Field(default=-1, ge=-1)
     rid: str | list[str] | None = None
 
 
@@ -196,7 +197,6 @@ UNIMPLEMENTED_COMPLETION_FIELDS: dict[str, Callable[[Any], bool]] = {
 }
 UNIMPLEMENTED_GENERATE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "token_ids_logprob": _used,
-    "logprob_start_len": _not_in(-1),
     "return_hidden_states": _used,
     "lora_path": _used,
     "custom_logit_processor": _used,

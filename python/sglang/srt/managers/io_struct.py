@@ -19,10 +19,14 @@ class TokenizedRequest:
     mm_items: list[MultimodalItem] = field(default_factory=list)
     return_logprob: bool = False
     top_logprobs_num: int = 0  # alternatives per output token, with return_logprob
+    # With return_logprob: logprobs of the prompt tokens from this position on (-1: none).
+    logprob_start_len: int = -1
 
     def validate(self, vocab_size: int, image_token_id: int | None) -> None:
         """Raise ValueError unless every token id is in the vocabulary and the image
         placeholder tokens are exactly the spans of the request's images."""
+        if self.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be -1 or more, got {self.logprob_start_len}")
         ids = self.input_ids
         if ids and (min(ids) < 0 or max(ids) >= vocab_size):
             bad = next(t for t in ids if not 0 <= t < vocab_size)
@@ -77,6 +81,39 @@ class RequestOutput:
     cached_tokens: int
     completion_tokens: int
     new_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # Sent with a request's first output when it asked for prompt logprobs.
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+
+def logprob_meta(
+    request: Any,
+    output_ids: list[int],
+    output_logprobs: list[float],
+    output_top_logprobs: list[list[tuple[float, int]]],
+    input_logprobs: list[float | None] | None,
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None,
+) -> dict[str, Any]:
+    """SGLang's ``meta_info`` logprob fields of ``request`` (a TokenizedRequest or a Req):
+    ``(logprob, token id, None)`` per token, the prompt's from ``logprob_start_len`` on (the
+    first prompt token has no logprob: None)."""
+    meta: dict[str, Any] = {
+        "output_token_logprobs": [(lp, tok, None) for lp, tok in zip(output_logprobs, output_ids)]
+    }
+    top_n = request.top_logprobs_num
+    if top_n:
+        meta["output_top_logprobs"] = [
+            [(lp, tok, None) for lp, tok in top] for top in output_top_logprobs
+        ]
+    if input_logprobs is not None:
+        prompt = request.input_ids[max(request.logprob_start_len, 0) :]
+        meta["input_token_logprobs"] = [(lp, tok, None) for lp, tok in zip(input_logprobs, prompt)]
+        if top_n:
+            meta["input_top_logprobs"] = [
+                None if top is None else [(lp, tok, None) for lp, tok in top]
+                for top in input_top_logprobs or []
+            ]
+    return meta
 
 
 @dataclass

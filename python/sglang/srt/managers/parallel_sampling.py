@@ -23,6 +23,7 @@ def prefill_request(tokenized: TokenizedRequest) -> TokenizedRequest:
         mm_items=_copy_items(tokenized),
         return_logprob=False,
         top_logprobs_num=0,
+        logprob_start_len=-1,
     )
 
 

@@ -54,10 +54,36 @@ class Req:
     output_logprobs: list[float] = field(default_factory=list)
     top_logprobs_num: int = 0
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    logprob_start_len: int = -1  # with return_logprob: prompt logprobs from here on (-1: none)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     grammar: Any = None  # constrained.manager.RequestGrammar
 
     def __post_init__(self) -> None:
         self.radix_key_input = radix_key(self.input_ids, self.mm_items)
+        if self.wants_prompt_logprobs and self.logprob_start_len == 0:
+            self.input_logprobs.append(None)  # nothing predicts the first token
+            self.input_top_logprobs.append(None)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
+
+    @property
+    def uncached_from(self) -> int:
+        """Prompt tokens before this one may come from the radix cache: the last prompt token
+        gives the first output's logits, and a prompt token's logprob needs the logits of the
+        token before it."""
+        end = len(self.input_ids) - 1
+        if self.wants_prompt_logprobs:
+            end = min(end, max(self.logprob_start_len - 1, 0))
+        return end
+
+    def prompt_logprob_positions(self, start: int, end: int) -> range:
+        """Positions p in [start, end) whose logits give a wanted logprob of prompt token p + 1."""
+        if not self.wants_prompt_logprobs:
+            return range(0)
+        return range(max(start, self.logprob_start_len - 1), min(end, len(self.input_ids) - 1))
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of input ids followed by output ids."""

@@ -122,6 +122,7 @@ class Scheduler:
             generator=generator,
             return_logprob=tokenized.return_logprob,
             top_logprobs_num=tokenized.top_logprobs_num,
+            logprob_start_len=tokenized.logprob_start_len,
         )
         if self.runner.adapter.uses_mrope:
             try:
@@ -257,8 +258,7 @@ class Scheduler:
         if self.args.disable_radix_cache:
             slots, node = torch.empty(0, dtype=torch.int64), self.tree.root
         else:
-            # The last prompt token is always computed: it gives the first output's logits.
-            slots, node = self.tree.match_prefix(req.radix_key(len(req.input_ids) - 1))
+            slots, node = self.tree.match_prefix(req.radix_key(req.uncached_from))
         self.tree.inc_lock_ref(node)
         req.cached_len = req.computed_len = len(slots)
         need = self._footprint(req) + sum(self._footprint(r) for r in self.running)
@@ -349,6 +349,10 @@ class Scheduler:
             self.states.step_done(batch)
         sampled_rows, sampled_reqs = [], []
         for i, req in enumerate(batch.reqs):
+            if batch.prompt_logprobs is not None and batch.prompt_logprobs[i] is not None:
+                chosen, top = batch.prompt_logprobs[i]
+                req.input_logprobs += chosen
+                req.input_top_logprobs += top if top is not None else [None] * len(chosen)
             req.computed_len += req.extend_len
             req.extend_len = 0
             self.runner.embedder.release(req, req.computed_len)

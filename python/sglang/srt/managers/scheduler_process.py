@@ -130,6 +130,7 @@ class SchedulerLoop:
             if req.rid not in self.sent:
                 continue  # aborted meanwhile
             start = self.sent[req.rid]
+            with_prompt = start == 0 and req.wants_prompt_logprobs
             outputs.append(
                 RequestOutput(
                     rid=req.rid,
@@ -140,6 +141,8 @@ class SchedulerLoop:
                     cached_tokens=req.cached_len,
                     completion_tokens=len(req.output_ids),
                     new_top_logprobs=req.output_top_logprobs[start:],
+                    input_logprobs=req.input_logprobs if with_prompt else None,
+                    input_top_logprobs=req.input_top_logprobs if with_prompt else None,
                 )
             )
             if req.finished:

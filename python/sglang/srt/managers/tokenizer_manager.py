@@ -24,6 +24,7 @@ from sglang.srt.managers.io_struct import (
     RpcRequest,
     RpcResponse,
     TokenizedRequest,
+    logprob_meta,
 )
 from sglang.srt.multimodal.media_fetch import allowed_local_dir, fetch_image_source
 from sglang.srt.multimodal.processor import MultimodalProcessor
@@ -47,6 +48,8 @@ class ReqState:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -212,6 +215,9 @@ class TokenizerManager:
                 state.output_ids += out.new_token_ids
                 state.logprobs += out.new_logprobs
                 state.top_logprobs += out.new_top_logprobs
+                if out.input_logprobs is not None:
+                    state.input_logprobs = out.input_logprobs
+                    state.input_top_logprobs = out.input_top_logprobs
                 text = decode_output(
                     self.tokenizer,
                     state.output_ids,
@@ -249,13 +255,14 @@ class TokenizerManager:
             "e2e_latency": time.perf_counter() - state.created,
         }
         if state.request.return_logprob:
-            meta["output_token_logprobs"] = [
-                (lp, tok, None) for lp, tok in zip(state.logprobs, state.output_ids)
-            ]
-            if state.request.top_logprobs_num:
-                meta["output_top_logprobs"] = [
-                    [(lp, tok, None) for lp, tok in top] for top in state.top_logprobs
-                ]
+            meta |= logprob_meta(
+                state.request,
+                state.output_ids,
+                state.logprobs,
+                state.top_logprobs,
+                state.input_logprobs,
+                state.input_top_logprobs,
+            )
         return meta
 
     async def abort(self, rid: str) -> None:

@@ -11,6 +11,10 @@ if TYPE_CHECKING:
     from sglang.srt.managers.req import Req
 
 
+# Logprobs of the prompt tokens a chunk predicts, and their top alternatives (None: not asked).
+PromptLogprobs = tuple[list[float], list[list[tuple[float, int]]] | None]
+
+
 @dataclass
 class ForwardBatch:
     """Requests packed along one token axis. Request i owns tokens
@@ -28,6 +32,8 @@ class ForwardBatch:
     is_decode: bool
     attn_backend: Any = None
     state_plan: Any = None  # hybrid models: linear-attention state slots (StatePlan)
+    # Set by the forward when a request asked for prompt logprobs: one entry per request.
+    prompt_logprobs: list[PromptLogprobs | None] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -13,7 +13,7 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
-from sglang.srt.model_executor.forward_batch import ForwardBatch
+from sglang.srt.model_executor.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.models import fast_vision
@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "sglang_engine"
 CPU_KV_BUDGET_BYTES = 1 << 30
+PROMPT_LOGPROB_ROWS = 256  # prompt positions whose logits exist at once
 # Hybrid models: shares of the cache budget for linear-attention state (unless set by flags).
 STATE_REQUESTS_FRACTION = 0.25
 STATE_SNAPSHOTS_FRACTION = 0.1
@@ -209,9 +210,47 @@ class ModelRunner:
             forward_batch=batch,
             **lm_kwargs,
         ).last_hidden_state[0]
-        logits = self.model.get_output_embeddings()(hidden[batch.last_token_indices]).float()
+        if not batch.is_decode and any(r.wants_prompt_logprobs for r in batch.reqs):
+            batch.prompt_logprobs = self._prompt_logprobs(hidden, batch)
+        return self._logits(hidden[batch.last_token_indices])
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of hidden states (rows, hidden) -> (rows, vocab)."""
+        logits = self.model.get_output_embeddings()(hidden).float()
         logits = self.adapter.scale_logits(logits)
         softcap = getattr(self.text_config, "final_logit_softcapping", None)
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         return logits
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, batch: ForwardBatch
+    ) -> list[PromptLogprobs | None]:
+        """Per request, the logprobs of the prompt tokens its chunk predicts (see
+        ``Req.prompt_logprob_positions``), computed in slices so that no (chunk, vocab) tensor
+        is ever whole."""
+        out: list[PromptLogprobs | None] = []
+        row = 0
+        for req, prefix, extend in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+            positions = req.prompt_logprob_positions(prefix, prefix + extend)
+            if not positions:
+                out.append(None)
+                row += extend
+                continue
+            chosen: list[float] = []
+            top: list[list[tuple[float, int]]] = []
+            for first in range(positions.start, positions.stop, PROMPT_LOGPROB_ROWS):
+                last = min(first + PROMPT_LOGPROB_ROWS, positions.stop)
+                rows = hidden[row + first - prefix : row + last - prefix]
+                logprobs = torch.log_softmax(self._logits(rows), dim=-1)
+                targets = torch.tensor(req.input_ids[first + 1 : last + 1], device=rows.device)
+                chosen += logprobs.gather(1, targets[:, None])[:, 0].tolist()
+                if req.top_logprobs_num:
+                    best = logprobs.topk(req.top_logprobs_num, dim=-1)
+                    top += [
+                        list(zip(values, ids))
+                        for values, ids in zip(best.values.tolist(), best.indices.tolist())
+                    ]
+            out.append((chosen, top if req.top_logprobs_num else None))
+            row += extend
+        return out

@@ -1,0 +1,181 @@
+"""Prompt logprobs (``logprob_start_len`` on /generate and the Engine, ``echo`` with
+``logprobs`` on /v1/completions) equal the log-softmax of HF's forward over the prompt, whatever
+the chunk size, the start position and what the radix cache already holds."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import httpx
+import pytest
+import torch
+from conftest import _hf, make_image, model_dir, placeholder
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from server_utils import launch_server
+
+import sglang
+
+ONE_TOKEN = {"temperature": 0, "max_new_tokens": 1}
+
+
+def _hf_prompt_logprobs(family: str, prompt: str | None, images: list, ids=None):
+    """HF's prompt ids and, per position p >= 1, log P(token p | tokens < p) with its top 3."""
+    model, processor = _hf(family)
+    if images:
+        inputs = processor(text=[prompt], images=images, return_tensors="pt")
+    elif ids is not None:
+        inputs = {"input_ids": torch.tensor([ids])}
+    else:
+        inputs = getattr(processor, "tokenizer", processor)([prompt], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0].float()
+    logprobs = torch.log_softmax(logits, -1)
+    ids = inputs["input_ids"][0]
+    chosen = logprobs[:-1].gather(1, ids[1:, None])[:, 0].tolist()
+    top = logprobs[:-1].topk(3, dim=-1)
+    return ids.tolist(), [None, *chosen], [None, *zip(top.values.tolist(), top.indices.tolist())]
+
+
+def _assert_prompt_logprobs(meta: dict, ids: list[int], ref: list, start: int) -> None:
+    got = meta["input_token_logprobs"]
+    assert [tok for _, tok, _ in got] == ids[start:]
+    assert len(got) == len(ids) - start
+    for (lp, _, _), want in zip(got, ref[start:]):
+        if want is None:
+            assert lp is None
+        else:
+            assert lp == pytest.approx(want, abs=2e-4)
+
+
+@functools.cache
+def _engine(family: str, chunk: int) -> sglang.Engine:
+    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=chunk)
+
+
+@pytest.mark.parametrize("chunk", [-1, 5])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "llava"])
+def test_prompt_logprobs_with_images_match_hf(family: str, chunk: int) -> None:
+    ph = placeholder(family)
+    prompt = f"First {ph} then {ph} compare them."
+    images = [make_image(2, 96, 64), make_image(3, 64, 128)]
+    ids, ref, ref_top = _hf_prompt_logprobs(family, prompt, images)
+    engine = _engine(family, chunk)
+    engine.flush_cache()
+    for start in (0, 9, 0):  # the last run finds the whole prompt in the radix cache
+        out = engine.generate(
+            prompt,
+            ONE_TOKEN,
+            image_data=images,
+            return_logprob=True,
+            top_logprobs_num=3,
+            logprob_start_len=start,
+        )
+        meta = out["meta_info"]
+        _assert_prompt_logprobs(meta, ids, ref, start)
+        assert meta["cached_tokens"] <= max(start - 1, 0)
+        for got, want in zip(meta["input_top_logprobs"], ref_top[start:]):
+            if want is None:
+                assert got is None
+                continue
+            assert [tok for _, tok, _ in got] == want[1]
+            assert [lp for lp, _, _ in got] == pytest.approx(want[0], abs=2e-4)
+    engine.scheduler.check_integrity()
+
+
+def test_prompt_logprobs_reuse_the_cache_before_the_start() -> None:
+    engine = _engine("qwen2_5_vl", -1)
+    engine.flush_cache()
+    prompt = "The quick brown fox jumps over the lazy dog and the cat sat on the mat"
+    ids, ref, _ = _hf_prompt_logprobs("qwen2_5_vl", prompt, [])
+    engine.generate(prompt, ONE_TOKEN)
+    out = engine.generate(prompt, ONE_TOKEN, return_logprob=True, logprob_start_len=10)
+    assert out["meta_info"]["cached_tokens"] == 9  # the logits of token 9 predict token 10
+    _assert_prompt_logprobs(out["meta_info"], ids, ref, 10)
+    plain = engine.generate(prompt, ONE_TOKEN, return_logprob=True)
+    assert "input_token_logprobs" not in plain["meta_info"]
+    assert plain["meta_info"]["cached_tokens"] == len(ids) - 1
+    past_end = engine.generate(
+        prompt, ONE_TOKEN, return_logprob=True, logprob_start_len=len(ids) + 5
+    )
+    assert "input_token_logprobs" not in past_end["meta_info"]
+    with pytest.raises(ValueError, match="logprob_start_len"):
+        engine.generate(prompt, ONE_TOKEN, return_logprob=True, logprob_start_len=-2)
+    engine.scheduler.check_integrity()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    ids=st.lists(st.integers(3, 500), min_size=2, max_size=40),
+    start=st.integers(0, 45),
+    chunk=st.sampled_from([-1, 1, 3, 7]),
+    warm=st.integers(0, 45),
+)
+def test_prompt_logprobs_any_chunking_and_cached_prefix(ids, start, chunk, warm) -> None:
+    """Random prompts, start positions and chunk sizes, after a request that leaves a random
+    prefix of the prompt in the radix cache."""
+    engine = _engine("llama", chunk)
+    _, ref, _ = _hf_prompt_logprobs("llama", None, [], ids=ids)
+    if warm:
+        engine.generate(input_ids=ids[: max(warm, 1)], sampling_params=ONE_TOKEN)
+    out = engine.generate(
+        input_ids=ids, sampling_params=ONE_TOKEN, return_logprob=True, logprob_start_len=start
+    )
+    if start < len(ids):
+        _assert_prompt_logprobs(out["meta_info"], ids, ref, start)
+    else:
+        assert "input_token_logprobs" not in out["meta_info"]
+    engine.scheduler.check_integrity()
+
+
+@pytest.fixture(scope="module")
+def server():
+    with launch_server(model_dir("qwen2_5_vl"), "--chunked-prefill-size", "8") as (url, _):
+        yield url
+
+
+def test_generate_and_completions_echo_return_prompt_logprobs(server) -> None:
+    prompt = "Once upon a time there was a"
+    ids, ref, ref_top = _hf_prompt_logprobs("qwen2_5_vl", prompt, [])
+    gen = httpx.post(
+        f"{server}/generate",
+        json={
+            "text": prompt,
+            "sampling_params": ONE_TOKEN,
+            "return_logprob": True,
+            "logprob_start_len": 2,
+            "top_logprobs_num": 2,
+        },
+        timeout=60,
+    ).json()
+    _assert_prompt_logprobs(gen["meta_info"], ids, ref, 2)
+    assert len(gen["meta_info"]["input_top_logprobs"]) == len(ids) - 2
+
+    body = {"model": "m", "prompt": prompt, "max_tokens": 3, "temperature": 0, "echo": True}
+    full = httpx.post(f"{server}/v1/completions", json={**body, "logprobs": 2}, timeout=60)
+    choice = full.json()["choices"][0]
+    logprobs = choice["logprobs"]
+    n_out = full.json()["usage"]["completion_tokens"]
+    assert len(logprobs["tokens"]) == len(ids) + n_out
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert logprobs["token_logprobs"][1 : len(ids)] == pytest.approx(ref[1:], abs=2e-4)
+    assert choice["text"].startswith(prompt)
+    assert logprobs["text_offset"][: len(ids)] == sorted(logprobs["text_offset"][: len(ids)])
+
+    with httpx.stream(
+        "POST", f"{server}/v1/completions", json={**body, "logprobs": 2, "stream": True}
+    ) as resp:
+        chunks = [line[6:] for line in resp.iter_lines() if line.startswith("data: {")]
+    streamed = [json.loads(c)["choices"][0] for c in chunks]
+    assert streamed[0]["text"] == prompt
+    tokens = [t for c in streamed if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    assert tokens == logprobs["tokens"]
+    assert "".join(c["text"] for c in streamed) == choice["text"]
+
+    bad = httpx.post(
+        f"{server}/generate",
+        json={"text": prompt, "return_logprob": True, "logprob_start_len": -3},
+        timeout=60,
+    )
+    assert bad.status_code == 400
