@@ -99,6 +99,8 @@ def _request(draw: st.DrawFn, rid: str) -> tuple[TokenizedRequest, bool]:
         req.mm_items = req.mm_items + [copy.copy(it) for it in _valid()[2].mm_items]
     elif kind == "wild":
         req.sampling_params = _wild_params(draw)
+    req.return_logprob = draw(st.booleans())  # prompt logprobs change no sampled token
+    req.logprob_start_len = draw(st.sampled_from([-1, 0, 5, 10**6, -7]))
     return req, kind == "valid"
 
 
