@@ -105,6 +105,27 @@ def test_prompt_logprobs_reuse_the_cache_before_the_start() -> None:
     engine.scheduler.check_integrity()
 
 
+def test_prompt_logprobs_survive_a_batch_rerun_one_by_one(monkeypatch) -> None:
+    """A failing batch forward reruns its requests one at a time; the prompt logprobs of that
+    step must still reach every request."""
+    engine = _engine("qwen2_5_vl", -1)
+    engine.flush_cache()
+    prompts = ["Once upon a time there was a fox", "The cat sat on the mat and looked around"]
+    refs = [_hf_prompt_logprobs("qwen2_5_vl", p, [])[:2] for p in prompts]
+    runner_forward = engine.runner.forward
+
+    def forward(batch):
+        if batch.size > 1:
+            raise RuntimeError("this batch fails as a whole")
+        return runner_forward(batch)
+
+    monkeypatch.setattr(engine.runner, "forward", forward)
+    outs = engine.generate(prompts, ONE_TOKEN, return_logprob=True, logprob_start_len=0)
+    for out, (ids, ref) in zip(outs, refs):
+        _assert_prompt_logprobs(out["meta_info"], ids, ref, 0)
+    engine.scheduler.check_integrity()
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     ids=st.lists(st.integers(3, 500), min_size=2, max_size=40),

@@ -198,20 +198,25 @@ class Scheduler:
         if len(batch.reqs) == 1:
             self._fail_in_step(batch.reqs[0], "internal error in the forward pass")
             return None, torch.empty(0)
-        rows, survivors = [], []
+        rows, survivors, prompt_logprobs = [], [], []
         for i, req in enumerate(batch.reqs):
             if self.states is not None and self.states.is_dirty(req):
                 self._fail_in_step(req, "internal error in the forward pass")
                 continue  # the failed forward already changed its linear-attention state
             try:
-                rows.append(self.runner.forward(batch.select([i])))
+                alone = batch.select([i])
+                rows.append(self.runner.forward(alone))
                 survivors.append(i)
+                prompt_logprobs.append(alone.prompt_logprobs[0] if alone.prompt_logprobs else None)
             except Exception:
                 logger.exception("forward failed for request %s", req.rid)
                 self._fail_in_step(req, "internal error in the forward pass")
         if not survivors:
             return None, torch.empty(0)
-        return batch.select(survivors), torch.cat(rows)
+        kept = batch.select(survivors)
+        if any(p is not None for p in prompt_logprobs):
+            kept.prompt_logprobs = prompt_logprobs
+        return kept, torch.cat(rows)
 
     def _fail(self, req: Req, message: str, status_code: int = 500) -> None:
         """Abort a running request that holds no KV slots of the current step."""
