@@ -55,7 +55,7 @@ def _engine(family: str, chunk: int) -> sglang.Engine:
 
 
 @pytest.mark.parametrize("chunk", [-1, 5])
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "llava", "qwen3_5"])
 def test_prompt_logprobs_with_images_match_hf(family: str, chunk: int) -> None:
     ph = placeholder(family)
     prompt = f"First {ph} then {ph} compare them."
