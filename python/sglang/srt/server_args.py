@@ -81,6 +81,13 @@ class ServerArgs:
         default=False,
         metadata={"help": "Compile the Qwen-VL vision blocks (minutes of start-up per shape)."},
     )
+    decode_threads: int = field(
+        default=0,
+        metadata={
+            "help": "CPU threads for decode steps (0: one thread when the language model's "
+            "hidden size is below 2048, else all; prompt chunks always use all)."
+        },
+    )
 
     # Chat
     reasoning_parser: str | None = field(
@@ -160,6 +167,8 @@ class ServerArgs:
             get_tool_call_parser(self.tool_call_parser)
         if self.watchdog_timeout <= 0:
             raise ValueError("watchdog_timeout must be positive")
+        if self.decode_threads < 0:
+            raise ValueError("decode_threads must be 0 (auto) or positive")
         if self.max_request_body_mb <= 0:
             raise ValueError("max_request_body_mb must be positive")
         if self.limit_mm_data_per_request is not None:

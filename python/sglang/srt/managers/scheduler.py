@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from sglang.srt.constrained.manager import ConstraintManager
+from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
 from sglang.srt.managers.req import Req, ReqStatus
@@ -77,6 +78,11 @@ class Scheduler:
         self.chunk_size: int | None = None if chunk == -1 else chunk
         self.bidirectional_images = runner.adapter.bidirectional_images
         self.forward_steps = 0
+        self.decode_threads = (
+            decode_threads(args.decode_threads, getattr(runner.text_config, "hidden_size", 0))
+            if runner.device == "cpu"
+            else None
+        )
         self.constraints = ConstraintManager(tokenizer, runner.vocab_size, self.eos_token_ids, args)
         self.grammar_queue: list[Req] = []  # constrained requests whose grammar is compiling
 
@@ -170,10 +176,11 @@ class Scheduler:
         batch = self._schedule_extend() or self._schedule_decode()
         done: list[Req] = []
         if batch is not None:
-            batch, logits = self._forward(batch)
-            if batch is not None:
-                self.forward_steps += 1
-                done = self._process(batch, logits)
+            with intra_op_threads(self.decode_threads if batch.is_decode else None):
+                batch, logits = self._forward(batch)
+                if batch is not None:
+                    self.forward_steps += 1
+                    done = self._process(batch, logits)
         return StepOutput(self._failed + done)
 
     def _take_compiled_grammars(self) -> list[Req]:
