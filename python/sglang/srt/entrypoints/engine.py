@@ -11,7 +11,11 @@ import torch
 import sglang
 from sglang.srt.constrained.manager import MAX_TOP_LOGPROBS
 from sglang.srt.managers.inputs import split_generate_inputs, tokenize
-from sglang.srt.managers.io_struct import TokenizedRequest, logprob_meta
+from sglang.srt.managers.io_struct import (
+    TokenizedRequest,
+    input_logprob_meta,
+    output_logprob_meta,
+)
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.req import Req
 from sglang.srt.managers.scheduler import Scheduler
@@ -125,14 +129,13 @@ class Engine:
             },
         }
         if req.return_logprob:
-            out["meta_info"] |= logprob_meta(
-                req,
-                req.output_ids,
-                req.output_logprobs,
-                req.output_top_logprobs,
-                req.input_logprobs if req.wants_prompt_logprobs else None,
-                req.input_top_logprobs,
+            out["meta_info"] |= output_logprob_meta(
+                req, req.output_ids, req.output_logprobs, req.output_top_logprobs
             )
+            if req.wants_prompt_logprobs:
+                out["meta_info"] |= input_logprob_meta(
+                    req, req.input_logprobs, req.input_top_logprobs
+                )
         return out
 
     def get_server_info(self) -> dict:

@@ -394,15 +394,7 @@ async def _collect_all(
     streams: list[AsyncIterator[StreamEvent]], request: Request
 ) -> list[StreamEvent]:
     """Run the streams to completion; abort them all if the client goes away."""
-
-    async def last(stream: AsyncIterator[StreamEvent]) -> StreamEvent:
-        event = None
-        async for event in stream:  # noqa: B007
-            pass
-        assert event is not None
-        return event
-
-    tasks = [asyncio.create_task(last(s)) for s in streams]
+    tasks = [asyncio.create_task(oai.last_event(s)) for s in streams]
     watcher = asyncio.create_task(_wait_disconnect(request))
     try:
         pending: set[asyncio.Task] = set(tasks)

@@ -103,7 +103,7 @@ async def start_choices(
     prefilled: dict[int, int] = {}
     if parallel and not args.disable_radix_cache:
         finals = await asyncio.gather(
-            *(_last(manager.generate(prefill_request(tokenized[i]))) for i in parallel)
+            *(last_event(manager.generate(prefill_request(tokenized[i]))) for i in parallel)
         )
         prefilled = {i: e.meta["cached_tokens"] for i, e in zip(parallel, finals)}
     streams, prompt_of = [], []
@@ -114,7 +114,8 @@ async def start_choices(
     return Choices(streams, prompt_of, prefilled)
 
 
-async def _last(stream: AsyncIterator[StreamEvent]) -> StreamEvent:
+async def last_event(stream: AsyncIterator[StreamEvent]) -> StreamEvent:
+    """Run a request's stream to its end; its final event."""
     event = None
     async for event in stream:  # noqa: B007
         pass

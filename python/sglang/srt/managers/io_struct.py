@@ -86,33 +86,40 @@ class RequestOutput:
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
 
 
-def logprob_meta(
+def output_logprob_meta(
     request: Any,
     output_ids: list[int],
     output_logprobs: list[float],
     output_top_logprobs: list[list[tuple[float, int]]],
-    input_logprobs: list[float | None] | None,
-    input_top_logprobs: list[list[tuple[float, int]] | None] | None,
 ) -> dict[str, Any]:
-    """SGLang's ``meta_info`` logprob fields of ``request`` (a TokenizedRequest or a Req):
-    ``(logprob, token id, None)`` per token, the prompt's from ``logprob_start_len`` on (the
-    first prompt token has no logprob: None)."""
+    """SGLang's ``meta_info`` fields for the output logprobs of ``request`` (a TokenizedRequest
+    or a Req): ``(logprob, token id, None)`` per token."""
     meta: dict[str, Any] = {
         "output_token_logprobs": [(lp, tok, None) for lp, tok in zip(output_logprobs, output_ids)]
     }
-    top_n = request.top_logprobs_num
-    if top_n:
+    if request.top_logprobs_num:
         meta["output_top_logprobs"] = [
             [(lp, tok, None) for lp, tok in top] for top in output_top_logprobs
         ]
-    if input_logprobs is not None:
-        prompt = request.input_ids[max(request.logprob_start_len, 0) :]
-        meta["input_token_logprobs"] = [(lp, tok, None) for lp, tok in zip(input_logprobs, prompt)]
-        if top_n:
-            meta["input_top_logprobs"] = [
-                None if top is None else [(lp, tok, None) for lp, tok in top]
-                for top in input_top_logprobs or []
-            ]
+    return meta
+
+
+def input_logprob_meta(
+    request: Any,
+    input_logprobs: list[float | None],
+    input_top_logprobs: list[list[tuple[float, int]] | None],
+) -> dict[str, Any]:
+    """The same for the prompt's tokens from ``logprob_start_len`` on (the first prompt token
+    has no logprob: None)."""
+    prompt = request.input_ids[max(request.logprob_start_len, 0) :]
+    meta: dict[str, Any] = {
+        "input_token_logprobs": [(lp, tok, None) for lp, tok in zip(input_logprobs, prompt)]
+    }
+    if request.top_logprobs_num:
+        meta["input_top_logprobs"] = [
+            None if top is None else [(lp, tok, None) for lp, tok in top]
+            for top in input_top_logprobs
+        ]
     return meta
 
 

@@ -417,11 +417,15 @@ class Scheduler:
         shaped = self.constraints.shaped(logits, reqs)
         tokens: list[int | None] = [None] * len(reqs)
         bad = torch.isnan(logits).any(dim=-1).tolist()
+        greedy = shaped.argmax(dim=-1).tolist()  # what ``sample`` gives a greedy row
         for i, req in enumerate(reqs):
             if req.sampling_params.max_new_tokens == 0:
                 continue
             if bad[i]:
                 req.finish_reason = _aborted("the model produced NaN logits for this request")
+                continue
+            if params[i].is_greedy:
+                tokens[i] = greedy[i]
                 continue
             try:
                 tokens[i] = sample(shaped[i : i + 1], [params[i]], [req.generator])[0]

@@ -24,7 +24,8 @@ from sglang.srt.managers.io_struct import (
     RpcRequest,
     RpcResponse,
     TokenizedRequest,
-    logprob_meta,
+    input_logprob_meta,
+    output_logprob_meta,
 )
 from sglang.srt.multimodal.media_fetch import allowed_local_dir, fetch_image_source
 from sglang.srt.multimodal.processor import MultimodalProcessor
@@ -48,8 +49,7 @@ class ReqState:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    input_logprobs: list[float | None] | None = None
-    input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    input_meta: dict[str, Any] = field(default_factory=dict)  # prompt logprobs, built once
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -216,8 +216,9 @@ class TokenizerManager:
                 state.logprobs += out.new_logprobs
                 state.top_logprobs += out.new_top_logprobs
                 if out.input_logprobs is not None:
-                    state.input_logprobs = out.input_logprobs
-                    state.input_top_logprobs = out.input_top_logprobs
+                    state.input_meta = input_logprob_meta(
+                        tokenized, out.input_logprobs, out.input_top_logprobs or []
+                    )
                 text = decode_output(
                     self.tokenizer,
                     state.output_ids,
@@ -255,14 +256,10 @@ class TokenizerManager:
             "e2e_latency": time.perf_counter() - state.created,
         }
         if state.request.return_logprob:
-            meta |= logprob_meta(
-                state.request,
-                state.output_ids,
-                state.logprobs,
-                state.top_logprobs,
-                state.input_logprobs,
-                state.input_top_logprobs,
+            meta |= output_logprob_meta(
+                state.request, state.output_ids, state.logprobs, state.top_logprobs
             )
+            meta |= state.input_meta
         return meta
 
     async def abort(self, rid: str) -> None:

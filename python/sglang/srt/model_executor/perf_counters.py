@@ -36,10 +36,14 @@ class PerfCounters:
         self.lm_attention_flops += flops
 
 
-def causal_attention_flops(heads: int, dim: int, prefix: int, q_len: int) -> float:
-    """QK^T and PV of ``q_len`` queries at positions [prefix, prefix + q_len) over the keys
-    each one sees (all earlier ones and itself)."""
-    keys_seen = q_len * prefix + q_len * (q_len + 1) / 2
+def causal_keys_seen(prefix: int, q_len: int) -> float:
+    """Keys seen by ``q_len`` queries at positions [prefix, prefix + q_len) under a causal mask
+    (all earlier ones and itself), summed over the queries."""
+    return q_len * prefix + q_len * (q_len + 1) / 2
+
+
+def causal_attention_flops(heads: int, dim: int, keys_seen: float) -> float:
+    """QK^T and PV of queries that see ``keys_seen`` keys in all (``causal_keys_seen``)."""
     return 4.0 * heads * dim * keys_seen
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base import AttentionBackend
-from sglang.srt.model_executor.perf_counters import causal_attention_flops
+from sglang.srt.model_executor.perf_counters import causal_attention_flops, causal_keys_seen
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -126,6 +126,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token_pool.req_to_token
         self._reqs: list[_ReqAttn] = []
+        self._keys_seen = 0.0  # of the batch's queries, for the FLOPs of each layer
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         self._reqs = []
@@ -138,6 +139,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 _ReqAttn(q_start, extend, prefix, kv_indices, spans, self.kv_pool.dtype)
             )
             q_start += extend
+        self._keys_seen = sum(causal_keys_seen(r.prefix, r.q_len) for r in self._reqs)
 
     def forward(
         self,
@@ -182,10 +184,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 )
             out[r.q_start : r.q_start + r.q_len] = oi[0].transpose(0, 1)
         if self.perf is not None:
-            flops = sum(
-                causal_attention_flops(q.shape[1], q.shape[3], r.prefix, r.q_len)
-                for r in self._reqs
-            )
+            flops = causal_attention_flops(q.shape[1], q.shape[3], self._keys_seen)
             self.perf.add_lm_attention(time.perf_counter() - started, flops)
         return out.unsqueeze(0)
 
