@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang.srt.constrained.spec import grammar_spec
+from sglang.srt.managers.io_struct import abort_reason
 
 if TYPE_CHECKING:
     from sglang.srt.constrained.xgrammar_backend import GrammarBackend
@@ -112,7 +113,7 @@ class ConstraintManager:
                 req.grammar.matcher = self.backend.matcher(req.grammar.future.result())
                 ready.append(req)
             else:
-                req.finish_reason = {"type": "abort", "message": str(exc), "status_code": 400}
+                req.finish_reason = abort_reason(str(exc), 400)
                 failed.append(req)
         return ready, failed
 

@@ -65,12 +65,9 @@ class Engine:
         ``logprob_start_len`` >= 0 also returns the prompt tokens' logprobs from there on."""
         if not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
-        tokenized, batched = self.tokenize(
-            prompt, sampling_params, input_ids, image_data, rid, return_logprob
-        )
+        tokenized, batched = self.tokenize(prompt, sampling_params, input_ids, image_data, rid)
         for t in tokenized:
-            t.top_logprobs_num = top_logprobs_num
-            t.logprob_start_len = logprob_start_len if return_logprob else -1
+            t.ask_logprobs(top_logprobs_num if return_logprob else None, logprob_start_len)
         if any(t.sampling_params.n > 1 for t in tokenized):
             tokenized, batched = self._fan_out(tokenized), True
         outputs = [self.output_of(req) for req in self._run(tokenized)]
@@ -97,7 +94,6 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None,
         image_data: Any,
         rid: str | list[str] | None = None,
-        return_logprob: bool = False,
     ) -> tuple[list[TokenizedRequest], bool]:
         """Validate and process inputs (all or nothing: raises ValueError)."""
         inputs, batched = split_generate_inputs(prompt, sampling_params, input_ids, image_data, rid)
@@ -107,7 +103,6 @@ class Engine:
                 self.server_args,
                 inp,
                 self.processor.load_images(inp.images),
-                return_logprob,
             )
             for inp in inputs
         ]

@@ -171,12 +171,11 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         inputs, batched = split_generate_inputs(
             body.text, body.sampling_params, body.input_ids, body.image_data, body.rid
         )
-        tokenized = await asyncio.gather(
-            *(manager.tokenize(inp, body.return_logprob) for inp in inputs)
-        )
+        tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
         for t in tokenized:
-            t.top_logprobs_num = body.top_logprobs_num if body.return_logprob else 0
-            t.logprob_start_len = body.logprob_start_len if body.return_logprob else -1
+            t.ask_logprobs(
+                body.top_logprobs_num if body.return_logprob else None, body.logprob_start_len
+            )
         streams = (await oai.start_choices(manager, tokenized, args)).streams
         batched = batched or len(streams) > len(tokenized)  # n > 1 answers with a list
         if body.stream:
@@ -202,7 +201,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         inputs, _ = split_generate_inputs(prompts, params, ids, None)
         tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
         for t in tokenized:
-            oai.request_logprobs(t, body.logprobs, prompt=body.echo)
+            t.ask_logprobs(body.logprobs, 0 if body.echo else -1)  # echo: the prompt's too
         choices = await oai.start_choices(manager, tokenized, args)
         echoes = [
             manager.tokenizer.decode(tokenized[p].input_ids) if prompts is None else prompts[p]
@@ -252,7 +251,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             add_special_tokens=not (bos and prompt.startswith(bos)),
         )
         tokenized = await manager.tokenize(inp)
-        oai.request_logprobs(tokenized, (body.top_logprobs or 0) if body.logprobs else None)
+        tokenized.ask_logprobs((body.top_logprobs or 0) if body.logprobs else None)
         choices = await oai.start_choices(manager, [tokenized], args)
         fmt = oai.ChatFormat(
             tool_parser if tools else None,

@@ -76,14 +76,6 @@ def _tool_choice_grammar(
     params["structural_tag"] = json.dumps(tag)
 
 
-def request_logprobs(tokenized: TokenizedRequest, top: int | None, prompt: bool = False) -> None:
-    """Ask the scheduler for logprobs (``top`` alternatives per token; None: none at all), of
-    the prompt's tokens too with ``prompt`` (completions with ``echo``)."""
-    tokenized.return_logprob = top is not None
-    tokenized.top_logprobs_num = top or 0
-    tokenized.logprob_start_len = 0 if prompt and top is not None else -1
-
-
 # n > 1 ---------------------------------------------------------------------------------------
 @dataclass
 class Choices:

@@ -71,7 +71,6 @@ def tokenize(
     args: ServerArgs,
     inp: GenerateInput,
     images: list[LoadedImage],
-    return_logprob: bool = False,
 ) -> TokenizedRequest:
     limit = args.image_limit
     if limit is not None and len(images) > limit:
@@ -79,7 +78,7 @@ def tokenize(
     if inp.input_ids is not None:
         _check_ids(inp.input_ids, processor)  # before they are decoded for image expansion
     ids, items = processor.process(inp.prompt, inp.input_ids, images, inp.add_special_tokens)
-    tokenized = TokenizedRequest(inp.rid, ids, inp.sampling_params, items, return_logprob)
+    tokenized = TokenizedRequest(inp.rid, ids, inp.sampling_params, items)
     tokenized.validate(*_vocab_and_image_token(processor))
     return tokenized
 

@@ -22,6 +22,13 @@ class TokenizedRequest:
     # With return_logprob: logprobs of the prompt tokens from this position on (-1: none).
     logprob_start_len: int = -1
 
+    def ask_logprobs(self, top: int | None, start_len: int = -1) -> None:
+        """Return the output tokens' logprobs with ``top`` alternatives each (None: no logprobs
+        at all), and the prompt's from ``start_len`` on (-1: none)."""
+        self.return_logprob = top is not None
+        self.top_logprobs_num = top or 0
+        self.logprob_start_len = start_len if top is not None else -1
+
     def validate(self, vocab_size: int, image_token_id: int | None) -> None:
         """Raise ValueError unless every token id is in the vocabulary and the image
         placeholder tokens are exactly the spans of the request's images."""
@@ -84,6 +91,18 @@ class RequestOutput:
     # Sent with a request's first output when it asked for prompt logprobs.
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+
+    @classmethod
+    def failed(
+        cls, rid: str, message: str, status_code: int, prompt_tokens: int = 0
+    ) -> RequestOutput:
+        """The one output of a request that ends in an error (the API answers ``status_code``)."""
+        return cls(rid, [], [], abort_reason(message, status_code), prompt_tokens, 0, 0)
+
+
+def abort_reason(message: str, status_code: int = 500) -> dict[str, Any]:
+    """A finish reason that the API turns into an error answer with ``status_code``."""
+    return {"type": "abort", "message": message, "status_code": status_code}
 
 
 def output_logprob_meta(

@@ -20,7 +20,7 @@ import torch
 
 from sglang.srt.constrained.manager import ConstraintManager
 from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
-from sglang.srt.managers.io_struct import TokenizedRequest
+from sglang.srt.managers.io_struct import TokenizedRequest, abort_reason
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
 from sglang.srt.managers.req import Req, ReqStatus
 from sglang.srt.mem_cache.hybrid_radix_cache import HybridRadixCache
@@ -227,7 +227,7 @@ class Scheduler:
 
     def _fail(self, req: Req, message: str, status_code: int = 500) -> None:
         """Abort a running request that holds no KV slots of the current step."""
-        req.finish_reason = _aborted(message, status_code)
+        req.finish_reason = abort_reason(message, status_code)
         self._release(req)
         self.running.remove(req)
         self._failed.append(req)
@@ -422,7 +422,7 @@ class Scheduler:
             if req.sampling_params.max_new_tokens == 0:
                 continue
             if bad[i]:
-                req.finish_reason = _aborted("the model produced NaN logits for this request")
+                req.finish_reason = abort_reason("the model produced NaN logits for this request")
                 continue
             if params[i].is_greedy:
                 tokens[i] = greedy[i]
@@ -431,7 +431,7 @@ class Scheduler:
                 tokens[i] = sample(shaped[i : i + 1], [params[i]], [req.generator])[0]
             except Exception as exc:
                 logger.exception("sampling failed for request %s", req.rid)
-                req.finish_reason = _aborted(f"sampling failed: {exc}")
+                req.finish_reason = abort_reason(f"sampling failed: {exc}")
         return tokens
 
     def _banned_ids(self, req: Req) -> list[int]:
@@ -496,10 +496,6 @@ class Scheduler:
         self.runner.embedder.cache.check_integrity()
         if self.states is not None:
             self.states.check_integrity(self.running)
-
-
-def _aborted(message: str, status_code: int = 500) -> dict[str, Any]:
-    return {"type": "abort", "message": message, "status_code": status_code}
 
 
 def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:

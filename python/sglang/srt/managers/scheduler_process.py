@@ -101,8 +101,7 @@ class SchedulerLoop:
             self.send.send_pyobj(self._rpc(msg))
 
     def _fail_all(self, message: str) -> None:
-        reason = {"type": "abort", "message": message, "status_code": 503}
-        outputs = [RequestOutput(rid, [], [], reason, 0, 0, 0) for rid in self.sent]
+        outputs = [RequestOutput.failed(rid, message, 503) for rid in self.sent]
         if outputs:
             self.send.send_pyobj(BatchOutput(outputs))
 
@@ -153,8 +152,7 @@ class SchedulerLoop:
             self.send.send_pyobj(BatchOutput(outputs))
 
     def _send_error(self, msg: TokenizedRequest, message: str, status_code: int = 400) -> None:
-        reason = {"type": "abort", "message": message, "status_code": status_code}
-        out = RequestOutput(msg.rid, [], [], reason, len(msg.input_ids), 0, 0)
+        out = RequestOutput.failed(msg.rid, message, status_code, len(msg.input_ids))
         self.send.send_pyobj(BatchOutput([out]))
 
 

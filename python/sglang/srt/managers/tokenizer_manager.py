@@ -141,15 +141,14 @@ class TokenizerManager:
             self.on_fatal(message)
 
     def _fail_inflight(self, message: str) -> None:
-        reason = {"type": "abort", "message": message, "status_code": 503}
         for rid, state in self._states.items():
-            state.queue.put_nowait(RequestOutput(rid, [], [], reason, 0, 0, 0))
+            state.queue.put_nowait(RequestOutput.failed(rid, message, 503))
         for future in self._rpcs.values():
             if not future.done():
                 future.set_exception(RequestError(message, status_code=503))
 
     # Requests ----------------------------------------------------------------------------------
-    async def tokenize(self, inp: GenerateInput, return_logprob: bool = False) -> TokenizedRequest:
+    async def tokenize(self, inp: GenerateInput) -> TokenizedRequest:
         self._check_alive()
         self._check_length_cheaply(inp)
         limit = self.args.image_limit
@@ -159,9 +158,7 @@ class TokenizerManager:
             raise RequestError("this model does not accept images")
         sources = [await fetch_image_source(ref, self.args) for ref in inp.images]
         loop = asyncio.get_running_loop()
-        tokenized = await loop.run_in_executor(
-            self._pool, self._tokenize_sync, inp, sources, return_logprob
-        )
+        tokenized = await loop.run_in_executor(self._pool, self._tokenize_sync, inp, sources)
         prompt_len = len(tokenized.input_ids)
         if prompt_len >= self.context_length:
             raise RequestError(
@@ -185,9 +182,9 @@ class TokenizerManager:
                 f"({self.context_length}, leaving room for at least one new token)"
             )
 
-    def _tokenize_sync(self, inp: GenerateInput, sources: list, return_logprob: bool):
+    def _tokenize_sync(self, inp: GenerateInput, sources: list):
         images = self.processor.load_images(sources)
-        tokenized = tokenize(self.processor, self.args, inp, images, return_logprob)
+        tokenized = tokenize(self.processor, self.args, inp, images)
         for item, img in zip(tokenized.mm_items, images):
             if img.data is not None:
                 item.source = img.data  # ship the encoded bytes, not decoded pixels
