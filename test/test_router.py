@@ -26,7 +26,7 @@ import httpx
 import psutil
 import pytest
 from conftest import make_image, model_dir
-from server_utils import free_port, launch_server
+from server_utils import free_port, launch_server, stop_process
 
 import sglang
 
@@ -94,12 +94,7 @@ def launch_router(worker_urls: list[str], *flags: str, timeout: float = 60) -> I
         )
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=15)
         log.close()
 
 
