@@ -10,11 +10,14 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
 from sglang.srt.entrypoints import openai_extras as oai
@@ -36,6 +39,8 @@ from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, Tok
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+BodyModel = TypeVar("BodyModel", bound=BaseModel)
 
 OPEN_PATHS = {"/health", "/health_generate", "/ready", "/metrics"}
 
@@ -166,7 +171,8 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
 
     # SGLang native -----------------------------------------------------------------------------
     @app.post("/generate")
-    async def generate(body: GenerateRequest, request: Request) -> Response:
+    async def generate(request: Request) -> Response:
+        body = await _parse(request, GenerateRequest)
         reject_unimplemented(body, UNIMPLEMENTED_GENERATE_FIELDS)
         inputs, batched = split_generate_inputs(
             body.text, body.sampling_params, body.input_ids, body.image_data, body.rid
@@ -186,7 +192,8 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
 
     # OpenAI ------------------------------------------------------------------------------------
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
         reject_unimplemented(body, UNIMPLEMENTED_COMPLETION_FIELDS)
         max_new = body.max_tokens
         prompt = body.prompt
@@ -231,7 +238,8 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         )
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
         reject_unimplemented(body, UNIMPLEMENTED_CHAT_FIELDS)
         max_new = body.max_completion_tokens
         max_new = body.max_tokens if max_new is None else max_new
@@ -275,6 +283,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             }
         )
 
+    _document_parsed_bodies(app)
     return app
 
 
@@ -496,6 +505,49 @@ def _stream_usage(body: Any, choices: oai.Choices, args: ServerArgs) -> Any:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status)
+
+
+# Endpoints that parse their own body with ``_parse``, which FastAPI's schema cannot see.
+PARSED_BODIES: dict[str, type[BaseModel]] = {
+    "/generate": GenerateRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+}
+
+
+def _document_parsed_bodies(app: FastAPI) -> None:
+    """Put the request bodies of ``PARSED_BODIES`` into the app's OpenAPI schema, so that /docs
+    and schema-driven clients see them as if FastAPI had parsed them."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            refs, defs = models_json_schema(
+                [(model, "validation") for model in PARSED_BODIES.values()],
+                ref_template="#/components/schemas/{model}",
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(defs.get("$defs", {}))
+            for path, model in PARSED_BODIES.items():
+                body = {"schema": refs[(model, "validation")]}
+                schema["paths"][path]["post"]["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": body},
+                }
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+async def _parse(request: Request, model: type[BodyModel]) -> BodyModel:
+    """The body parsed and validated in one pass by pydantic's JSON parser. FastAPI's own body
+    handling (``json.loads``, then validation of the Python objects) took ~40 ms of a 7.4 MB
+    chat with eight 720p images; this takes ~5."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
 
 
 def _first_error(exc: RequestValidationError) -> str:
