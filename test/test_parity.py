@@ -57,8 +57,9 @@ def test_parity_across_chunk_sizes_and_radix_hits(family: str) -> None:
         engine.scheduler.check_integrity()
 
 
+@pytest.mark.parametrize("mixed_chunk", [False, True], ids=["separate-decode", "mixed-chunk"])
 @pytest.mark.parametrize("family", VLM_FAMILIES)
-def test_parity_in_a_mixed_batch(family: str) -> None:
+def test_parity_in_a_mixed_batch(family: str, mixed_chunk: bool) -> None:
     ph = placeholder(family)
     prompts = [
         f"One {ph} image here.",
@@ -67,10 +68,14 @@ def test_parity_in_a_mixed_batch(family: str) -> None:
     ]
     images = [[make_image(4, 64, 96)], [], [make_image(5), make_image(6, 128, 64)]]
     refs = [hf_greedy(family, p, imgs, MAX_NEW) for p, imgs in zip(prompts, images)]
-    engine = sglang.Engine(model_path=model_dir(family), chunked_prefill_size=24)
+    engine = sglang.Engine(
+        model_path=model_dir(family), chunked_prefill_size=24, enable_mixed_chunk=mixed_chunk
+    )
     outs = engine.generate(prompts, GREEDY, image_data=images, return_logprob=True)
     for out, (ref_ids, ref_lps) in zip(outs, refs):
         _assert_matches(out, ref_ids, ref_lps)
+    # with mixing, requests past their prompt decode inside the others' prompt chunks
+    assert (engine.scheduler.mixed_steps > 0) == mixed_chunk
     engine.scheduler.check_integrity()
 
 

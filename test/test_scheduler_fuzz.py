@@ -27,8 +27,10 @@ _RIDS = itertools.count()
 
 
 @functools.cache
-def _engine() -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(FAMILY), chunked_prefill_size=16)
+def _engine(mixed_chunk: bool = False) -> sglang.Engine:
+    return sglang.Engine(
+        model_path=model_dir(FAMILY), chunked_prefill_size=16, enable_mixed_chunk=mixed_chunk
+    )
 
 
 @functools.cache
@@ -111,7 +113,8 @@ def _request(draw: st.DrawFn, rid: str) -> tuple[TokenizedRequest, bool]:
 )
 @given(data=st.data())
 def test_scheduler_survives_any_mix_of_requests(data: st.DataObject) -> None:
-    scheduler = _engine().scheduler
+    mixed_chunk = data.draw(st.booleans(), label="enable_mixed_chunk")
+    scheduler = _engine(mixed_chunk).scheduler
     try:
         _run_mix(data, scheduler)
     finally:  # a failed example must not leave work behind for the next one
@@ -142,7 +145,7 @@ def _run_mix(data: st.DataObject, scheduler) -> None:
     for req, ref_index in known:
         assert req.output_ids == _reference(ref_index)
     scheduler.check_integrity()
-    assert _engine().runner.embedder.cache.num_pinned == 0
+    assert scheduler.runner.embedder.cache.num_pinned == 0
 
 
 def test_a_failing_encode_aborts_only_its_request(monkeypatch) -> None:

@@ -45,6 +45,13 @@ class ServerArgs:
         default=None, metadata={"help": "Tokens per prefill chunk; -1 disables chunking."}
     )
     schedule_policy: str = "fcfs"
+    enable_mixed_chunk: bool = field(
+        default=False,
+        metadata={
+            "help": "Running requests take their decode step inside a batch that runs a prompt "
+            "chunk instead of waiting for it (not for linear-attention models)."
+        },
+    )
     disable_radix_cache: bool = False
     random_seed: int | None = None
     watchdog_timeout: float = field(

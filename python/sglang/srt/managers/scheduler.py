@@ -78,6 +78,7 @@ class Scheduler:
         self.chunk_size: int | None = None if chunk == -1 else chunk
         self.bidirectional_images = runner.adapter.bidirectional_images
         self.forward_steps = 0
+        self.mixed_steps = 0  # prompt-chunk batches that also carried decode steps
         self.decode_threads = (
             decode_threads(args.decode_threads, getattr(runner.text_config, "hidden_size", 0))
             if runner.device == "cpu"
@@ -241,7 +242,9 @@ class Scheduler:
         self._fail(req, message)
 
     def _schedule_extend(self) -> ForwardBatch | None:
+        decoding = self._decodes_to_mix()
         budget = min(self.chunk_size or self.args.max_prefill_tokens, self.args.max_prefill_tokens)
+        budget = max(budget - len(decoding), 1)
         unbounded = self.chunk_size is None
         chosen: list[Req] = []
         for req in self.running:
@@ -257,7 +260,21 @@ class Scheduler:
             budget -= self._plan_extend(req, budget, unbounded and not chosen)
             chosen.append(req)
         chosen = [r for r in chosen if r.extend_len > 0]
-        return self._build_batch(chosen, is_decode=False) if chosen else None
+        if not chosen:
+            return None
+        for req in decoding:
+            req.extend_len = 1
+        if decoding:
+            self.mixed_steps += 1
+        return self._build_batch(chosen + decoding, is_decode=False)
+
+    def _decodes_to_mix(self) -> list[Req]:
+        """With ``--enable-mixed-chunk``, the running requests past their prompt, which then
+        take their decode step in the prompt chunk's batch. Linear-attention models keep separate
+        decode batches: their one-token step has its own recurrent kernel."""
+        if not self.args.enable_mixed_chunk or self.states is not None:
+            return []
+        return [r for r in self.running if not r.is_prefilling]
 
     def _schedule_decode(self) -> ForwardBatch | None:
         reqs = [r for r in self.running if not r.is_prefilling]
