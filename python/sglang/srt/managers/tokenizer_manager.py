@@ -47,9 +47,10 @@ class ReqState:
     request: TokenizedRequest
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    input_meta: dict[str, Any] = field(default_factory=dict)  # prompt logprobs, built once
+    # Logprob meta, extended by each output (every event's meta shares these lists, so a
+    # stream of n tokens builds n entries, not n^2 / 2) and the prompt's, built once.
+    output_meta: dict[str, list] = field(default_factory=dict)
+    input_meta: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -210,8 +211,12 @@ class TokenizerManager:
                     message = out.finish_reason.get("message", "request failed")  # type: ignore
                     raise RequestError(message, status_code=status)
                 state.output_ids += out.new_token_ids
-                state.logprobs += out.new_logprobs
-                state.top_logprobs += out.new_top_logprobs
+                if tokenized.return_logprob:
+                    new = output_logprob_meta(
+                        tokenized, out.new_token_ids, out.new_logprobs, out.new_top_logprobs
+                    )
+                    for key, entries in new.items():
+                        state.output_meta.setdefault(key, []).extend(entries)
                 if out.input_logprobs is not None:
                     state.input_meta = input_logprob_meta(
                         tokenized, out.input_logprobs, out.input_top_logprobs or []
@@ -253,9 +258,7 @@ class TokenizerManager:
             "e2e_latency": time.perf_counter() - state.created,
         }
         if state.request.return_logprob:
-            meta |= output_logprob_meta(
-                state.request, state.output_ids, state.logprobs, state.top_logprobs
-            )
+            meta |= state.output_meta
             meta |= state.input_meta
         return meta
 
