@@ -287,6 +287,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--modes", default=",".join(CACHE_MODES))
     p.add_argument("--engines", default="ours", help="ours,vllm,hf (peers need their venvs)")
     p.add_argument("--server-args", default="", help="extra flags for our server")
+    p.add_argument(
+        "--dtype", default="float32", help="every launched engine's dtype (e.g. bfloat16)"
+    )
     p.add_argument("--base-url", help="use a running server instead of launching")
     p.add_argument("--label", default="external", help="label of the --base-url server")
     p.add_argument("--out", default="benchmark/results/multiturn_image")
@@ -310,7 +313,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.base_url:
             ctx = connect(args.base_url, args.label)
         else:
-            ctx = launch(engine, model_path, mode or "per-image", args.server_args.split())
+            ctx = launch(
+                engine, model_path, mode or "per-image", args.server_args.split(), dtype=args.dtype
+            )
         try:
             with ctx as server, httpx.Client(timeout=3600) as client:
                 for res in resolutions:

@@ -92,25 +92,23 @@ def our_command(
     return cmd + list(extra or [])
 
 
-def vllm_command(model_path: str, port: int, max_len: int, extra: list[str] | None) -> list[str]:
+def vllm_command(model_path: str, port: int, max_len: int, dtype: str) -> list[str]:
     return [
         str(peer_python("vllm")),
         *("-m", "vllm.entrypoints.openai.api_server", "--model", model_path),
-        *("--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"),
+        *("--host", "127.0.0.1", "--port", str(port), "--dtype", dtype),
         *("--max-model-len", str(max_len), "--enable-prompt-tokens-details"),
         *("--gpu-memory-utilization", os.environ.get("VLLM_CPU_MEM_FRACTION", "0.3")),
         # Profiling with a worst-case video (the default) takes tens of minutes on a CPU.
         *("--skip-mm-profiling", "--limit-mm-per-prompt", '{"image": 64, "video": 0}'),
-        *(extra or []),
     ]
 
 
-def hf_command(model_path: str, port: int, extra: list[str] | None) -> list[str]:
+def hf_command(model_path: str, port: int, dtype: str) -> list[str]:
     return [
         str(peer_python("hf").parent / "transformers"),
         *("serve", model_path, "--host", "127.0.0.1", "--port", str(port)),
-        *("--device", "cpu", "--dtype", "float32", "--trust-remote-code"),
-        *(extra or []),
+        *("--device", "cpu", "--dtype", dtype, "--trust-remote-code"),
     ]
 
 
@@ -123,24 +121,27 @@ def launch(
     max_len: int | None = None,
     timeout: float = 600,
     log_dir: str | Path | None = None,
+    dtype: str = "float32",
 ) -> Iterator[Server]:
-    """Start ``engine`` on a free port; yield a ``Server`` once ``/health`` answers."""
+    """Start ``engine`` on a free port; yield a ``Server`` once ``/health`` answers. ``extra``
+    flags go to our server only; ``dtype`` to every engine."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if engine == "ours":
+        extra = ["--dtype", dtype, *(extra or [])]
         cmd, model, label = our_command(model_path, port, mode, extra), "default", f"ours:{mode}"
     elif engine == "vllm":
         assert model_path, "vLLM needs --model-path"
         max_len = max_len or _context_length(model_path)
-        cmd, model, label = vllm_command(model_path, port, max_len, extra), model_path, "vllm"
+        cmd, model, label = vllm_command(model_path, port, max_len, dtype), model_path, "vllm"
         env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_KV_GB", "4"))
     elif engine == "hf":
         assert model_path, "transformers serve needs --model-path"
         from benchmark.peers.peer_model import hf_serve_folder
 
         folder = str(hf_serve_folder(model_path))
-        cmd, model, label = hf_command(folder, port, extra), folder, "hf"
+        cmd, model, label = hf_command(folder, port, dtype), folder, "hf"
     else:
         raise ValueError(f"unknown engine {engine!r}; expected one of {ENGINES}")
     if engine != "ours" and not Path(cmd[0]).exists():
