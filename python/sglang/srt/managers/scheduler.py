@@ -28,6 +28,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampler import apply_penalties, sample
+from sglang.srt.sampling.stop_strings import matched_stop, skipped_token_ids
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Scheduler:
         self.args = args
         self.runner = runner
         self.tokenizer = tokenizer
+        self.special_ids = skipped_token_ids(tokenizer)
         self.eos_token_ids = eos_token_ids(runner.model_path, tokenizer)
         self.seed = args.random_seed if args.random_seed is not None else random.randrange(2**31)
         self._num_reqs = 0
@@ -470,11 +472,10 @@ class Scheduler:
         elif len(req.output_ids) >= sp.max_new_tokens:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
         if sp.stop and req.finish_reason is None:
-            text = self.tokenizer.decode(req.output_ids, skip_special_tokens=sp.skip_special_tokens)
-            for stop in sp.stop:
-                if stop in text:
-                    req.finish_reason = {"type": "stop", "matched": stop}
-                    break
+            skip = sp.skip_special_tokens
+            stop = matched_stop(self.tokenizer, req.output_ids, sp.stop, skip, self.special_ids)
+            if stop is not None:
+                req.finish_reason = {"type": "stop", "matched": stop}
 
     def _release(self, req: Req) -> None:
         """Hand the request's KV (and linear-attention state) to the radix cache (or free it)
