@@ -209,6 +209,7 @@ def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
         "context_length": runner.context_length,
         "chunked_prefill_size": scheduler.chunk_size or -1,
         "forward_steps": scheduler.forward_steps,
+        "mixed_steps": scheduler.mixed_steps,
         "num_running_reqs": len(scheduler.running),
         "num_queue_reqs": len(scheduler.waiting) + len(scheduler.grammar_queue),
         "token_usage": 1 - scheduler.kv_pool.available_size() / scheduler.kv_pool.size,

@@ -139,8 +139,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     @app.get("/get_load")
     async def get_load() -> list[dict]:
         """One entry per data-parallel rank; sglang-router polls it for load-aware routing."""
-        info = await manager.rpc("server_info")
-        return [info["load"]]
+        return [await manager.rpc("load")]
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:

@@ -106,11 +106,13 @@ class SchedulerLoop:
             self.send.send_pyobj(BatchOutput(outputs))
 
     def _rpc(self, msg: RpcRequest) -> RpcResponse:
-        from sglang.srt.entrypoints.engine import server_info
+        from sglang.srt.entrypoints.engine import load_report, server_info
 
         try:
             if msg.method == "server_info":
                 return RpcResponse(msg.call_id, server_info(self.args, self.scheduler))
+            if msg.method == "load":  # what /get_load answers, without the rest of server_info
+                return RpcResponse(msg.call_id, load_report(self.scheduler))
             if msg.method == "flush_cache":
                 return RpcResponse(msg.call_id, self.scheduler.flush_cache())
             if msg.method == "check_integrity":
