@@ -264,8 +264,6 @@ class Scheduler:
         chosen = [r for r in chosen if r.extend_len > 0]
         if not chosen:
             return None
-        for req in decoding:
-            req.extend_len = 1
         if decoding:
             self.mixed_steps += 1
         return self._build_batch(chosen + decoding, is_decode=False)
@@ -276,13 +274,18 @@ class Scheduler:
         decode batches: their one-token step has its own recurrent kernel."""
         if not self.args.enable_mixed_chunk or self.states is not None:
             return []
-        return [r for r in self.running if not r.is_prefilling]
+        return self._ready_to_decode()
 
     def _schedule_decode(self) -> ForwardBatch | None:
+        reqs = self._ready_to_decode()
+        return self._build_batch(reqs, is_decode=True) if reqs else None
+
+    def _ready_to_decode(self) -> list[Req]:
+        """The running requests past their prompt, each set to extend by its one new token."""
         reqs = [r for r in self.running if not r.is_prefilling]
         for req in reqs:
             req.extend_len = 1
-        return self._build_batch(reqs, is_decode=True) if reqs else None
+        return reqs
 
     def _admit(self, req: Req) -> bool:
         """Match the radix prefix, reserve KV for the whole request, take a request row."""
