@@ -23,7 +23,19 @@ class ServerArgs:
     served_model_name: str | None = None
     chat_template: str | None = None
     dtype: str = field(
-        default="auto", metadata={"help": "auto = float32 on CPU, the checkpoint's dtype on GPU."}
+        default="auto",
+        metadata={
+            "help": "auto: the checkpoint's dtype; on a CPU a bfloat16/float16 checkpoint runs in "
+            "bfloat16 where the CPU has AMX or AVX512-BF16, else float32. float32 is exact "
+            "(greedy output equals HF's); bfloat16, float16 (bfloat16 on a CPU)."
+        },
+    )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "KV cache storage: auto (the model dtype), bfloat16, float32, fp8_e4m3, "
+            "fp8_e5m2 (fp8 is converted to the model dtype when attention reads it)."
+        },
     )
     device: str | None = field(
         default=None, metadata={"help": "cpu or cuda (default: cuda if any)."}
@@ -164,6 +176,12 @@ class ServerArgs:
             )
         if self.mm_attention_backend != "sdpa":
             raise ValueError("the vision tower runs on sdpa (--mm-attention-backend sdpa)")
+        from sglang.srt.model_executor.dtypes import DTYPE_NAMES, KV_CACHE_DTYPES
+
+        if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPE_NAMES)}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(KV_CACHE_DTYPES)}")
         if self.mamba_ssm_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError("mamba_ssm_dtype must be float32, bfloat16 or float16")
         if self.reasoning_parser not in (None, "qwen3"):

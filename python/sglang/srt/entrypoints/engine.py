@@ -19,6 +19,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.req import Req
 from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.model_executor.dtypes import dtype_name
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.multimodal.processor import MultimodalProcessor
 from sglang.srt.server_args import ServerArgs
@@ -200,6 +201,8 @@ def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
     return {
         **hybrid,
         **{k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"},
+        "dtype": dtype_name(runner.dtype),  # in use, after --dtype auto is resolved
+        "kv_cache_dtype": dtype_name(runner.kv_cache_dtype),
         "version": sglang.__version__,
         "dp_size": 1,
         "tp_size": 1,

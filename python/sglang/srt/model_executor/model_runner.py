@@ -13,6 +13,7 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
+from sglang.srt.model_executor.dtypes import dtype_name, resolve_dtype, resolve_kv_cache_dtype
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
@@ -51,21 +52,6 @@ def _engine_attention(module, query, key, value, attention_mask, scaling=None, *
 transformers.AttentionInterface.register(ATTENTION_NAME, _engine_attention)
 
 
-def resolve_dtype(name: str, config: Any, device: str) -> torch.dtype:
-    if name == "auto":
-        if device == "cpu":
-            return torch.float32
-        dtype = getattr(config.get_text_config(), "dtype", None) or getattr(config, "dtype", None)
-        return dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype or "bfloat16"))
-    return {
-        "float32": torch.float32,
-        "float16": torch.float16,
-        "half": torch.float16,
-        "bfloat16": torch.bfloat16,
-        "float": torch.float32,
-    }[name]
-
-
 class ModelRunner:
     def __init__(self, args: ServerArgs, model_path: str) -> None:
         self.args = args
@@ -77,7 +63,11 @@ class ModelRunner:
         self.text_config = self.config.get_text_config()
         get_adapter(None, self.config)  # an unservable model fails here, before its weights load
         self.is_multimodal = hasattr(self.config, "vision_config")
-        self.dtype = resolve_dtype(args.dtype, self.config, self.device)
+        choice = resolve_dtype(args.dtype, self.config, self.device)
+        self.dtype = choice.dtype
+        self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
+        log = logger.warning if choice.fell_back else logger.info
+        log("dtype %s (%s)", dtype_name(self.dtype), choice.reason)
         self.perf = PerfCounters()
         self.model = self._load(model_path)
         self.adapter = get_adapter(self.model, self.config)
@@ -132,7 +122,8 @@ class ModelRunner:
         num_kv_heads = getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         kv_layers = self._kv_layers()
-        per_token = KVPool.bytes_per_token(len(kv_layers), num_kv_heads, head_dim, self.dtype)
+        kv_dtype = self.kv_cache_dtype
+        per_token = KVPool.bytes_per_token(len(kv_layers), num_kv_heads, head_dim, kv_dtype)
         budget = self._kv_budget_bytes()
         state_reqs = self._init_state_pool(budget) if self.state_shape else None
         state_bytes = self.state_pool.nbytes if self.state_pool else 0
@@ -144,8 +135,13 @@ class ModelRunner:
         self.max_running_requests = max_reqs
         self.max_total_tokens = size
         self.req_to_token_pool = ReqToTokenPool(max_reqs + 1, self.context_length + 8, self.device)
-        self.kv_pool = KVPool(size, len(kv_layers), num_kv_heads, head_dim, self.dtype, self.device)
-        logger.info("KV pool: %d tokens (%.1f MB)", size, size * per_token / 2**20)
+        self.kv_pool = KVPool(size, len(kv_layers), num_kv_heads, head_dim, kv_dtype, self.device)
+        logger.info(
+            "KV pool: %d tokens of %s (%.1f MB)",
+            size,
+            dtype_name(kv_dtype),
+            size * per_token / 2**20,
+        )
 
     def _kv_layers(self) -> list[int]:
         """Layers with per-token KV; for hybrid models the full-attention ones, whose attention

@@ -83,7 +83,6 @@ class _ReqAttn:
     prefix: int
     kv_indices: torch.Tensor
     spans: list[tuple[int, int]]
-    dtype: torch.dtype
     masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
     _layout: _KVLayout | None = None
 
@@ -99,8 +98,8 @@ class _ReqAttn:
     def is_plain_causal(self, sliding_window: int | None) -> bool:
         return not self.spans and (sliding_window is None or sliding_window >= self.seq_len)
 
-    def mask(self, sliding_window: int | None) -> torch.Tensor | None:
-        """Additive mask (0 / -inf) in the model dtype, built once per batch and window: SDPA's
+    def mask(self, sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive mask (0 / -inf) in the queries' dtype, built once per batch and window: SDPA's
         fused CPU kernel takes it as is, while a boolean mask is converted on every call."""
         if self.is_plain_causal(sliding_window):
             sliding_window = None
@@ -116,7 +115,7 @@ class _ReqAttn:
                     allowed |= (q_pos >= start) & (q_pos < end) & (kv_pos >= start) & (kv_pos < end)
             if sliding_window is not None:
                 allowed &= kv_pos > q_pos - sliding_window
-            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
             self.masks[sliding_window] = mask.masked_fill_(~allowed, float("-inf"))
         return self.masks[sliding_window]
 
@@ -135,9 +134,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, batch.bidirectional_spans
         ):
             kv_indices = self.req_to_token[row, : prefix + extend]
-            self._reqs.append(
-                _ReqAttn(q_start, extend, prefix, kv_indices, spans, self.kv_pool.dtype)
-            )
+            self._reqs.append(_ReqAttn(q_start, extend, prefix, kv_indices, spans))
             q_start += extend
         self._keys_seen = sum(causal_keys_seen(r.prefix, r.q_len) for r in self._reqs)
 
@@ -172,13 +169,15 @@ class TorchNativeAttnBackend(AttentionBackend):
             ki = k_buf[r.kv_indices].transpose(0, 1).unsqueeze(0).to(q.dtype)
             vi = v_buf[r.kv_indices].transpose(0, 1).unsqueeze(0).to(q.dtype)
             if softcap:
-                oi = _softcapped_attention(qi, ki, vi, r.mask(sliding_window), scaling, softcap)
+                oi = _softcapped_attention(
+                    qi, ki, vi, r.mask(sliding_window, q.dtype), scaling, softcap
+                )
             else:
                 oi = F.scaled_dot_product_attention(
                     qi,
                     ki,
                     vi,
-                    attn_mask=r.mask(sliding_window),
+                    attn_mask=r.mask(sliding_window, q.dtype),
                     scale=scaling,
                     enable_gqa=ki.shape[1] != qi.shape[1],
                 )

@@ -1,0 +1,115 @@
+"""Which dtype the model and its KV cache run in.
+
+``--dtype auto`` decides as SGLang and vLLM do on a CPU: a checkpoint that declares a half
+precision (bfloat16, or float16, which a CPU runs as bfloat16) runs in bfloat16 where the CPU
+computes bfloat16 natively (AMX or AVX512-BF16), otherwise in float32. A float32 checkpoint runs in
+float32. On a GPU the checkpoint's own dtype is used. Float32 is the exact reference mode: greedy
+output equals HF's token for token.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DTYPE_NAMES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+KV_CACHE_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+@functools.cache
+def cpu_bfloat16_isa() -> str | None:
+    """The CPU's native bfloat16 instructions: 'amx' (AMX tiles), 'avx512_bf16', or None."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return None
+    if "amx_bf16" in flags and "amx_tile" in flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512_bf16"
+    return None
+
+
+def checkpoint_dtype(config: Any) -> torch.dtype | None:
+    """The dtype a checkpoint declares, read as transformers reads it: ``dtype`` (older configs'
+    ``torch_dtype`` arrives under the same name) on the top-level config, else on its text
+    config."""
+    for cfg in (config, config.get_text_config()):
+        declared = getattr(cfg, "dtype", None)
+        if isinstance(declared, str):
+            declared = DTYPE_NAMES.get(declared)
+        if isinstance(declared, torch.dtype):
+            return declared
+    return None
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: torch.dtype
+    reason: str
+    fell_back: bool = False  # a half-precision checkpoint runs in float32 (warned at start-up)
+
+
+def resolve_dtype(name: str, config: Any, device: str) -> DtypeChoice:
+    """The compute dtype for ``--dtype name``, with the reason (logged at start-up)."""
+    if name != "auto":
+        if name not in DTYPE_NAMES:
+            raise ValueError(f"unknown dtype {name!r}; choose auto or one of {sorted(DTYPE_NAMES)}")
+        dtype = DTYPE_NAMES[name]
+        if device == "cpu" and dtype == torch.float16:
+            return DtypeChoice(torch.bfloat16, "float16 requested: a CPU runs it as bfloat16")
+        return DtypeChoice(dtype, "requested")
+    declared = checkpoint_dtype(config)
+    if device != "cpu":
+        return DtypeChoice(declared or torch.bfloat16, f"checkpoint declares {_name(declared)}")
+    if declared not in (torch.bfloat16, torch.float16):
+        return DtypeChoice(torch.float32, f"checkpoint declares {_name(declared)}")
+    isa = cpu_bfloat16_isa()
+    if isa is None:
+        return DtypeChoice(
+            torch.float32,
+            f"checkpoint declares {_name(declared)} but this CPU has no native bfloat16 "
+            "(neither AMX nor AVX512-BF16): running float32, twice the memory",
+            fell_back=True,
+        )
+    return DtypeChoice(torch.bfloat16, f"checkpoint declares {_name(declared)}; CPU has {isa}")
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """``--kv-cache-dtype``: auto follows the model; fp8 formats are stored in the pool and
+    converted to the model dtype when attention reads them."""
+    if name == "auto":
+        return model_dtype
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"unknown kv cache dtype {name!r}; choose auto or one of {sorted(KV_CACHE_DTYPES)}"
+        )
+    return KV_CACHE_DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return dtype_name(dtype) if dtype is not None else "no dtype"
