@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,6 +188,7 @@ def _target_layers(
     language_model: nn.Module, spec: TorchaoSpec, device: str, report: QuantizationReport
 ) -> list[nn.Linear]:
     targets = []
+    skipped: dict[str, list[str]] = {}  # reason -> layer names
     for name, module in language_model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
@@ -199,44 +198,53 @@ def _target_layers(
         if reason is None:
             targets.append(module)
         else:
+            skipped.setdefault(reason, []).append(name)
             report.skipped_layers.append(name)
-            logger.info("torchao %s: %s stays unquantized: %s", spec.name, name, reason)
+    for reason, names in skipped.items():
+        logger.info(
+            "torchao %s: %d layers stay unquantized (%s), e.g. %s",
+            spec.name,
+            len(names),
+            reason,
+            names[0],
+        )
     return targets
 
 
 def _torchao(spec: TorchaoSpec, device: str) -> tuple[Any, Any]:
     """torchao's ``quantize_`` and the config for ``spec`` (torchao is imported here only)."""
-    with _quiet_import():
-        from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
-        if spec.group_size is None:
-            return quantize_, Int8WeightOnlyConfig(set_inductor_config=False)
-        if device == "cpu":
-            # torchao 0.18 keeps its CPU int4 layout (Int4OpaqueTensor, which calls
-            # ``_weight_int4pack_mm_for_cpu``) in the prototype namespace; the stable config's
-            # formats are for CUDA (tile_packed_to_4d), XPU/NPU (plain_int32) or need mslk.
-            from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    if spec.group_size is None:
+        return quantize_, Int8WeightOnlyConfig(set_inductor_config=False)
+    if device == "cpu":
+        # torchao 0.18 keeps its CPU int4 layout (Int4OpaqueTensor, which calls
+        # ``_weight_int4pack_mm_for_cpu``) in the prototype namespace; the stable config's
+        # formats are for CUDA (tile_packed_to_4d), XPU/NPU (plain_int32) or need mslk.
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
 
-            return quantize_, PrototypeInt4WeightOnlyConfig(
-                group_size=spec.group_size, set_inductor_config=False
-            )
-        return quantize_, Int4WeightOnlyConfig(
-            group_size=spec.group_size,
-            int4_packing_format="tile_packed_to_4d",
-            set_inductor_config=False,
+        return quantize_, PrototypeInt4WeightOnlyConfig(
+            group_size=spec.group_size, set_inductor_config=False
         )
+    return quantize_, Int4WeightOnlyConfig(
+        group_size=spec.group_size,
+        int4_packing_format="tile_packed_to_4d",
+        set_inductor_config=False,
+    )
 
 
-@contextmanager
-def _quiet_import() -> Iterator[None]:
-    """torchao warns on import about its CUDA-only extensions on a CPU-only torch, and torch
-    about an enum torchao registers; neither concerns the weight-only CPU paths."""
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+class _CpuImportNoise(logging.Filter):
+    """On a CPU-only torch, importing torchao logs a warning for each of its CUDA extension
+    libraries, and torch one about an enum torchao registers. transformers imports torchao on
+    every model load once it is installed, flag or not; neither message concerns the CPU paths."""
+
+    NOISE = ("Failed to load ", "is an Enum subclass and is now natively supported")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not any(part in message for part in self.NOISE)
+
+
+if torch.version.cuda is None:
+    for _name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(_name).addFilter(_CpuImportNoise())
