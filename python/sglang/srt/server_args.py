@@ -42,6 +42,18 @@ class ServerArgs:
     )
     context_length: int | None = None
     trust_remote_code: bool = False
+    torchao_config: str = field(
+        default="",
+        metadata={
+            "help": "Weight-only quantization of the language model's linear layers through "
+            "torchao: int8wo or int4wo-<group> (32, 64, 128; 256 on CUDA). The model runs in "
+            "bfloat16."
+        },
+    )
+    quantization: str | None = field(
+        default=None,
+        metadata={"help": "SGLang's quantization methods are not implemented: leave unset."},
+    )
     enable_multimodal: bool | None = field(
         default=None, metadata={"help": "Serve images (on by default for VLM folders)."}
     )
@@ -198,6 +210,15 @@ class ServerArgs:
             raise ValueError("max_request_body_mb must be positive")
         if self.limit_mm_data_per_request is not None:
             self.image_limit  # noqa: B018  (validates the JSON)
+        self._check_quantization()
+
+    def _check_quantization(self) -> None:
+        from sglang.srt.model_executor import quantization
+
+        quantization.check_quantization_flag(self.quantization)
+        device = self.resolved_device if self.torchao_config else None
+        quantization.parse_torchao_config(self.torchao_config, device)
+        quantization.check_torchao_dtype(self.torchao_config, self.dtype)
 
     @property
     def resolved_device(self) -> str:

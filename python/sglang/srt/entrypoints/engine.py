@@ -234,4 +234,5 @@ def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
             "pinned": cache.num_pinned,
         },
         "perf": runner.perf.as_dict(),
+        "weight_quantization": runner.quantization.as_dict() if runner.quantization else None,
     }

@@ -17,6 +17,7 @@ from sglang.srt.model_executor.dtypes import dtype_name, resolve_dtype, resolve_
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
+from sglang.srt.model_executor.quantization import apply_torchao_config, model_dtype
 from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
@@ -64,10 +65,13 @@ class ModelRunner:
         get_adapter(None, self.config)  # an unservable model fails here, before its weights load
         self.is_multimodal = hasattr(self.config, "vision_config")
         choice = resolve_dtype(args.dtype, self.config, self.device)
-        self.dtype = choice.dtype
+        self.dtype = model_dtype(args.torchao_config, choice.dtype)  # bfloat16 when quantizing
         self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
-        log = logger.warning if choice.fell_back else logger.info
-        log("dtype %s (%s)", dtype_name(self.dtype), choice.reason)
+        reason = (
+            "quantized weights run in bfloat16" if self.dtype != choice.dtype else choice.reason
+        )
+        log = logger.warning if choice.fell_back and self.dtype == choice.dtype else logger.info
+        log("dtype %s (%s)", dtype_name(self.dtype), reason)
         self.perf = PerfCounters()
         self.model = self._load(model_path)
         self.adapter = get_adapter(self.model, self.config)
@@ -111,6 +115,8 @@ class ModelRunner:
             trust_remote_code=self.args.trust_remote_code,
         )
         model = model.to(self.device).eval()
+        language_model = get_adapter(model, self.config).language_model
+        self.quantization = apply_torchao_config(language_model, self.args.torchao_config)
         if self.is_multimodal and fast_vision.install(model, self.config):
             instrument_vision(model.model.visual, self.perf)
             if self.args.enable_torch_compile:

@@ -70,6 +70,7 @@ def supported_families() -> list[str]:
 
 
 def get_adapter(model: nn.Module | None, config: Any) -> ModelAdapter:
+    _check_not_prequantized(config)
     if not hasattr(config, "vision_config"):
         return TextAdapter(model, config)
     cls = FAMILY_ADAPTERS.get(config.model_type)
@@ -82,6 +83,22 @@ def get_adapter(model: nn.Module | None, config: Any) -> ModelAdapter:
             f"{', '.join(supported_families())} (and text-only causal LMs)"
         )
     return cls(model, config)
+
+
+def _check_not_prequantized(config: Any) -> None:
+    """Checkpoints stored quantized (config.json ``quantization_config``: AWQ, GPTQ,
+    compressed-tensors, ...) load through transformers' quantizers, which need packages and
+    kernels this engine does not have on CPU; refused before their weights load."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return
+    get = quant.get if isinstance(quant, dict) else lambda key: getattr(quant, key, None)
+    method = get("quant_method") or get("format") or "unknown"
+    raise UnsupportedModelError(
+        f"cannot serve a checkpoint stored quantized ({method}, config.json "
+        "quantization_config): load its unquantized weights and quantize them at start-up "
+        "with --torchao-config int8wo or int4wo-<group>"
+    )
 
 
 def check_model(model_path: str, trust_remote_code: bool = False) -> None:

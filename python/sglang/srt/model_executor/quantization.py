@@ -1,0 +1,233 @@
+"""Weight-only quantization of the language model through torchao (SGLang's ``--torchao-config``)
+and the check on ``--quantization`` (prequantized checkpoints are refused by ``get_adapter``).
+
+What is quantized: every ``nn.Linear`` of the language model (the adapter's ``language_model``).
+Not quantized:
+
+- the LM head and the token embeddings, as in SGLang (its filter takes ``*proj`` layers only):
+  the head decides every logprob, and a tied head shares its weight with the embedding table
+  (which would then be quantized too);
+- the vision tower: measured on 4 blocks of Qwen2.5-VL-7B's tower (1280 wide, 3420-wide MLP)
+  encoding a 448x448 image in bfloat16 on 2 CPU cores, int8 halves its weights but does not
+  encode faster (its CPU path converts each weight to bfloat16 per call) and int4 is ~30%
+  slower and can take only the attention layers (the MLP's width 3420 fits neither the group
+  sizes nor the kernel's 16-row packing); each adds error to every image embedding, for at
+  most 0.7 GB of the 7B's 16.6 GB;
+- int4 layers whose shapes the kernel cannot take (``int4_skip_reason``), which stay in bfloat16.
+
+The model runs in bfloat16 when quantized: torchao's int4 CPU kernel takes float32 activations
+too, but its float32 path runs a 512-row prompt chunk about 50 times slower than bfloat16.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+logger = logging.getLogger(__name__)
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+# torchao's CPU int4 tensor (``_weight_int4pack_mm_for_cpu``) takes these group sizes only,
+# and packs output channels in blocks of 16.
+CPU_INT4_GROUP_SIZES = (32, 64, 128)
+CPU_INT4_OUT_MULTIPLE = 16
+SUPPORTED_TORCHAO = "int8wo, int4wo-<group> (group 32, 64, 128; 256 on CUDA)"
+# SGLang's other --torchao-config values: recognised, so that the error says they exist.
+SGLANG_ONLY_TORCHAO = re.compile(r"int8dq|fp8wo|fp8dq-per_(tensor|row)|gemlite-[\w-]+")
+# SGLang's --quantization methods (none is implemented here).
+SGLANG_QUANTIZATION_METHODS = (
+    "awq",
+    "awq_marlin",
+    "bitsandbytes",
+    "compressed-tensors",
+    "fp8",
+    "gguf",
+    "gptq",
+    "gptq_marlin",
+    "marlin",
+    "modelopt",
+    "modelopt_fp4",
+    "moe_wna16",
+    "mxfp4",
+    "qoq",
+    "w4afp8",
+    "w8a8_fp8",
+    "w8a8_int8",
+)
+
+
+@dataclass(frozen=True)
+class TorchaoSpec:
+    name: str  # "int8wo" or "int4wo-<group>"
+    group_size: int | None = None  # int4 only
+
+
+@dataclass
+class QuantizationReport:
+    config: str
+    quantized_layers: int = 0
+    skipped_layers: list[str] = field(default_factory=list)
+    weight_bytes_before: int = 0  # language model, all its parameters
+    weight_bytes_after: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": "torchao",
+            "torchao_config": self.config,
+            "quantized_layers": self.quantized_layers,
+            "skipped_layers": len(self.skipped_layers),
+            "language_model_weight_bytes_before": self.weight_bytes_before,
+            "language_model_weight_bytes_after": self.weight_bytes_after,
+        }
+
+
+def parse_torchao_config(value: str, device: str | None = None) -> TorchaoSpec | None:
+    """``""`` -> None; a supported value -> its spec; anything else -> ValueError naming the
+    supported values. ``device`` (when known) refuses group sizes its kernel lacks."""
+    if not value:
+        return None
+    if value == "int8wo":
+        return TorchaoSpec(value)
+    match = re.fullmatch(r"int4wo-(\d+)", value)
+    if match and int(match[1]) in INT4_GROUP_SIZES:
+        group = int(match[1])
+        if device == "cpu" and group not in CPU_INT4_GROUP_SIZES:
+            raise ValueError(
+                f"--torchao-config {value}: torchao's int4 CPU kernel takes group sizes "
+                f"{', '.join(map(str, CPU_INT4_GROUP_SIZES))}; use int4wo-128"
+            )
+        return TorchaoSpec(value, group)
+    known = "an SGLang value not implemented here" if SGLANG_ONLY_TORCHAO.fullmatch(value) else ""
+    raise ValueError(
+        f"--torchao-config {value!r} is {known or 'not a known value'}; "
+        f"supported: {SUPPORTED_TORCHAO}"
+    )
+
+
+def check_torchao_dtype(torchao_config: str, dtype: str) -> None:
+    if torchao_config and dtype not in ("auto", "bfloat16"):
+        raise ValueError(
+            f"--torchao-config {torchao_config} runs the model in bfloat16 (torchao's int4 CPU "
+            f"kernel is ~50x slower in float32); use --dtype bfloat16 or auto, not {dtype}"
+        )
+
+
+def check_quantization_flag(method: str | None) -> None:
+    if method is None:
+        return
+    known = "an SGLang method" if method in SGLANG_QUANTIZATION_METHODS else "not a known method"
+    raise ValueError(
+        f"--quantization {method!r} is {known}; none is implemented here: leave it unset and use "
+        f"--torchao-config ({SUPPORTED_TORCHAO}) on an unquantized checkpoint "
+        f"(SGLang's methods: {', '.join(SGLANG_QUANTIZATION_METHODS)})"
+    )
+
+
+def model_dtype(torchao_config: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype to load the weights in: bfloat16 when quantizing (see the module doc)."""
+    return torch.bfloat16 if torchao_config else dtype
+
+
+def int4_skip_reason(layer: nn.Linear, group_size: int, device: str) -> str | None:
+    if layer.in_features % group_size:
+        return f"in_features {layer.in_features} is not a multiple of the group size {group_size}"
+    if device == "cpu" and layer.out_features % CPU_INT4_OUT_MULTIPLE:
+        return f"out_features {layer.out_features} is not a multiple of {CPU_INT4_OUT_MULTIPLE}"
+    return None
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters and buffers, quantized tensors counted by their
+    inner tensors (not by their logical bfloat16 size)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(_tensor_bytes(t) for t in tensors)
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    if is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(tensor, name)) for name in names)
+    return tensor.numel() * tensor.element_size()
+
+
+def apply_torchao_config(
+    language_model: nn.Module, torchao_config: str
+) -> QuantizationReport | None:
+    """Quantize the language model's linear layers in place; None when no config is set."""
+    if not torchao_config:
+        return None
+    device = next(language_model.parameters()).device.type
+    spec = parse_torchao_config(torchao_config, device)
+    assert spec is not None
+    report = QuantizationReport(torchao_config, weight_bytes_before=weight_bytes(language_model))
+    targets = _target_layers(language_model, spec, device, report)
+    quantize_, ao_config = _torchao(spec, device)
+    targets_set = set(targets)
+    quantize_(language_model, ao_config, filter_fn=lambda module, _fqn: module in targets_set)
+    report.quantized_layers = len(targets)
+    report.weight_bytes_after = weight_bytes(language_model)
+    logger.info(
+        "torchao %s: %d linear layers of the language model quantized, %d skipped; "
+        "language-model weights %.1f MB -> %.1f MB",
+        torchao_config,
+        report.quantized_layers,
+        len(report.skipped_layers),
+        report.weight_bytes_before / 2**20,
+        report.weight_bytes_after / 2**20,
+    )
+    return report
+
+
+def _target_layers(
+    language_model: nn.Module, spec: TorchaoSpec, device: str, report: QuantizationReport
+) -> list[nn.Linear]:
+    targets = []
+    skipped: dict[str, list[str]] = {}  # reason -> layer names
+    for name, module in language_model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        reason = (
+            None if spec.group_size is None else int4_skip_reason(module, spec.group_size, device)
+        )
+        if reason is None:
+            targets.append(module)
+        else:
+            skipped.setdefault(reason, []).append(name)
+            report.skipped_layers.append(name)
+    for reason, names in skipped.items():
+        logger.info(
+            "torchao %s: %d layers stay unquantized (%s), e.g. %s",
+            spec.name,
+            len(names),
+            reason,
+            names[0],
+        )
+    return targets
+
+
+def _torchao(spec: TorchaoSpec, device: str) -> tuple[Any, Any]:
+    """torchao's ``quantize_`` and the config for ``spec`` (torchao is imported here only)."""
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    if spec.group_size is None:
+        return quantize_, Int8WeightOnlyConfig(set_inductor_config=False)
+    if device == "cpu":
+        # torchao 0.18 keeps its CPU int4 layout (Int4OpaqueTensor, which calls
+        # ``_weight_int4pack_mm_for_cpu``) in the prototype namespace; the stable config's
+        # formats are for CUDA (tile_packed_to_4d), XPU/NPU (plain_int32) or need mslk.
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+
+        return quantize_, PrototypeInt4WeightOnlyConfig(
+            group_size=spec.group_size, set_inductor_config=False
+        )
+    return quantize_, Int4WeightOnlyConfig(
+        group_size=spec.group_size,
+        int4_packing_format="tile_packed_to_4d",
+        set_inductor_config=False,
+    )

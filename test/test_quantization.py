@@ -1,0 +1,195 @@
+"""``--torchao-config``: the language model's linear layers quantized at load time; prompt
+logprobs match HF's own model quantized the same way; bad ``--torchao-config`` and
+``--quantization`` values and prequantized checkpoints fail at start-up with one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from conftest import _hf, make_image, model_dir, placeholder
+from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+import sglang
+from sglang.launch_server import parse_args
+from sglang.srt.model_executor.quantization import apply_torchao_config, weight_bytes
+from sglang.srt.models.adapters import UnsupportedModelError, check_model
+
+ONE_TOKEN = {"temperature": 0, "max_new_tokens": 1}
+# Quantized bytes over bfloat16 bytes: int4 is 0.5 byte per weight plus a bf16 scale and zero
+# per group; int8 is 1 byte plus a scale per row.
+MAX_BYTES_RATIO = {"int4": 0.35, "int8": 0.55}
+
+
+def _is_quantized(weight: torch.Tensor) -> bool:
+    return is_traceable_wrapper_subclass(weight)
+
+
+def _prompt(family: str) -> str:
+    return f"Look at {placeholder(family)} and tell me what you see in the picture, briefly."
+
+
+def _hf_logprobs(model: nn.Module, processor, prompt: str, image) -> tuple[list[int], torch.Tensor]:
+    """HF's prompt ids and log P(token p | tokens < p) for p >= 1."""
+    inputs = processor(text=[prompt], images=[image], return_tensors="pt")
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(**inputs).logits[0].float(), -1)
+    ids = inputs["input_ids"][0]
+    return ids.tolist(), logprobs[:-1].gather(1, ids[1:, None])[:, 0]
+
+
+def _hf_bf16(family: str) -> nn.Module:
+    return transformers.AutoModelForImageTextToText.from_pretrained(
+        model_dir(family), dtype=torch.bfloat16, attn_implementation="sdpa"
+    ).eval()
+
+
+@pytest.mark.parametrize(
+    "family, config",
+    [
+        ("qwen2_5_vl", "int4wo-32"),
+        ("llava", "int4wo-64"),
+        ("gemma3", "int4wo-128"),  # tied LM head
+        ("qwen2_5_vl", "int8wo"),
+    ],
+)
+def test_engine_matches_hf_quantized_the_same_way(family: str, config: str) -> None:
+    """Engine (chunks of 5 tokens cut through the image, except Gemma3's, which is never split)
+    vs HF's bfloat16 model quantized with the same torchao config. Both run the same quantized
+    weights in bfloat16, so they differ only by bfloat16 rounding in another order of
+    operations; its scale is measured as HF bfloat16 vs HF float32 on the same input
+    (engine-vs-reference was 0.5x to 1.1x of it on these models), and the bound is twice that.
+    The bound must still catch a wrong image, an off-by-one position and (int4) the unquantized
+    model, each of which exceeds it over twice."""
+    fp32, processor = _hf(family)
+    prompt, image = _prompt(family), make_image(2, 96, 64)
+    ids, ref_fp32 = _hf_logprobs(fp32, processor, prompt, image)
+    hf = _hf_bf16(family)
+    _, ref_bf16 = _hf_logprobs(hf, processor, prompt, image)
+    apply_torchao_config(hf.model.language_model, config)
+    _, ref = _hf_logprobs(hf, processor, prompt, image)
+    _, ref_other_image = _hf_logprobs(hf, processor, prompt, make_image(5, 96, 64))
+    bound = 2 * (ref_bf16 - ref_fp32).abs().max().item()
+
+    engine = sglang.Engine(
+        model_path=model_dir(family), torchao_config=config, chunked_prefill_size=5
+    )
+    try:
+        out = engine.generate(
+            prompt, ONE_TOKEN, image_data=[image], return_logprob=True, logprob_start_len=0
+        )
+        got_rows = out["meta_info"]["input_token_logprobs"]
+        assert [tok for _, tok, _ in got_rows] == ids and got_rows[0][0] is None
+        got = torch.tensor([lp for lp, _, _ in got_rows[1:]])
+
+        def gap(want: torch.Tensor) -> float:
+            return (got - want).abs().max().item()
+
+        assert gap(ref) <= bound, (gap(ref), bound)
+        assert gap(ref_other_image) > 2 * bound
+        if config.startswith("int4"):  # int8 moves logprobs by about the bf16 noise only
+            assert gap(ref_bf16) > 2 * bound  # the engine ran the quantized model
+        assert (got[1:] - ref[:-1]).abs().max().item() > 2 * bound
+        tied = fp32.get_output_embeddings().weight is fp32.get_input_embeddings().weight
+        _assert_weights_quantized(engine, config, tied)
+        engine.scheduler.check_integrity()
+    finally:
+        engine.shutdown()
+
+
+def _assert_weights_quantized(engine: sglang.Engine, config: str, tied: bool) -> None:
+    runner, model = engine.runner, engine.runner.model
+    assert runner.dtype == torch.bfloat16  # --dtype auto is float32 on CPU, bf16 when quantized
+    language_model = runner.adapter.language_model
+    linears = [m for m in language_model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(_is_quantized(m.weight) for m in linears)
+    for layer in linears:
+        dense = layer.weight.numel() * 2
+        bias = layer.bias.numel() * 2 if layer.bias is not None else 0
+        assert weight_bytes(layer) - bias <= MAX_BYTES_RATIO[config[:4]] * dense
+    # Vision tower, projector and LM head stay dense; a tied head still shares the embedding.
+    in_lm = {id(p) for p in language_model.parameters()}
+    outside = [p for p in model.parameters() if id(p) not in in_lm]
+    assert outside and not any(_is_quantized(p) for p in outside)
+    head, embed = model.get_output_embeddings().weight, model.get_input_embeddings().weight
+    assert not _is_quantized(head) and not _is_quantized(embed)
+    assert (head is embed) == tied
+    info = engine.get_server_info()
+    assert info["torchao_config"] == config
+    report = info["weight_quantization"]
+    assert report["quantized_layers"] == len(linears) and report["skipped_layers"] == 0
+    assert (
+        report["language_model_weight_bytes_after"] < report["language_model_weight_bytes_before"]
+    )
+
+
+def test_int4_skips_layers_the_kernel_cannot_take() -> None:
+    """int4 needs in_features divisible by the group size and, on CPU, out_features divisible
+    by 16; other layers stay dense and are reported as skipped."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 32), nn.Linear(32, 96), nn.Linear(96, 24)).to(
+        torch.bfloat16
+    )
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        dense = model(x).float()
+    report = apply_torchao_config(model, "int4wo-64")
+    assert report is not None and report.quantized_layers == 1
+    assert report.skipped_layers == ["1", "2"]  # 32 % 64 != 0; 24 % 16 != 0
+    assert _is_quantized(model[0].weight)
+    assert not _is_quantized(model[1].weight) and not _is_quantized(model[2].weight)
+    assert report.weight_bytes_after < report.weight_bytes_before
+    with torch.no_grad():
+        quantized = model(x).float()
+    assert not torch.equal(quantized, dense)
+    assert (quantized - dense).norm() < 0.2 * dense.norm()
+    assert apply_torchao_config(model, "") is None
+
+
+@pytest.mark.parametrize("value", ["int8wo", "int4wo-32", "int4wo-64", "int4wo-128"])
+def test_supported_torchao_values_parse(value: str) -> None:
+    args = parse_args(["--torchao-config", value, "--dtype", "bfloat16"])
+    assert args.torchao_config == value and args.quantization is None
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--torchao-config", "int8dq"], "SGLang value not implemented here"),
+        (["--torchao-config", "fp8wo"], "SGLang value not implemented here"),
+        (["--torchao-config", "int4wo-100"], "not a known value"),
+        (["--torchao-config", "int4wo"], "not a known value"),
+        (["--torchao-config", "int4wo-256", "--device", "cpu"], "group sizes 32, 64, 128"),
+        (["--torchao-config", "int4wo-64", "--dtype", "float32"], "--dtype bfloat16"),
+        (["--torchao-config", "int8wo", "--dtype", "float16"], "--dtype bfloat16"),
+        (["--quantization", "awq"], "'awq' is an SGLang method"),
+        (["--quantization", "bogus"], "'bogus' is not a known method"),
+    ],
+)
+def test_bad_quantization_flags_are_refused(flags: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        parse_args(flags)
+    text = str(info.value)
+    assert "\n" not in text
+    if flags[0] == "--torchao-config" and "dtype" not in message:
+        assert "supported: int8wo, int4wo-<group>" in text or "use int4wo-128" in text
+
+
+def test_prequantized_checkpoint_is_refused_before_loading(tmp_path: Path) -> None:
+    folder = tmp_path / "awq-model"
+    shutil.copytree(model_dir("qwen2_5_vl"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    (folder / "config.json").write_text(json.dumps(config))
+    for weights in folder.glob("*.safetensors"):
+        weights.write_bytes(b"not weights")  # loading them would fail differently
+    with pytest.raises(UnsupportedModelError, match="stored quantized \\(awq") as info:
+        check_model(str(folder))
+    assert "\n" not in str(info.value) and "--torchao-config" in str(info.value)
+    with pytest.raises(UnsupportedModelError, match="stored quantized"):
+        sglang.Engine(model_path=str(folder))
