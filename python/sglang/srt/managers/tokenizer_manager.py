@@ -222,11 +222,7 @@ class TokenizerManager:
                         tokenized, out.input_logprobs, out.input_top_logprobs or []
                     )
                 text = decode_output(
-                    self.tokenizer,
-                    state.output_ids,
-                    tokenized.sampling_params.skip_special_tokens,
-                    out.finish_reason,
-                    tokenized.sampling_params.no_stop_trim,
+                    self.tokenizer, state.output_ids, tokenized.sampling_params, out.finish_reason
                 )
                 if out.finish_reason is None:
                     # Hold back what may still turn into a stop string or a multi-byte char.
