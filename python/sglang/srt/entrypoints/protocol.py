@@ -147,6 +147,7 @@ class GenerateRequest(_Body):
     return_logprob: bool = False
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
     logprob_start_len: int = Field(default=-1, ge=-1)
+    return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
 
 
