@@ -244,6 +244,11 @@ def test_frontend_select_with_token_healing(server: str) -> None:
     for top in meta["input_top_logprobs"] + meta["output_top_logprobs"]:
         assert len(top) == 2 and all(t == tokenizer.decode([tok]) for _, tok, t in top)
     assert meta["output_token_logprobs_length"] == 1
+    # the unconditional-likelihood method's request (input_ids, no logprob_start_len): SGLang
+    # then returns no prompt logprobs, and its keys are still there
+    body = {"input_ids": [[9, 10, 11]], "sampling_params": {"max_new_tokens": 0}}
+    meta = _generate(server, {**body, "return_logprob": True})[0]["meta_info"]
+    assert meta["input_token_logprobs"] == [] == meta["output_token_logprobs"]
 
 
 def test_frontend_image_gen_and_select(server: str) -> None:

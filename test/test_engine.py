@@ -99,6 +99,13 @@ def test_stop_regex_ends_at_the_first_match_and_keeps_it(engine: sglang.Engine) 
         assert re.search(matched, out["text"])
 
 
+def test_logprob_keys_are_sglangs(engine: sglang.Engine) -> None:
+    meta = engine.generate("Hi", GREEDY, return_logprob=True, top_logprobs_num=2)["meta_info"]
+    assert meta["input_token_logprobs"] == [] == meta["input_top_logprobs"]
+    assert meta["output_token_logprobs_length"] == len(meta["output_top_logprobs"]) == 8
+    assert all(len(entry) == 3 and entry[2] is None for entry in meta["output_token_logprobs"])
+
+
 def test_skip_special_tokens_and_spaces_between_them(engine: sglang.Engine) -> None:
     end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
     params = {**GREEDY, "max_new_tokens": 3, "ignore_eos": True, "logit_bias": {str(end): 100}}

@@ -14,6 +14,7 @@ from sglang.srt.managers.inputs import split_generate_inputs, tokenize
 from sglang.srt.managers.io_struct import (
     TokenizedRequest,
     input_logprob_meta,
+    logprob_meta,
     output_logprob_meta,
 )
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
@@ -125,13 +126,13 @@ class Engine:
             },
         }
         if req.return_logprob:
-            out["meta_info"] |= output_logprob_meta(
+            output = output_logprob_meta(
                 req, req.output_ids, req.output_logprobs, req.output_top_logprobs
             )
+            prompt = {}
             if req.wants_prompt_logprobs:
-                out["meta_info"] |= input_logprob_meta(
-                    req, req.input_logprobs, req.input_top_logprobs
-                )
+                prompt = input_logprob_meta(req, req.input_logprobs, req.input_top_logprobs)
+            out["meta_info"] |= logprob_meta(req, output, prompt)
         return out
 
     def get_server_info(self) -> dict:

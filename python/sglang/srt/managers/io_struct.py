@@ -140,6 +140,18 @@ def input_logprob_meta(
     return meta
 
 
+def logprob_meta(request: Any, output: dict[str, Any], prompt: dict[str, Any]) -> dict[str, Any]:
+    """The logprob fields of ``meta_info`` as SGLang answers them: all of its keys, empty when
+    nothing was asked of them (no prompt logprobs), plus ``output_token_logprobs_length``."""
+    meta: dict[str, Any] = {"input_token_logprobs": [], "output_token_logprobs": []}
+    if request.top_logprobs_num:
+        meta |= {"input_top_logprobs": [], "output_top_logprobs": []}
+    meta |= output
+    meta |= prompt
+    meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+    return meta
+
+
 def _entries(logprobs: list, ids: list[int], text: TokenText | None) -> list[tuple]:
     if text is None:
         return [(lp, tok, None) for lp, tok in zip(logprobs, ids)]

@@ -25,6 +25,7 @@ from sglang.srt.managers.io_struct import (
     RpcResponse,
     TokenizedRequest,
     input_logprob_meta,
+    logprob_meta,
     output_logprob_meta,
 )
 from sglang.srt.multimodal.media_fetch import allowed_local_dir, fetch_image_source
@@ -274,15 +275,7 @@ class TokenizerManager:
             "e2e_latency": time.perf_counter() - state.created,
         }
         if state.request.return_logprob:
-            # SGLang's keys are all present, empty when nothing was asked of them.
-            meta["input_token_logprobs"] = []
-            meta["output_token_logprobs"] = []
-            if state.request.top_logprobs_num:
-                meta["input_top_logprobs"] = []
-                meta["output_top_logprobs"] = []
-            meta |= state.output_meta
-            meta |= state.input_meta
-            meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+            meta |= logprob_meta(state.request, state.output_meta, state.input_meta)
         return meta
 
     async def abort(self, rid: str) -> None:
