@@ -153,11 +153,13 @@ class SamplingParams:
         self._refuse_unimplemented()
 
     def _validate_stop_regex(self) -> None:
-        if isinstance(self.stop_regex, str):
-            self.stop_regex = [self.stop_regex]
         patterns = self.stop_regex or []
-        if not isinstance(patterns, list) or not all(isinstance(p, str) and p for p in patterns):
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        ok = isinstance(patterns, (list, tuple)) and all(isinstance(p, str) and p for p in patterns)
+        if not ok:
             raise ValueError("stop_regex must be a non-empty string or a list of them")
+        self.stop_regex = list(patterns) or None
         if len(patterns) > MAX_STOP_REGEX_COUNT:
             raise ValueError(f"at most {MAX_STOP_REGEX_COUNT} stop_regex patterns are allowed")
         for pattern in patterns:
