@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 
 import pytest
 from conftest import hf_greedy, make_image, model_dir, placeholder
@@ -71,6 +72,62 @@ def test_stop_conditions(engine: sglang.Engine) -> None:
         by_str = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 12, "stop": stop})
         assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
         assert stop not in by_str["text"] and text.startswith(by_str["text"])
+
+
+def _first_match(tokenizer, ids: list[int], pattern: str) -> int:
+    """The fewest output tokens whose text matches ``pattern``."""
+    return next(t for t in range(1, len(ids) + 1) if re.search(pattern, tokenizer.decode(ids[:t])))
+
+
+def test_stop_regex_ends_at_the_first_match_and_keeps_it(engine: sglang.Engine) -> None:
+    prompt, base = (
+        "The quick brown fox",
+        {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True},
+    )
+    free = engine.generate(prompt, base)
+    ids, text = free["output_ids"], free["text"]
+    k = len(text) // 2
+    bounded = re.escape(text[k]) + r"[\s\S]" + re.escape(text[k + 2])
+    unbounded = re.escape(text[k]) + r"[\s\S]*" + re.escape(text[k + 2])
+    for pattern in (bounded, unbounded, [r"\A\Z", bounded]):
+        out = engine.generate(prompt, {**base, "stop_regex": pattern})
+        matched = pattern if isinstance(pattern, str) else pattern[1]
+        t = _first_match(engine.tokenizer, ids, matched)
+        assert out["output_ids"] == ids[:t]
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": matched}
+        assert out["text"] == engine.tokenizer.decode(ids[:t])  # SGLang keeps the match
+        assert re.search(matched, out["text"])
+
+
+def test_logprob_keys_are_sglangs(engine: sglang.Engine) -> None:
+    meta = engine.generate("Hi", GREEDY, return_logprob=True, top_logprobs_num=2)["meta_info"]
+    assert meta["input_token_logprobs"] == [] == meta["input_top_logprobs"]
+    assert meta["output_token_logprobs_length"] == len(meta["output_top_logprobs"]) == 8
+    assert all(len(entry) == 3 and entry[2] is None for entry in meta["output_token_logprobs"])
+
+
+def test_skip_special_tokens_and_spaces_between_them(engine: sglang.Engine) -> None:
+    end = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    params = {**GREEDY, "max_new_tokens": 3, "ignore_eos": True, "logit_bias": {str(end): 100}}
+    out = engine.generate("Hi", params)
+    assert out["output_ids"] == [end] * 3 and out["text"] == ""
+    kept = engine.generate("Hi", {**params, "skip_special_tokens": False})
+    assert kept["text"] == "<|im_end|>" * 3
+
+
+def test_decode_passes_spaces_between_special_tokens_to_the_tokenizer() -> None:
+    from sglang.srt.entrypoints.engine import decode_output
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    class Recorder:
+        def decode(self, ids: list[int], **kwargs) -> str:
+            self.kwargs = kwargs
+            return "a</s> b"
+
+    tok = Recorder()
+    params = SamplingParams.from_dict({"spaces_between_special_tokens": False, "stop": " b"})
+    assert decode_output(tok, [1, 2], params, {"type": "stop", "matched": " b"}) == "a</s>"
+    assert tok.kwargs == {"skip_special_tokens": True, "spaces_between_special_tokens": False}
 
 
 def test_seeded_sampling_is_reproducible(engine: sglang.Engine) -> None:

@@ -94,12 +94,12 @@ def test_prompt_logprobs_reuse_the_cache_before_the_start() -> None:
     assert out["meta_info"]["cached_tokens"] == 9  # the logits of token 9 predict token 10
     _assert_prompt_logprobs(out["meta_info"], ids, ref, 10)
     plain = engine.generate(prompt, ONE_TOKEN, return_logprob=True)
-    assert "input_token_logprobs" not in plain["meta_info"]
+    assert plain["meta_info"]["input_token_logprobs"] == []
     assert plain["meta_info"]["cached_tokens"] == len(ids) - 1
     past_end = engine.generate(
         prompt, ONE_TOKEN, return_logprob=True, logprob_start_len=len(ids) + 5
     )
-    assert "input_token_logprobs" not in past_end["meta_info"]
+    assert past_end["meta_info"]["input_token_logprobs"] == []
     with pytest.raises(ValueError, match="logprob_start_len"):
         engine.generate(prompt, ONE_TOKEN, return_logprob=True, logprob_start_len=-2)
     engine.scheduler.check_integrity()
@@ -146,7 +146,7 @@ def test_prompt_logprobs_any_chunking_and_cached_prefix(ids, start, chunk, warm)
     if start < len(ids):
         _assert_prompt_logprobs(out["meta_info"], ids, ref, start)
     else:
-        assert "input_token_logprobs" not in out["meta_info"]
+        assert out["meta_info"]["input_token_logprobs"] == []
     engine.scheduler.check_integrity()
 
 

@@ -114,3 +114,87 @@ def test_choices_of_n_get_distinct_seeds_inside_64_bits() -> None:
     assert all(c.sampling_params.n == 1 for c in copies)
     warm = prefill_request(TokenizedRequest("r", [1, 2], sp))
     assert warm.sampling_params.max_new_tokens == 1 and warm.sampling_params.is_greedy
+
+
+# SGLang's sampling parameters (sglang/srt/sampling/sampling_params.py, 0.5.23): every API field,
+# with the value its clients send by default.
+SGLANG_DEFAULTS = {
+    "max_new_tokens": 128,
+    "stop": None,
+    "stop_token_ids": None,
+    "stop_regex": None,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "beam_width": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "stream_interval": None,
+    "logit_bias": None,
+    "sampling_seed": None,
+    "custom_params": None,
+    "watermark": None,
+}
+
+
+def test_every_sglang_field_is_accepted_at_its_default() -> None:
+    sp = SamplingParams.from_dict(SGLANG_DEFAULTS)
+    assert sp == SamplingParams.from_dict({})
+    # What SGLang's frontend sends for a plain gen (empty tuples arrive as empty lists).
+    frontend = {**SGLANG_DEFAULTS, "stop": [], "stop_token_ids": [], "stop_regex": []}
+    assert not SamplingParams.from_dict(frontend).stop_regex
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"beam_width": 4}, "beam search"),
+        ({"watermark": {"enabled": True, "key": "k"}}, "watermark"),
+    ],
+)
+def test_unimplemented_fields_are_refused_only_when_on(params: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams.from_dict(params)
+    assert SamplingParams.from_dict({"beam_width": 1, "watermark": {"enabled": False}})
+
+
+def test_sglang_names_and_rules() -> None:
+    sp = SamplingParams.from_dict({"sampling_seed": 5, "regex": "", "stop_regex": r"\d"})
+    assert sp.seed == 5 and sp.regex is None and sp.stop_regex == [r"\d"]
+    assert SamplingParams.from_dict({"sampling_seed": 5, "seed": 5}).seed == 5
+    sp = SamplingParams.from_dict({"stream_interval": 4, "custom_params": {"k": 1}})
+    assert sp.stream_interval == 4 and sp.custom_params == {"k": 1}
+    assert SamplingParams.from_dict({"spaces_between_special_tokens": False})
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"stop_regex": "("},
+        {"stop_regex": [""]},
+        {"stop_regex": ["a"] * 33},
+        {"stop_regex": "a" * 257},
+        {"min_new_tokens": 9, "max_new_tokens": 8},
+        {"stream_interval": 0},
+        {"beam_width": 0},
+        {"watermark": "on"},
+        {"custom_params": [1]},
+        {"spaces_between_special_tokens": "no"},
+        {"sampling_seed": 1, "seed": 2},
+    ],
+)
+def test_invalid_sglang_values_raise(params: dict) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams.from_dict(params)

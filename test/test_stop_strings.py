@@ -4,6 +4,7 @@ string, as a check of the whole decoded output would."""
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 from conftest import model_dir
@@ -11,7 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.srt.sampling.stop_strings import matched_stop, skipped_token_ids
+from sglang.srt.sampling.stop_strings import (
+    matched_stop,
+    matched_stop_regex,
+    regex_max_chars,
+    skipped_token_ids,
+)
 
 # Words whose characters take one to four byte tokens each (the tiny tokenizers are byte-level
 # with ~1k merges), spaces, digits, punctuation.
@@ -103,3 +109,58 @@ def test_stop_of_multibyte_characters_spanning_many_tokens(family: str) -> None:
         want = _first_stop_full(tok, ids, stops, True)
         assert want is not None
         assert _first_stop_tail(tok, ids, stops, True, special) == want
+
+
+# stop_regex --------------------------------------------------------------------------------------
+REGEXES = [
+    r"[0-9]{2}", r"é.", r"\s\s", r"(ca|東京)", r"[A-Z]\w", r"(?<=a)f", r"o(?= )", r"\d+", "😀",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pattern", "chars"),
+    [
+        ("abc", 3),
+        (r"a{2,5}b", 6),
+        (r"(foo|barbaz)!", 7),
+        (r"x(?=yz)", 3),
+        (r"^\bw\b$", 1),
+        (r"[a-z]{3}", 3),
+        (r"(?>ab)c", 3),
+        (r"\d+", None),
+        (r"a*?", None),
+        (r"(a)\1", None),
+    ],
+)
+def test_regex_max_chars(pattern: str, chars: int | None) -> None:
+    assert regex_max_chars(pattern) == chars
+
+
+def _first_regex_full(tok, ids, patterns, skip) -> tuple[int, str] | None:
+    for t in range(1, len(ids) + 1):
+        text = tok.decode(ids[:t], skip_special_tokens=skip)
+        hit = next((p for p in patterns if re.search(p, text)), None)
+        if hit is not None:
+            return t, hit
+    return None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_tail_regex_check_stops_where_the_whole_text_check_does(data) -> None:
+    tok = _tokenizer("qwen2_5_vl")
+    pieces, skipped = _pool("qwen2_5_vl")
+    piece = st.one_of(st.sampled_from(pieces), st.sampled_from(skipped).map(lambda i: (i,)))
+    ids = [i for p in data.draw(st.lists(piece, min_size=1, max_size=32)) for i in p]
+    skip = data.draw(st.booleans(), label="skip_special_tokens")
+    patterns = data.draw(st.lists(st.sampled_from(REGEXES), min_size=1, max_size=3, unique=True))
+    special = skipped_token_ids(tok)
+    tail = next(
+        (
+            (t, hit)
+            for t in range(1, len(ids) + 1)
+            if (hit := matched_stop_regex(tok, ids[:t], patterns, skip, special)) is not None
+        ),
+        None,
+    )
+    assert tail == _first_regex_full(tok, ids, patterns, skip)

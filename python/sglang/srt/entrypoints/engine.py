@@ -14,6 +14,7 @@ from sglang.srt.managers.inputs import split_generate_inputs, tokenize
 from sglang.srt.managers.io_struct import (
     TokenizedRequest,
     input_logprob_meta,
+    logprob_meta,
     output_logprob_meta,
 )
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
@@ -22,6 +23,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.dtypes import dtype_name
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.multimodal.processor import MultimodalProcessor
+from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -125,13 +127,13 @@ class Engine:
             },
         }
         if req.return_logprob:
-            out["meta_info"] |= output_logprob_meta(
+            output = output_logprob_meta(
                 req, req.output_ids, req.output_logprobs, req.output_top_logprobs
             )
+            prompt = {}
             if req.wants_prompt_logprobs:
-                out["meta_info"] |= input_logprob_meta(
-                    req, req.input_logprobs, req.input_top_logprobs
-                )
+                prompt = input_logprob_meta(req, req.input_logprobs, req.input_top_logprobs)
+            out["meta_info"] |= logprob_meta(req, output, prompt)
         return out
 
     def get_server_info(self) -> dict:
@@ -152,27 +154,21 @@ class Engine:
         self.shutdown()
 
     def _decode(self, req: Req) -> str:
-        return decode_output(
-            self.tokenizer,
-            req.output_ids,
-            req.sampling_params.skip_special_tokens,
-            req.finish_reason,
-            req.sampling_params.no_stop_trim,
-        )
+        return decode_output(self.tokenizer, req.output_ids, req.sampling_params, req.finish_reason)
 
 
 def decode_output(
-    tokenizer: Any,
-    output_ids: list[int],
-    skip_special_tokens: bool,
-    finish_reason: dict | None,
-    keep_stop: bool = False,
+    tokenizer: Any, output_ids: list[int], params: SamplingParams, finish_reason: dict | None
 ) -> str:
-    """Output text, cut before a matched stop string (after it with ``keep_stop``)."""
-    text = tokenizer.decode(output_ids, skip_special_tokens=skip_special_tokens)
+    """Output text, cut before a matched stop string (after it with ``no_stop_trim``)."""
+    text = tokenizer.decode(
+        output_ids,
+        skip_special_tokens=params.skip_special_tokens,
+        spaces_between_special_tokens=params.spaces_between_special_tokens,
+    )
     matched = (finish_reason or {}).get("matched")
     if isinstance(matched, str) and matched in text:
-        text = text[: text.find(matched) + (len(matched) if keep_stop else 0)]
+        text = text[: text.find(matched) + (len(matched) if params.no_stop_trim else 0)]
     return text
 
 

@@ -181,6 +181,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             t.ask_logprobs(
                 body.top_logprobs_num if body.return_logprob else None, body.logprob_start_len
             )
+            t.return_text_in_logprobs = body.return_text_in_logprobs
         streams = (await oai.start_choices(manager, tokenized, args)).streams
         batched = batched or len(streams) > len(tokenized)  # n > 1 answers with a list
         if body.stream:

@@ -281,6 +281,7 @@ class _ChoiceState:
     sent_logprobs: int = 0
     calls: int = 0
     offset: int = 0
+    started: bool = False  # its first chunk has gone out
 
 
 async def chat_chunks(
@@ -290,8 +291,10 @@ async def chat_chunks(
     fmt: ChatFormat,
     final_usage: Any = None,
 ) -> AsyncIterator[dict]:
-    """SSE chunks of a chat stream: a role chunk per choice, content / tool-call deltas (with
-    their logprobs), an empty delta carrying the finish reason, then usage if asked for."""
+    """SSE chunks of a chat stream: per choice a role chunk, sent with its first token (as
+    SGLang and vLLM do: a client timing the first chunk measures the time to the first token),
+    content / tool-call deltas (with their logprobs), an empty delta carrying the finish reason,
+    then usage if asked for."""
     states = [
         _ChoiceState(
             fmt.parser.StreamParser() if fmt.parser else None,
@@ -300,10 +303,11 @@ async def chat_chunks(
         for _ in range(num_choices)
     ]
     finals: list[StreamEvent | None] = [None] * num_choices
-    for i in range(num_choices):
-        yield _chunk(head, i, {"role": "assistant", "content": ""})
     async for i, event in merged:
         state, finish = states[i], finish_reason(event.finish_reason)
+        if not state.started:
+            state.started = True
+            yield _chunk(head, i, {"role": "assistant", "content": ""})
         content, calls = event.delta, []
         if state.reasoning is not None:
             reasoning, content = state.reasoning.feed(content, final=finish is not None)
@@ -338,20 +342,18 @@ async def completion_chunks(
     top: int,
     final_usage: Any = None,
 ) -> AsyncIterator[dict]:
+    """SSE chunks of a completion stream. An echoed prompt goes out with the choice's first
+    token (no chunk precedes it), and with the prompt's logprobs, which that output brings."""
     states = [_ChoiceState() for _ in echoes]
     finals: list[StreamEvent | None] = [None] * len(echoes)
-    # With logprobs, an echo waits for the choice's first output, which brings the prompt's.
-    echo_pending = [bool(echo) and fmt is not None for echo in echoes]
-    for i, echo in enumerate(echoes):
-        if echo and not echo_pending[i]:
-            yield _completion_chunk(head, i, echo, None, None)
-            states[i].offset = len(echo)
     async for i, event in merged:
         state, finish = states[i], finish_reason(event.finish_reason)
-        if echo_pending[i] and fmt is not None:
-            echo_pending[i] = False
-            yield _completion_chunk(head, i, echoes[i], fmt.prompt(event.meta, top), None)
-            state.offset = len(echoes[i])
+        if not state.started:
+            state.started = True
+            if echoes[i]:
+                echo_logprobs = None if fmt is None else fmt.prompt(event.meta, top)
+                yield _completion_chunk(head, i, echoes[i], echo_logprobs, None)
+                state.offset = len(echoes[i])
         logprobs = None
         if fmt is not None:
             logprobs, state.offset = fmt.completion(

@@ -95,6 +95,7 @@ class _Sampling(_Body):
     min_p: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     seed: int | None = None
     n: int = 1
@@ -111,6 +112,8 @@ class _Sampling(_Body):
     no_stop_trim: bool = False
     regex: str | None = None
     ebnf: str | None = None
+    custom_params: dict[str, Any] | None = None
+    watermark: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -144,6 +147,7 @@ class GenerateRequest(_Body):
     return_logprob: bool = False
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
     logprob_start_len: int = Field(default=-1, ge=-1)
+    return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
 
 
@@ -159,10 +163,13 @@ def sampling_dict(req: _Sampling, max_new_tokens: int | None) -> dict[str, Any]:
         "min_p",
         "stop",
         "stop_token_ids",
+        "stop_regex",
         "seed",
         "frequency_penalty",
         "presence_penalty",
         "repetition_penalty",
+        "custom_params",
+        "watermark",
     ):
         out[name] = getattr(req, name)
     out["ignore_eos"] = req.ignore_eos

@@ -49,7 +49,7 @@ def split_generate_inputs(
         n = len(ids_list)  # type: ignore[arg-type]
     if n == 0:
         raise ValueError("the batch is empty")
-    images = _per_request(image_data, n, batched, "image_data")
+    images = _per_request(_image_lists(image_data, n, batched), n, batched, "image_data")
     params = _per_request(sampling_params, n, batched, "sampling_params", allow_dict=True)
     rids = _per_request(rid, n, batched, "rid")
     if not all(r is None or isinstance(r, str) for r in rids):
@@ -101,6 +101,16 @@ def _per_request(value: Any, n: int, batched: bool, name: str, allow_dict: bool 
     if not isinstance(value, list) or len(value) != n:
         raise ValueError(f"{name} must be a list with one entry per prompt ({n})")
     return value
+
+
+def _image_lists(image_data: Any, n: int, batched: bool) -> Any:
+    """SGLang's rules for a batch: one image outside a list goes with every prompt, and an
+    empty list means no images."""
+    if not batched:
+        return image_data
+    if image_data is not None and not isinstance(image_data, list):
+        return [image_data] * n
+    return image_data or None
 
 
 def _as_list(images: Any) -> list:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ class TokenizedRequest:
     top_logprobs_num: int = 0  # alternatives per output token, with return_logprob
     # With return_logprob: logprobs of the prompt tokens from this position on (-1: none).
     logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False  # logprob entries carry their token's text
 
     def ask_logprobs(self, top: int | None, start_len: int = -1) -> None:
         """Return the output tokens' logprobs with ``top`` alternatives each (None: no logprobs
@@ -105,21 +107,21 @@ def abort_reason(message: str, status_code: int = 500) -> dict[str, Any]:
     return {"type": "abort", "message": message, "status_code": status_code}
 
 
+TokenText = Callable[[int], str]
+
+
 def output_logprob_meta(
     request: Any,
     output_ids: list[int],
     output_logprobs: list[float],
     output_top_logprobs: list[list[tuple[float, int]]],
+    text: TokenText | None = None,
 ) -> dict[str, Any]:
     """SGLang's ``meta_info`` fields for the output logprobs of ``request`` (a TokenizedRequest
-    or a Req): ``(logprob, token id, None)`` per token."""
-    meta: dict[str, Any] = {
-        "output_token_logprobs": [(lp, tok, None) for lp, tok in zip(output_logprobs, output_ids)]
-    }
+    or a Req): ``(logprob, token id, token text or None)`` per token."""
+    meta: dict[str, Any] = {"output_token_logprobs": _entries(output_logprobs, output_ids, text)}
     if request.top_logprobs_num:
-        meta["output_top_logprobs"] = [
-            [(lp, tok, None) for lp, tok in top] for top in output_top_logprobs
-        ]
+        meta["output_top_logprobs"] = [_top_entries(top, text) for top in output_top_logprobs]
     return meta
 
 
@@ -127,19 +129,39 @@ def input_logprob_meta(
     request: Any,
     input_logprobs: list[float | None],
     input_top_logprobs: list[list[tuple[float, int]] | None],
+    text: TokenText | None = None,
 ) -> dict[str, Any]:
     """The same for the prompt's tokens from ``logprob_start_len`` on (the first prompt token
     has no logprob: None)."""
     prompt = request.input_ids[max(request.logprob_start_len, 0) :]
-    meta: dict[str, Any] = {
-        "input_token_logprobs": [(lp, tok, None) for lp, tok in zip(input_logprobs, prompt)]
-    }
+    meta: dict[str, Any] = {"input_token_logprobs": _entries(input_logprobs, prompt, text)}
     if request.top_logprobs_num:
-        meta["input_top_logprobs"] = [
-            None if top is None else [(lp, tok, None) for lp, tok in top]
-            for top in input_top_logprobs
-        ]
+        meta["input_top_logprobs"] = [_top_entries(top, text) for top in input_top_logprobs]
     return meta
+
+
+def logprob_meta(request: Any, output: dict[str, Any], prompt: dict[str, Any]) -> dict[str, Any]:
+    """The logprob fields of ``meta_info`` as SGLang answers them: all of its keys, empty when
+    nothing was asked of them (no prompt logprobs), plus ``output_token_logprobs_length``."""
+    meta: dict[str, Any] = {"input_token_logprobs": [], "output_token_logprobs": []}
+    if request.top_logprobs_num:
+        meta |= {"input_top_logprobs": [], "output_top_logprobs": []}
+    meta |= output
+    meta |= prompt
+    meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+    return meta
+
+
+def _entries(logprobs: list, ids: list[int], text: TokenText | None) -> list[tuple]:
+    if text is None:
+        return [(lp, tok, None) for lp, tok in zip(logprobs, ids)]
+    return [(lp, tok, text(tok)) for lp, tok in zip(logprobs, ids)]
+
+
+def _top_entries(top: list[tuple[float, int]] | None, text: TokenText | None) -> list | None:
+    if top is None:
+        return None
+    return _entries([lp for lp, _ in top], [tok for _, tok in top], text)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampler import apply_penalties, sample
-from sglang.srt.sampling.stop_strings import matched_stop, skipped_token_ids
+from sglang.srt.sampling.stop_strings import matched_stop, matched_stop_regex, skipped_token_ids
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -474,11 +474,24 @@ class Scheduler:
             req.finish_reason = {"type": "stop", "matched": token}
         elif len(req.output_ids) >= sp.max_new_tokens:
             req.finish_reason = {"type": "length", "length": len(req.output_ids)}
-        if sp.stop and req.finish_reason is None:
-            skip = sp.skip_special_tokens
-            stop = matched_stop(self.tokenizer, req.output_ids, sp.stop, skip, self.special_ids)
+        if req.finish_reason is None:
+            stop = self._matched_stop(req)
             if stop is not None:
                 req.finish_reason = {"type": "stop", "matched": stop}
+
+    def _matched_stop(self, req: Req) -> str | None:
+        """The stop string or stop_regex pattern that the output now ends with (None if none).
+        As in SGLang, a regex is reported by its pattern and the text is cut only where that
+        pattern appears literally, so what a regex matched stays in the output."""
+        sp, ids = req.sampling_params, req.output_ids
+        skip = sp.skip_special_tokens
+        if sp.stop:
+            stop = matched_stop(self.tokenizer, ids, sp.stop, skip, self.special_ids)
+            if stop is not None:
+                return stop
+        if sp.stop_regex:
+            return matched_stop_regex(self.tokenizer, ids, sp.stop_regex, skip, self.special_ids)
+        return None
 
     def _release(self, req: Req) -> None:
         """Hand the request's KV (and linear-attention state) to the radix cache (or free it)

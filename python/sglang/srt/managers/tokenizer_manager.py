@@ -25,6 +25,7 @@ from sglang.srt.managers.io_struct import (
     RpcResponse,
     TokenizedRequest,
     input_logprob_meta,
+    logprob_meta,
     output_logprob_meta,
 )
 from sglang.srt.multimodal.media_fetch import allowed_local_dir, fetch_image_source
@@ -109,6 +110,7 @@ class TokenizerManager:
         self.fatal_error: str | None = None  # set once the scheduler is gone
         self.on_fatal: Any = None  # called once with the error, e.g. to stop the HTTP server
         self.max_token_chars = _max_token_chars(self.tokenizer)
+        self._token_texts: dict[int, str] = {}
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._receive_loop())
@@ -192,48 +194,33 @@ class TokenizerManager:
         return tokenized
 
     async def generate(self, tokenized: TokenizedRequest) -> AsyncIterator[StreamEvent]:
-        """Send a request and yield its progress; aborts it if the caller stops listening."""
+        """Send a request and yield its progress; aborts it if the caller stops listening. As in
+        SGLang, the first output is yielded at once, then one every ``stream_interval`` tokens,
+        and the last."""
         self._check_alive()
         if tokenized.rid in self._states:
             raise RequestError(f"request id {tokenized.rid!r} is already running")
         state = ReqState(tokenized)
         self._states[tokenized.rid] = state
         await self._to_scheduler.send_pyobj(tokenized)
-        stops = tokenized.sampling_params.stop or []
-        hold = max((len(s) for s in stops), default=1) - 1
-        sent_text = ""
+        params = tokenized.sampling_params
+        interval = params.stream_interval or 1
+        hold = max((len(s) for s in params.stop or []), default=1) - 1
+        sent_text, shown = "", 0
         try:
             while True:
                 out: RequestOutput = await state.queue.get()
-                status = (out.finish_reason or {}).get("status_code")
-                if status is not None:
-                    state.finished = True  # the scheduler no longer holds it
-                    message = out.finish_reason.get("message", "request failed")  # type: ignore
-                    raise RequestError(message, status_code=status)
-                state.output_ids += out.new_token_ids
-                if tokenized.return_logprob:
-                    new = output_logprob_meta(
-                        tokenized, out.new_token_ids, out.new_logprobs, out.new_top_logprobs
-                    )
-                    for key, entries in new.items():
-                        state.output_meta.setdefault(key, []).extend(entries)
-                if out.input_logprobs is not None:
-                    state.input_meta = input_logprob_meta(
-                        tokenized, out.input_logprobs, out.input_top_logprobs or []
-                    )
-                text = decode_output(
-                    self.tokenizer,
-                    state.output_ids,
-                    tokenized.sampling_params.skip_special_tokens,
-                    out.finish_reason,
-                    tokenized.sampling_params.no_stop_trim,
-                )
-                if out.finish_reason is None:
+                self._absorb(state, out)
+                state.finished = out.finish_reason is not None
+                if not state.finished and shown and len(state.output_ids) - shown < interval:
+                    continue
+                shown = len(state.output_ids)
+                text = decode_output(self.tokenizer, state.output_ids, params, out.finish_reason)
+                if not state.finished:
                     # Hold back what may still turn into a stop string or a multi-byte char.
                     text = text[: len(text) - hold].rstrip("\ufffd")
                 delta = text[len(sent_text) :] if text.startswith(sent_text) else ""
                 sent_text = sent_text + delta
-                state.finished = out.finish_reason is not None
                 yield StreamEvent(
                     text if state.finished else sent_text,
                     delta,
@@ -248,6 +235,36 @@ class TokenizerManager:
             if not state.finished and self.alive:
                 await self.abort(tokenized.rid)
 
+    def _absorb(self, state: ReqState, out: RequestOutput) -> None:
+        """Take one scheduler output into the request's state; raise the error of a failed
+        request."""
+        status = (out.finish_reason or {}).get("status_code")
+        if status is not None:
+            state.finished = True  # the scheduler no longer holds it
+            message = out.finish_reason.get("message", "request failed")  # type: ignore
+            raise RequestError(message, status_code=status)
+        request = state.request
+        state.output_ids += out.new_token_ids
+        text = self.token_text if request.return_text_in_logprobs else None
+        if request.return_logprob:
+            new = output_logprob_meta(
+                request, out.new_token_ids, out.new_logprobs, out.new_top_logprobs, text
+            )
+            for key, entries in new.items():
+                state.output_meta.setdefault(key, []).extend(entries)
+        if out.input_logprobs is not None:
+            state.input_meta = input_logprob_meta(
+                request, out.input_logprobs, out.input_top_logprobs or [], text
+            )
+
+    def token_text(self, token_id: int) -> str:
+        """One token decoded alone (special tokens included), as SGLang's logprob entries
+        carry it; cached (the vocabulary bounds the cache)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
+        return text
+
     def _meta(self, state: ReqState, out: RequestOutput) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": state.request.rid,
@@ -258,8 +275,7 @@ class TokenizerManager:
             "e2e_latency": time.perf_counter() - state.created,
         }
         if state.request.return_logprob:
-            meta |= state.output_meta
-            meta |= state.input_meta
+            meta |= logprob_meta(state.request, state.output_meta, state.input_meta)
         return meta
 
     async def abort(self, rid: str) -> None:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from sglang.srt.constrained.spec import normalize_constraint_params
+from sglang.srt.constrained.spec import CONSTRAINT_KINDS, normalize_constraint_params
 
 _INT_MAX = 2**31 - 1
 MAX_N = 64
 # Below this a temperature samples the argmax anyway; dividing by it would overflow the logits.
 SAMPLING_EPS = 1e-6
-# Accepted with their default value only (what clients and routers send by default).
-_DEFAULT_ONLY = {"spaces_between_special_tokens": True}
+# SGLang's limits on stop patterns.
+MAX_STOP_REGEX_COUNT = 32
+MAX_STOP_REGEX_BYTES = 256
+# SGLang's names for fields that this server keeps under another name.
+_ALIASES = {"sampling_seed": "seed"}
 
 
 @dataclass
@@ -29,10 +33,20 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    # Python regexes searched in the output's tail; the matched text stays in the output.
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    seed: int | None = field(default=None)
+    spaces_between_special_tokens: bool = True  # passed to the tokenizer's decode
+    seed: int | None = field(default=None)  # SGLang's ``sampling_seed``
     n: int = 1
+    stream_interval: int | None = None  # stream every this many tokens (the first at once)
+    # Read only by custom logit processors, which /generate refuses; accepted, as SGLang does
+    # without one.
+    custom_params: dict[str, Any] | None = None
+    # Accepted when off only: beam search (beam_width > 1) and watermarking are not implemented.
+    beam_width: int | None = None
+    watermark: dict[str, Any] | None = None
     # Structured output and logit shaping (see sglang.srt.constrained).
     json_schema: str | None = None
     regex: str | None = None
@@ -45,11 +59,18 @@ class SamplingParams:
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
         if params is not None and not isinstance(params, dict):
             raise ValueError("sampling_params must be an object")
-        # null means "the default" (routers re-serialize requests with every field present)
-        params = {k: v for k, v in (params or {}).items() if v is not None}
-        for name, default in _DEFAULT_ONLY.items():
-            if name in params and params.pop(name) != default:
-                raise ValueError(f"sampling parameter {name!r} is not supported")
+        # null means "the default" (routers re-serialize requests with every field present), and
+        # so does an empty constraint (SGLang's rule)
+        params = {
+            k: v
+            for k, v in (params or {}).items()
+            if v is not None and not (k in CONSTRAINT_KINDS and v == "")
+        }
+        for alias, name in _ALIASES.items():
+            if alias in params:
+                value = params.pop(alias)
+                if params.setdefault(name, value) != value:
+                    raise ValueError(f"{alias} and {name} differ; give one of them")
         known = {f.name for f in fields(cls)}
         unknown = set(params) - known
         if unknown:
@@ -68,8 +89,9 @@ class SamplingParams:
             f"max_new_tokens must be a non-negative integer, got {self.max_new_tokens!r}",
         )
         check(
-            _is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= _INT_MAX,
-            f"min_new_tokens must be a non-negative integer, got {self.min_new_tokens!r}",
+            _is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens,
+            f"min_new_tokens must be an integer in [0, max_new_tokens ({self.max_new_tokens})], "
+            f"got {self.min_new_tokens!r}",
         )
         check(
             _is_finite(self.temperature) and self.temperature >= 0,
@@ -116,8 +138,50 @@ class SamplingParams:
             self.stop_token_ids is None or all(_is_int(t) for t in self.stop_token_ids),
             "stop_token_ids must be a list of integers",
         )
-        check(isinstance(self.ignore_eos, bool), "ignore_eos must be a boolean")
-        check(isinstance(self.skip_special_tokens, bool), "skip_special_tokens must be a boolean")
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens"):
+            check(isinstance(getattr(self, name), bool), f"{name} must be a boolean")
+        check(
+            self.stream_interval is None
+            or (_is_int(self.stream_interval) and 1 <= self.stream_interval <= _INT_MAX),
+            f"stream_interval must be a positive integer, got {self.stream_interval!r}",
+        )
+        check(
+            self.custom_params is None or isinstance(self.custom_params, dict),
+            "custom_params must be an object",
+        )
+        self._validate_stop_regex()
+        self._refuse_unimplemented()
+
+    def _validate_stop_regex(self) -> None:
+        patterns = self.stop_regex or []
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        ok = isinstance(patterns, (list, tuple)) and all(isinstance(p, str) and p for p in patterns)
+        if not ok:
+            raise ValueError("stop_regex must be a non-empty string or a list of them")
+        self.stop_regex = list(patterns) or None
+        if len(patterns) > MAX_STOP_REGEX_COUNT:
+            raise ValueError(f"at most {MAX_STOP_REGEX_COUNT} stop_regex patterns are allowed")
+        for pattern in patterns:
+            if len(pattern.encode()) > MAX_STOP_REGEX_BYTES:
+                raise ValueError(f"a stop_regex pattern is over {MAX_STOP_REGEX_BYTES} bytes")
+            try:
+                re.compile(pattern)
+            except (re.error, RecursionError) as exc:
+                raise ValueError(f"invalid stop_regex {pattern!r}: {exc}") from None
+
+    def _refuse_unimplemented(self) -> None:
+        """Fields that SGLang defines and this server cannot honour: accepted when off only."""
+        width = self.beam_width
+        if width is not None and (not _is_int(width) or width < 1):
+            raise ValueError(f"beam_width must be a positive integer, got {width!r}")
+        if width is not None and width > 1:
+            raise ValueError("beam_width > 1 (beam search) is not supported by this server")
+        mark = self.watermark
+        if mark is not None and not isinstance(mark, dict):
+            raise ValueError("watermark must be an object")
+        if mark and mark.get("enabled") is True:
+            raise ValueError("watermark is not supported by this server")
 
     @property
     def is_greedy(self) -> bool:
