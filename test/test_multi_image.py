@@ -33,6 +33,19 @@ def _cases(family: str) -> list[tuple[str, list]]:
     ]
 
 
+@functools.cache
+def _refs(family: str) -> list[tuple[list[int], list[float]]]:
+    return [hf_greedy(family, prompt, images, MAX_NEW) for prompt, images in _cases(family)]
+
+
+def _generate_batch(engine: sglang.Engine, family: str) -> None:
+    cases = _cases(family)
+    prompts, images = [p for p, _ in cases], [i for _, i in cases]
+    outs = engine.generate(prompts, GREEDY, image_data=images, return_logprob=True)
+    for out, ref in zip(outs, _refs(family)):
+        _assert_matches(out, ref)
+
+
 def _assert_matches(out: dict, ref: tuple[list[int], list[float]]) -> None:
     ref_ids, ref_logprobs = ref
     assert out["output_ids"] == ref_ids
@@ -52,15 +65,11 @@ def _distinct_items(engine: sglang.Engine, cases: list[tuple[str, list]]) -> int
 
 @pytest.mark.parametrize("family", ALL_VLM_FAMILIES)
 def test_one_two_three_images_batched_chunked_and_cached(family: str) -> None:
-    cases = _cases(family)
-    refs = [hf_greedy(family, prompt, images, MAX_NEW) for prompt, images in cases]
+    cases, refs = _cases(family), _refs(family)
     engine = _engine(family)
     embedder = engine.runner.embedder
     encoded = embedder.stats.encoded_items
-    prompts, images = [p for p, _ in cases], [i for _, i in cases]
-    outs = engine.generate(prompts, GREEDY, image_data=images, return_logprob=True)
-    for out, ref in zip(outs, refs):
-        _assert_matches(out, ref)
+    _generate_batch(engine, family)
     # one entry per image, and per context where the embedding depends on the other images
     context_dependent = engine.runner.adapter.item_context(1) != {}
     assert embedder.stats.encoded_items - encoded == _distinct_items(engine, cases)
@@ -74,4 +83,15 @@ def test_one_two_three_images_batched_chunked_and_cached(family: str) -> None:
         meta = again["meta_info"]
         assert meta["cached_tokens"] == meta["prompt_tokens"] - 1
     assert [p.num_preprocessed for p in preprocessed] == counts
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("mode", ["combined", "off"])
+def test_context_dependent_family_in_the_other_cache_modes(mode: str) -> None:
+    family = "llava_onevision"
+    engine = sglang.Engine(
+        model_path=model_dir(family), chunked_prefill_size=CHUNK, mm_cache_mode=mode
+    )
+    _generate_batch(engine, family)
+    _generate_batch(engine, family)  # from the cached prefixes
     engine.scheduler.check_integrity()
