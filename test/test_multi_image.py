@@ -86,12 +86,17 @@ def test_one_two_three_images_batched_chunked_and_cached(family: str) -> None:
     engine.scheduler.check_integrity()
 
 
-@pytest.mark.parametrize("mode", ["combined", "off"])
-def test_context_dependent_family_in_the_other_cache_modes(mode: str) -> None:
+@pytest.mark.parametrize("mode, chunk", [("per-image", -1), ("combined", CHUNK), ("off", CHUNK)])
+def test_context_dependent_family_unchunked_and_in_the_other_cache_modes(
+    mode: str, chunk: int
+) -> None:
+    """Unchunked, the three prompts' images are encoded in one step: one call per context."""
     family = "llava_onevision"
     engine = sglang.Engine(
-        model_path=model_dir(family), chunked_prefill_size=CHUNK, mm_cache_mode=mode
+        model_path=model_dir(family), chunked_prefill_size=chunk, mm_cache_mode=mode
     )
     _generate_batch(engine, family)
+    if chunk == -1:
+        assert engine.runner.embedder.stats.encoder_calls == 2
     _generate_batch(engine, family)  # from the cached prefixes
     engine.scheduler.check_integrity()

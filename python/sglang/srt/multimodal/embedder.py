@@ -202,8 +202,10 @@ class MultimodalEmbedder:
             req.pins[key] = end
 
     def _encode(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
-        """Encode ``items`` in sub-batches of at most ``encoder_token_budget`` tokens, one
-        item context per sub-batch (the encoder takes a context for the whole call)."""
+        """Encode ``items`` in sub-batches of at most ``encoder_token_budget`` tokens and of
+        one item context each: the contexts of a call are concatenated like its features, which
+        reads right only for equal ones (LLaVA-OneVision's ``batch_num_images`` counts images
+        per prompt)."""
         results: dict[int, CachedEmbedding] = {}
         batch: list[MultimodalItem] = []
         tokens = 0

@@ -204,7 +204,9 @@ class LlavaOnevisionAdapter(ModelAdapter):
     """LLaVA-OneVision: a lone image is encoded with its anyres tiles, while in a prompt with
     several images each keeps only its padded base view (``batch_num_images`` in HF's
     processor and ``get_image_features``). The context is single vs several, written as HF's
-    ``batch_num_images`` of 1 or 2: the processor and the encoder only test ``n == 1``."""
+    ``batch_num_images`` of 1 or 2: the processor and the encoder only test ``n == 1``, and
+    an encoder call of k images of one context gets k entries (k x 2 tiling flags for k images
+    of several: the flags past the k-th are never read)."""
 
     def item_context(self, num_items: int) -> Layout:
         return {"batch_num_images": np.array([1 if num_items == 1 else 2])}
