@@ -10,17 +10,38 @@ import functools
 
 import pytest
 from conftest import ALL_VLM_FAMILIES, hf_greedy, make_image, model_dir, placeholder
+from transformers import AutoConfig
 
 import sglang
+from sglang.srt.multimodal.items import MultimodalItem
+from sglang.srt.multimodal.processor import MultimodalProcessor
 
 MAX_NEW = 6
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
-CHUNK = 11  # cuts through every image of more than 11 tokens
+CHUNKS = (11, 7, 5, 3, 2)  # the largest that cuts an image of every prompt is taken
 
 
 @functools.cache
 def _engine(family: str) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=CHUNK)
+    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=_cutting_chunk(family))
+
+
+def _cutting_chunk(family: str) -> int:
+    path = model_dir(family)
+    processor = MultimodalProcessor(path, AutoConfig.from_pretrained(path))
+    prompts = [
+        processor.process(prompt, None, processor.load_images(images))[1]
+        for prompt, images in _cases(family)
+    ]
+    for chunk in CHUNKS:
+        if all(_cuts(items, chunk) for items in prompts):
+            return chunk
+    raise AssertionError(f"no chunk size in {CHUNKS} cuts an image of every prompt")
+
+
+def _cuts(items: list[MultimodalItem], chunk: int) -> bool:
+    """Whether a chunk boundary (of a prompt run alone) falls inside one of ``items``."""
+    return any(item.start % chunk + item.end - item.start > chunk for item in items)
 
 
 def _cases(family: str) -> list[tuple[str, list]]:
@@ -86,7 +107,8 @@ def test_one_two_three_images_batched_chunked_and_cached(family: str) -> None:
     engine.scheduler.check_integrity()
 
 
-@pytest.mark.parametrize("mode, chunk", [("per-image", -1), ("combined", CHUNK), ("off", CHUNK)])
+# 3 cuts LLaVA-OneVision's 5-token images of several
+@pytest.mark.parametrize("mode, chunk", [("per-image", -1), ("combined", 3), ("off", 3)])
 def test_context_dependent_family_unchunked_and_in_the_other_cache_modes(
     mode: str, chunk: int
 ) -> None:
