@@ -83,7 +83,9 @@ def hf_greedy(
     it as the LM's causal-LM head does); greedy ids do not depend on it."""
     model, processor = _hf(family)
     if images:
-        inputs = processor(text=[prompt], images=images, return_tensors="pt")
+        # One sample and its images: LLaVA-OneVision encodes an image differently when its
+        # prompt has others (a flat list would make each image a sample of its own).
+        inputs = processor(text=[prompt], images=[images], return_tensors="pt")
     else:
         tokenizer = getattr(processor, "tokenizer", processor)
         inputs = tokenizer([prompt], return_tensors="pt")

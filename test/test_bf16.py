@@ -57,7 +57,8 @@ def _hf_model(family: str, dtype: torch.dtype):
 def _hf_logprobs(family: str, dtype: torch.dtype) -> torch.Tensor:
     """log P(token p | tokens < p) for p >= 1 of the two-image prompt, from HF in ``dtype``."""
     prompt, images = _prompt(family)
-    inputs = load_hf_processor(model_dir(family))(text=[prompt], images=images, return_tensors="pt")
+    processor = load_hf_processor(model_dir(family))
+    inputs = processor(text=[prompt], images=[images], return_tensors="pt")  # one sample
     inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
     model = _hf_model(family, dtype)
     with torch.no_grad():

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
+from sglang.srt.models.adapters.base import context_key
 from sglang.srt.multimodal.image_io import content_hash
 
 if TYPE_CHECKING:
@@ -201,12 +202,16 @@ class MultimodalEmbedder:
             req.pins[key] = end
 
     def _encode(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
-        """Encode ``items`` in sub-batches of at most ``encoder_token_budget`` tokens."""
+        """Encode ``items`` in sub-batches of at most ``encoder_token_budget`` tokens and of
+        one item context each: the contexts of a call are concatenated like its features, which
+        reads right only for equal ones (LLaVA-OneVision's ``batch_num_images`` counts images
+        per prompt)."""
         results: dict[int, CachedEmbedding] = {}
         batch: list[MultimodalItem] = []
         tokens = 0
-        for item in items:
-            if batch and tokens + item.num_tokens > self.encoder_token_budget:
+        for item in sorted(items, key=lambda item: context_key(item.context)):
+            full = tokens + item.num_tokens > self.encoder_token_budget
+            if batch and (full or context_key(item.context) != context_key(batch[0].context)):
                 results.update(self._encode_batch(batch))
                 batch, tokens = [], 0
             batch.append(item)

@@ -24,7 +24,9 @@ class MultimodalItem:
     need (e.g. Qwen's ``image_grid_thw``), known without touching pixels. ``source`` is the image
     itself (PIL image or encoded bytes). ``features`` holds what the vision encoder takes, as
     numpy arrays or host tensors; it stays None until a cache miss needs it, so an image whose
-    embedding is cached is never preprocessed.
+    embedding is cached is never preprocessed. ``context`` is what the image takes from the
+    rest of its prompt (the adapter's ``item_context``; empty for most families): part of
+    ``hash`` and ``layout``, and the preprocessing and encoding of the image follow it.
     """
 
     hash: int
@@ -32,6 +34,7 @@ class MultimodalItem:
     layout: dict[str, Any] = field(default_factory=dict)
     source: Any = None
     features: dict[str, Any] | None = None
+    context: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from sglang.srt.models.adapters import ModelAdapter, get_adapter
-from sglang.srt.models.adapters.base import Layout, layout_of, same_layout
+from sglang.srt.models.adapters.base import Layout, context_key, layout_of, same_layout
 from sglang.srt.multimodal import fast_preprocess
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.image_io import (
@@ -56,15 +56,19 @@ class ImagePreprocessor:
             if key not in ("return_tensors",)
         )
 
-    def item_hash(self, image_hash: int) -> int:
-        return content_hash(image_hash.to_bytes(8, "little"), self.settings_hash)
+    def item_hash(self, image_hash: int, context: Layout) -> int:
+        image = image_hash.to_bytes(8, "little")
+        return content_hash(image, self.settings_hash, context_key(context))
 
-    def process(self, image: Image.Image) -> tuple[dict[str, Any], str]:
-        """(features of one image as host arrays, the text replacing its placeholder)."""
+    def process(
+        self, image: Image.Image, context: Layout | None = None
+    ) -> tuple[dict[str, Any], str]:
+        """(features of one image in its prompt ``context`` as host arrays, the text replacing
+        its placeholder)."""
         assert self.processor is not None, "this model does not accept images"
-        processed, replacements = self.processor._process_images([image], **self.images_kwargs)
+        out = self.adapter.preprocess(self.processor, image, context or {}, self.images_kwargs)
         self.num_preprocessed += 1
-        return dict(processed), replacements[0]
+        return out
 
     def features(self, images: Sequence[Image.Image]) -> list[dict[str, Any]]:
         """The features of each image (host arrays); Qwen-VL images take the bit-identical
@@ -76,8 +80,11 @@ class ImagePreprocessor:
 
     def __call__(self, items: Sequence[MultimodalItem]) -> None:
         """Preprocess the items that lack features (cache misses)."""
-        todo = [item for item in items if item.features is None]
-        for item, features in zip(todo, self.features([_pil(item.source) for item in todo])):
+        plain = [item for item in items if item.features is None and not item.context]
+        in_context = [item for item in items if item.features is None and item.context]
+        done = self.features([_pil(item.source) for item in plain])
+        done += [self.process(_pil(item.source), item.context)[0] for item in in_context]
+        for item, features in zip(plain + in_context, done):
             if not same_layout(item.layout, layout_of(features)):
                 raise ValueError(
                     f"image layout {layout_of(features)} differs from the expected {item.layout}"
@@ -100,9 +107,10 @@ class MultimodalProcessor:
         self.allowed_local_dir = allowed_local_dir
         self.seen = DecodedImageCache()
         self.preprocessor = ImagePreprocessor(self.hf_processor, self.adapter)
-        # (width, height) -> layout learnt from preprocessing an image of that size: the layout
-        # depends on the size only, so later images of that size are expanded without pixels.
-        self.layouts_by_size: OrderedDict[tuple[int, int], Layout] = OrderedDict()
+        # ((width, height), context key) -> layout learnt from preprocessing an image of that
+        # size in that context: the layout depends on nothing else, so later such images are
+        # expanded without pixels.
+        self.layouts_by_size: OrderedDict[tuple[tuple[int, int], bytes], Layout] = OrderedDict()
         self._image_token_counts: dict[str, int] = {}
 
     def load_images(self, image_data: Sequence[Any]) -> list[LoadedImage]:
@@ -136,8 +144,9 @@ class MultimodalProcessor:
                 f"{len(images)} image(s) were given"
             )
         items, replacements = [], []
+        context = self.adapter.item_context(len(images))
         for img in images:
-            item, replacement = self._item(img)
+            item, replacement = self._item(img, context)
             items.append(item)
             replacements.append(replacement)
         (text,), _ = proc.get_text_with_replacements([prompt], replacements)
@@ -146,25 +155,29 @@ class MultimodalProcessor:
         self._assign_spans(ids, items, replacements)
         return ids, items
 
-    def _item(self, img: LoadedImage) -> tuple[MultimodalItem, str]:
-        """The item of one image and its placeholder text; preprocesses eagerly only when
-        neither the family's size rule nor an earlier image of the same size gives the
-        layout."""
-        item = MultimodalItem(self.preprocessor.item_hash(img.hash), [], source=img.source)
+    def _item(self, img: LoadedImage, context: Layout) -> tuple[MultimodalItem, str]:
+        """The item of one image in its prompt ``context`` and its placeholder text;
+        preprocesses eagerly only when neither the family's size rule nor an earlier image of
+        the same size and context gives the layout."""
+        item_hash = self.preprocessor.item_hash(img.hash, context)
+        item = MultimodalItem(item_hash, [], source=img.source, context=context)
         kwargs = self.preprocessor.images_kwargs
         layout = self.adapter.layout_from_size(self.hf_processor, kwargs, *img.size)
+        if layout is not None:
+            layout = {**layout, **context}
+        memo_key = (img.size, context_key(context))
         if layout is None:
-            layout = self.layouts_by_size.get(img.size)
+            layout = self.layouts_by_size.get(memo_key)
         if layout is None:
-            item.features, replacement = self.preprocessor.process(img.pil())
+            item.features, replacement = self.preprocessor.process(img.pil(), context)
             item.layout = layout_of(item.features)
-            self._remember(img.size, item.layout)
+            self._remember(memo_key, item.layout)
             return item, replacement
         item.layout = layout
         return item, self.adapter.replacement(self.hf_processor, layout, kwargs)
 
-    def _remember(self, size: tuple[int, int], layout: Layout) -> None:
-        self.layouts_by_size[size] = layout
+    def _remember(self, key: tuple[tuple[int, int], bytes], layout: Layout) -> None:
+        self.layouts_by_size[key] = layout
         if len(self.layouts_by_size) > LAYOUT_MEMO_SIZE:
             self.layouts_by_size.popitem(last=False)
 

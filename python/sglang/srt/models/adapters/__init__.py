@@ -14,6 +14,7 @@ from sglang.srt.models.adapters.families import (
     Glm4vAdapter,
     Granite4VisionAdapter,
     LlavaAdapter,
+    LlavaOnevisionAdapter,
     Ovis2Adapter,
     PixtralAdapter,
     QwenVLAdapter,
@@ -30,7 +31,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "gemma3": Gemma3Adapter,
     "internvl": TiledAdapter,
     "llava_next": ModelAdapter,  # Granite Vision 3.x too (a Granite LM inside)
-    "llava_onevision": ModelAdapter,
+    "llava_onevision": LlavaOnevisionAdapter,
     "mistral3": PixtralAdapter,
     "idefics3": ModelAdapter,
     "smolvlm": ModelAdapter,

@@ -104,6 +104,20 @@ class ModelAdapter:
         """The text that replaces one image placeholder: HF's own expansion."""
         return processor.replace_image_token(layout_inputs(layout), 0, **images_kwargs)
 
+    def item_context(self, num_items: int) -> Layout:
+        """The processor outputs that an image's features, embedding and placeholders take
+        from the rest of its prompt, which has ``num_items`` images; empty where an image is
+        its own (transformers' convention). They are part of the image's cache key and
+        layout, so one image gets one entry per context."""
+        return {}
+
+    def preprocess(
+        self, processor: Any, image: Any, context: Layout, images_kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], str]:
+        """(features of one image in ``context``, the text replacing its placeholder)."""
+        processed, replacements = processor._process_images([image], **images_kwargs)
+        return dict(processed), replacements[0]
+
     # Vision encoder -------------------------------------------------------------------------
     @property
     def image_features_fn(self) -> Callable[..., Any]:
@@ -153,6 +167,13 @@ def layout_inputs(layout: Layout) -> dict[str, Any]:
         k: np.broadcast_to(np.float32(0), v) if isinstance(v, PixelShape) else v
         for k, v in layout.items()
     }
+
+
+def context_key(context: Layout) -> bytes:
+    """Bytes that identify an item context (empty for none, so such keys do not change)."""
+    if not context:
+        return b""
+    return repr(sorted((k, np.asarray(v).tolist()) for k, v in context.items())).encode()
 
 
 def same_layout(expected: Layout, actual: Layout) -> bool:

@@ -198,3 +198,30 @@ class Ovis2Adapter(ModelAdapter):
                 rows = table(ids.to(table.weight.device))
             self._overrides = dict(zip(inner.visual_indicator_token_ids, rows))
         return self._overrides
+
+
+class LlavaOnevisionAdapter(ModelAdapter):
+    """LLaVA-OneVision: a lone image is encoded with its anyres tiles, while in a prompt with
+    several images each keeps only its padded base view (``batch_num_images`` in HF's
+    processor and ``get_image_features``). The context is single vs several, written as HF's
+    ``batch_num_images`` of 1 or 2: the processor and the encoder only test ``n == 1``, and
+    an encoder call of k images of one context gets k entries (k x 2 tiling flags for k images
+    of several: the flags past the k-th are never read)."""
+
+    def item_context(self, num_items: int) -> Layout:
+        return {"batch_num_images": np.array([1 if num_items == 1 else 2])}
+
+    def preprocess(
+        self, processor: Any, image: Any, context: Layout, images_kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], str]:
+        if int(context["batch_num_images"][0]) == 1:
+            return super().preprocess(processor, image, context, images_kwargs)
+        # The processor reads the count from the nesting of its input: the image is given
+        # twice as one sample, and the second copy dropped.
+        processed, replacements = processor._process_images([[image, image]], **images_kwargs)
+        features = {
+            "pixel_values": processed["pixel_values"][:1],
+            "image_sizes": processed["image_sizes"][:1],
+            "batch_num_images": np.array([2]),
+        }
+        return features, replacements[0]

@@ -1,0 +1,124 @@
+"""Every family with one, two and three images of different sizes per prompt matches HF (each
+prompt's images given to the processor as one sample). One image comes alone and among others,
+so a family whose image embedding depends on the prompt's other images (LLaVA-OneVision: a lone
+image is tiled, an image among several keeps its base view) must not reuse one for the other:
+batched, chunked through the images, and again from the cached prefix."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from conftest import ALL_VLM_FAMILIES, hf_greedy, make_image, model_dir, placeholder
+from transformers import AutoConfig
+
+import sglang
+from sglang.srt.multimodal.items import MultimodalItem
+from sglang.srt.multimodal.processor import MultimodalProcessor
+
+MAX_NEW = 6
+GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
+CHUNKS = (11, 7, 5, 3, 2)  # the largest that cuts an image of every prompt is taken
+
+
+@functools.cache
+def _engine(family: str) -> sglang.Engine:
+    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=_cutting_chunk(family))
+
+
+def _cutting_chunk(family: str) -> int:
+    path = model_dir(family)
+    processor = MultimodalProcessor(path, AutoConfig.from_pretrained(path))
+    prompts = [
+        processor.process(prompt, None, processor.load_images(images))[1]
+        for prompt, images in _cases(family)
+    ]
+    for chunk in CHUNKS:
+        if all(_cuts(items, chunk) for items in prompts):
+            return chunk
+    raise AssertionError(f"no chunk size in {CHUNKS} cuts an image of every prompt")
+
+
+def _cuts(items: list[MultimodalItem], chunk: int) -> bool:
+    """Whether a chunk boundary (of a prompt run alone) falls inside one of ``items``."""
+    return any(item.start % chunk + item.end - item.start > chunk for item in items)
+
+
+def _cases(family: str) -> list[tuple[str, list]]:
+    ph = placeholder(family)
+    lone, wide, tall = make_image(1, 48, 48), make_image(2, 96, 40), make_image(3, 40, 88)
+    return [
+        (f"Describe {ph} in a few words.", [lone]),
+        (f"Compare {ph} with {ph} please.", [wide, lone]),
+        (f"First {ph} then {ph} and last {ph} compare them.", [tall, wide, lone]),
+    ]
+
+
+@functools.cache
+def _refs(family: str) -> list[tuple[list[int], list[float]]]:
+    return [hf_greedy(family, prompt, images, MAX_NEW) for prompt, images in _cases(family)]
+
+
+def _generate_batch(engine: sglang.Engine, family: str) -> None:
+    cases = _cases(family)
+    prompts, images = [p for p, _ in cases], [i for _, i in cases]
+    outs = engine.generate(prompts, GREEDY, image_data=images, return_logprob=True)
+    for out, ref in zip(outs, _refs(family)):
+        _assert_matches(out, ref)
+
+
+def _assert_matches(out: dict, ref: tuple[list[int], list[float]]) -> None:
+    ref_ids, ref_logprobs = ref
+    assert out["output_ids"] == ref_ids
+    got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    assert got == pytest.approx(ref_logprobs, abs=2e-4)
+
+
+def _distinct_items(engine: sglang.Engine, cases: list[tuple[str, list]]) -> int:
+    processor = engine.processor
+    hashes = {
+        item.hash
+        for prompt, images in cases
+        for item in processor.process(prompt, None, processor.load_images(images))[1]
+    }
+    return len(hashes)
+
+
+@pytest.mark.parametrize("family", ALL_VLM_FAMILIES)
+def test_one_two_three_images_batched_chunked_and_cached(family: str) -> None:
+    cases, refs = _cases(family), _refs(family)
+    engine = _engine(family)
+    embedder = engine.runner.embedder
+    encoded = embedder.stats.encoded_items
+    _generate_batch(engine, family)
+    # one entry per image, and per context where the embedding depends on the other images
+    context_dependent = engine.runner.adapter.item_context(1) != {}
+    assert embedder.stats.encoded_items - encoded == _distinct_items(engine, cases)
+    assert _distinct_items(engine, cases) == (4 if context_dependent else 3)
+    # layouts known per size and context, embeddings cached: nothing is preprocessed again
+    preprocessed = (engine.processor.preprocessor, embedder.preprocess)
+    counts = [p.num_preprocessed for p in preprocessed]
+    for (prompt, imgs), ref in zip(cases, refs):
+        again = engine.generate(prompt, GREEDY, image_data=imgs, return_logprob=True)
+        _assert_matches(again, ref)
+        meta = again["meta_info"]
+        assert meta["cached_tokens"] == meta["prompt_tokens"] - 1
+    assert [p.num_preprocessed for p in preprocessed] == counts
+    engine.scheduler.check_integrity()
+
+
+# 3 cuts LLaVA-OneVision's 5-token images of several
+@pytest.mark.parametrize("mode, chunk", [("per-image", -1), ("combined", 3), ("off", 3)])
+def test_context_dependent_family_unchunked_and_in_the_other_cache_modes(
+    mode: str, chunk: int
+) -> None:
+    """Unchunked, the three prompts' images are encoded in one step: one call per context."""
+    family = "llava_onevision"
+    engine = sglang.Engine(
+        model_path=model_dir(family), chunked_prefill_size=chunk, mm_cache_mode=mode
+    )
+    _generate_batch(engine, family)
+    if chunk == -1:
+        assert engine.runner.embedder.stats.encoder_calls == 2
+    _generate_batch(engine, family)  # from the cached prefixes
+    engine.scheduler.check_integrity()
