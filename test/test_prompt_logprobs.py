@@ -150,6 +150,69 @@ def test_prompt_logprobs_any_chunking_and_cached_prefix(ids, start, chunk, warm)
     engine.scheduler.check_integrity()
 
 
+TOKEN_IDS = [5, 300, 17, 5]  # asked in this order; a repeated id comes back twice
+
+
+def _hf_logprobs(family: str, ids: list[int]) -> torch.Tensor:
+    """HF's log-softmax at every position of ``ids``: (len(ids), vocab)."""
+    model, _ = _hf(family)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits, -1)
+
+
+def _assert_token_ids_rows(rows: list, ref: torch.Tensor, token_ids: list[int]) -> None:
+    assert len(rows) == len(ref)
+    for got, want in zip(rows, ref):
+        assert [tok for _, tok, _ in got] == token_ids
+        assert [lp for lp, _, _ in got] == pytest.approx(want[token_ids].tolist(), abs=2e-4)
+
+
+def test_token_ids_logprob_on_prompt_and_output_match_hf() -> None:
+    engine = _engine("qwen2_5_vl", 5)  # the prompt's rows come from several chunks
+    engine.flush_cache()
+    prompt = "The quick brown fox jumps over the lazy dog and"
+    out = engine.generate(
+        prompt,
+        {"temperature": 0, "max_new_tokens": 4},
+        return_logprob=True,
+        top_logprobs_num=2,
+        logprob_start_len=0,
+        token_ids_logprob=TOKEN_IDS,
+    )
+    meta, output = out["meta_info"], out["output_ids"]
+    prompt_ids = [tok for _, tok, _ in meta["input_token_logprobs"]]
+    ref = _hf_logprobs("qwen2_5_vl", prompt_ids + output)
+    n = len(prompt_ids)
+    assert meta["input_token_ids_logprobs"][0] is None  # nothing predicts the first token
+    _assert_token_ids_rows(meta["input_token_ids_logprobs"][1:], ref[: n - 1], TOKEN_IDS)
+    _assert_token_ids_rows(meta["output_token_ids_logprobs"], ref[n - 1 : -1], TOKEN_IDS)
+    assert len(meta["output_top_logprobs"]) == len(output)
+    engine.scheduler.check_integrity()
+
+
+def test_token_ids_logprob_per_prompt_and_refused_ids() -> None:
+    engine = _engine("qwen2_5_vl", -1)
+    prompts = ["Once upon a time", "The cat sat"]
+    outs = engine.generate(prompts, ONE_TOKEN, return_logprob=True, token_ids_logprob=[[7], [9, 8]])
+    for out, ids in zip(outs, [[7], [9, 8]]):
+        meta = out["meta_info"]
+        assert meta["input_token_ids_logprobs"] == []  # no prompt logprobs were asked
+        assert [[tok for _, tok, _ in row] for row in meta["output_token_ids_logprobs"]] == [ids]
+    plain = engine.generate(prompts[0], ONE_TOKEN, return_logprob=True)
+    assert "output_token_ids_logprobs" not in plain["meta_info"]
+    vocab = engine.runner.vocab_size
+    for bad, match in [
+        ([vocab], "outside the vocabulary"),
+        ([-1], "outside the vocabulary"),
+        (list(range(65)), "at most 64"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            engine.generate(prompts[0], ONE_TOKEN, return_logprob=True, token_ids_logprob=bad)
+    with pytest.raises(ValueError, match="2 prompts"):
+        engine.generate(prompts, ONE_TOKEN, return_logprob=True, token_ids_logprob=[[1]])
+
+
 @pytest.fixture(scope="module")
 def server():
     with launch_server(model_dir("qwen2_5_vl"), "--chunked-prefill-size", "8") as (url, _):
@@ -200,3 +263,31 @@ def test_generate_and_completions_echo_return_prompt_logprobs(server) -> None:
         timeout=60,
     )
     assert bad.status_code == 400
+
+
+def test_generate_token_ids_logprob_over_http(server) -> None:
+    prompt = "Once upon a time there was a"
+    body = {
+        "text": prompt,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 3},
+        "return_logprob": True,
+        "logprob_start_len": 2,
+        "token_ids_logprob": TOKEN_IDS,
+        "return_text_in_logprobs": True,
+    }
+    out = httpx.post(f"{server}/generate", json=body, timeout=60).json()
+    meta = out["meta_info"]
+    prompt_ids = [tok for _, tok, _ in meta["input_token_logprobs"]]
+    ids, _, _ = _hf_prompt_logprobs("qwen2_5_vl", prompt, [])
+    assert prompt_ids == ids[2:]
+    ref = _hf_logprobs("qwen2_5_vl", ids + out["output_ids"])
+    _assert_token_ids_rows(meta["input_token_ids_logprobs"], ref[1 : len(ids) - 1], TOKEN_IDS)
+    _assert_token_ids_rows(meta["output_token_ids_logprobs"], ref[len(ids) - 1 : -1], TOKEN_IDS)
+    _, processor = _hf("qwen2_5_vl")
+    tokenizer = getattr(processor, "tokenizer", processor)
+    texts = [text for _, _, text in meta["output_token_ids_logprobs"][0]]
+    assert texts == [tokenizer.decode([t]) for t in TOKEN_IDS]
+    for bad in ([10**6], list(range(65))):
+        resp = httpx.post(f"{server}/generate", json={**body, "token_ids_logprob": bad}, timeout=60)
+        assert resp.status_code == 400, resp.text
+        assert "token_ids_logprob" in resp.text

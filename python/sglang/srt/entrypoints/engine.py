@@ -16,6 +16,7 @@ from sglang.srt.managers.io_struct import (
     input_logprob_meta,
     logprob_meta,
     output_logprob_meta,
+    token_ids_per_request,
 )
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.req import Req
@@ -62,15 +63,20 @@ class Engine:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         logprob_start_len: int = -1,
+        token_ids_logprob: list[int] | list[list[int]] | None = None,
     ) -> dict | list[dict]:
         """With ``n`` > 1 in a request's sampling params, its n outputs take its place in the
         returned list (which is then a list even for one prompt). With ``return_logprob``,
-        ``logprob_start_len`` >= 0 also returns the prompt tokens' logprobs from there on."""
+        ``logprob_start_len`` >= 0 also returns the prompt tokens' logprobs from there on, and
+        ``token_ids_logprob`` (ids, or a list of ids per prompt) the logprobs of those ids at
+        every position."""
         if not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
         tokenized, batched = self.tokenize(prompt, sampling_params, input_ids, image_data, rid)
-        for t in tokenized:
-            t.ask_logprobs(top_logprobs_num if return_logprob else None, logprob_start_len)
+        token_ids = token_ids_per_request(token_ids_logprob, len(tokenized))
+        for t, ids in zip(tokenized, token_ids):
+            t.ask_logprobs(top_logprobs_num if return_logprob else None, logprob_start_len, ids)
+            t.validate_logprobs(self.runner.vocab_size)
         if any(t.sampling_params.n > 1 for t in tokenized):
             tokenized, batched = self._fan_out(tokenized), True
         outputs = [self.output_of(req) for req in self._run(tokenized)]
@@ -128,11 +134,20 @@ class Engine:
         }
         if req.return_logprob:
             output = output_logprob_meta(
-                req, req.output_ids, req.output_logprobs, req.output_top_logprobs
+                req,
+                req.output_ids,
+                req.output_logprobs,
+                req.output_top_logprobs,
+                output_token_ids_logprobs=req.output_token_ids_logprobs,
             )
             prompt = {}
             if req.wants_prompt_logprobs:
-                prompt = input_logprob_meta(req, req.input_logprobs, req.input_top_logprobs)
+                prompt = input_logprob_meta(
+                    req,
+                    req.input_logprobs,
+                    req.input_top_logprobs,
+                    input_token_ids_logprobs=req.input_token_ids_logprobs,
+                )
             out["meta_info"] |= logprob_meta(req, output, prompt)
         return out
 

@@ -35,6 +35,7 @@ from sglang.srt.entrypoints.protocol import (
 from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
 from sglang.srt.function_call import get_tool_call_parser
 from sglang.srt.managers.inputs import GenerateInput, split_generate_inputs
+from sglang.srt.managers.io_struct import token_ids_per_request
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
 from sglang.srt.server_args import ServerArgs
 
@@ -176,11 +177,11 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         inputs, batched = split_generate_inputs(
             body.text, body.sampling_params, body.input_ids, body.image_data, body.rid
         )
+        token_ids = token_ids_per_request(body.token_ids_logprob, len(inputs))
         tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
-        for t in tokenized:
-            t.ask_logprobs(
-                body.top_logprobs_num if body.return_logprob else None, body.logprob_start_len
-            )
+        for t, ids in zip(tokenized, token_ids):
+            top = body.top_logprobs_num if body.return_logprob else None
+            t.ask_logprobs(top, body.logprob_start_len, ids)
             t.return_text_in_logprobs = body.return_text_in_logprobs
         streams = (await oai.start_choices(manager, tokenized, args)).streams
         batched = batched or len(streams) > len(tokenized)  # n > 1 answers with a list

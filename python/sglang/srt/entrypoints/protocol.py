@@ -148,6 +148,7 @@ class GenerateRequest(_Body):
     top_logprobs_num: int = Field(default=0, ge=0, le=20)
     logprob_start_len: int = Field(default=-1, ge=-1)
     return_text_in_logprobs: bool = False
+    token_ids_logprob: list[int] | list[list[int]] | None = None
     rid: str | list[str] | None = None
 
 
@@ -203,7 +204,6 @@ UNIMPLEMENTED_COMPLETION_FIELDS: dict[str, Callable[[Any], bool]] = {
     "best_of": _not_in(1),
 }
 UNIMPLEMENTED_GENERATE_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "token_ids_logprob": _used,
     "return_hidden_states": _used,
     "lora_path": _used,
     "custom_logit_processor": _used,

@@ -9,6 +9,8 @@ from typing import Any
 from sglang.srt.multimodal.items import MultimodalItem
 from sglang.srt.sampling.sampling_params import SamplingParams
 
+MAX_TOKEN_IDS_LOGPROB = 64  # token ids whose logprobs one request may ask for at each position
+
 
 @dataclass
 class TokenizedRequest:
@@ -23,19 +25,40 @@ class TokenizedRequest:
     # With return_logprob: logprobs of the prompt tokens from this position on (-1: none).
     logprob_start_len: int = -1
     return_text_in_logprobs: bool = False  # logprob entries carry their token's text
+    # With return_logprob: the logprobs of these token ids at every position (SGLang's
+    # ``token_ids_logprob``), in this order.
+    token_ids_logprob: list[int] | None = None
 
-    def ask_logprobs(self, top: int | None, start_len: int = -1) -> None:
+    def ask_logprobs(
+        self, top: int | None, start_len: int = -1, token_ids: list[int] | None = None
+    ) -> None:
         """Return the output tokens' logprobs with ``top`` alternatives each (None: no logprobs
-        at all), and the prompt's from ``start_len`` on (-1: none)."""
+        at all), the prompt's from ``start_len`` on (-1: none), and at each position those of
+        ``token_ids``."""
         self.return_logprob = top is not None
         self.top_logprobs_num = top or 0
         self.logprob_start_len = start_len if top is not None else -1
+        self.token_ids_logprob = (token_ids or None) if top is not None else None
+
+    def validate_logprobs(self, vocab_size: int) -> None:
+        """Raise ValueError for a prompt logprob start or token ids that cannot be answered."""
+        if self.logprob_start_len < -1:
+            raise ValueError(f"logprob_start_len must be -1 or more, got {self.logprob_start_len}")
+        ids = self.token_ids_logprob or []
+        if len(ids) > MAX_TOKEN_IDS_LOGPROB:
+            raise ValueError(
+                f"token_ids_logprob names {len(ids)} tokens, at most {MAX_TOKEN_IDS_LOGPROB}"
+            )
+        bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
+        if bad:
+            raise ValueError(
+                f"token_ids_logprob names {bad[0]!r}, outside the vocabulary [0, {vocab_size})"
+            )
 
     def validate(self, vocab_size: int, image_token_id: int | None) -> None:
         """Raise ValueError unless every token id is in the vocabulary and the image
         placeholder tokens are exactly the spans of the request's images."""
-        if self.logprob_start_len < -1:
-            raise ValueError(f"logprob_start_len must be -1 or more, got {self.logprob_start_len}")
+        self.validate_logprobs(vocab_size)
         ids = self.input_ids
         if ids and (min(ids) < 0 or max(ids) >= vocab_size):
             bad = next(t for t in ids if not 0 <= t < vocab_size)
@@ -93,6 +116,8 @@ class RequestOutput:
     # Sent with a request's first output when it asked for prompt logprobs.
     input_logprobs: list[float | None] | None = None
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
+    new_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
 
     @classmethod
     def failed(
@@ -110,18 +135,37 @@ def abort_reason(message: str, status_code: int = 500) -> dict[str, Any]:
 TokenText = Callable[[int], str]
 
 
+def token_ids_per_request(value: list[int] | list[list[int]] | None, n: int) -> list:
+    """SGLang's ``token_ids_logprob`` for each of ``n`` requests: one list of ids for all of
+    them, or a list of lists, one per request."""
+    if not value:
+        return [None] * n
+    if all(isinstance(t, int) for t in value):
+        return [list(value)] * n
+    if not all(isinstance(ids, list) for ids in value):
+        raise ValueError("token_ids_logprob must be a list of token ids, or one list per prompt")
+    if len(value) != n:
+        raise ValueError(f"token_ids_logprob has {len(value)} lists for {n} prompts")
+    return [ids or None for ids in value]
+
+
 def output_logprob_meta(
     request: Any,
     output_ids: list[int],
     output_logprobs: list[float],
     output_top_logprobs: list[list[tuple[float, int]]],
     text: TokenText | None = None,
+    output_token_ids_logprobs: list[list[tuple[float, int]]] | None = None,
 ) -> dict[str, Any]:
     """SGLang's ``meta_info`` fields for the output logprobs of ``request`` (a TokenizedRequest
-    or a Req): ``(logprob, token id, token text or None)`` per token."""
+    or a Req): ``(logprob, token id, token text or None)`` per token, and per position lists
+    of those entries for its top alternatives and for its ``token_ids_logprob``."""
     meta: dict[str, Any] = {"output_token_logprobs": _entries(output_logprobs, output_ids, text)}
     if request.top_logprobs_num:
         meta["output_top_logprobs"] = [_top_entries(top, text) for top in output_top_logprobs]
+    if request.token_ids_logprob:
+        rows = output_token_ids_logprobs or []
+        meta["output_token_ids_logprobs"] = [_top_entries(row, text) for row in rows]
     return meta
 
 
@@ -130,6 +174,7 @@ def input_logprob_meta(
     input_logprobs: list[float | None],
     input_top_logprobs: list[list[tuple[float, int]] | None],
     text: TokenText | None = None,
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None,
 ) -> dict[str, Any]:
     """The same for the prompt's tokens from ``logprob_start_len`` on (the first prompt token
     has no logprob: None)."""
@@ -137,6 +182,9 @@ def input_logprob_meta(
     meta: dict[str, Any] = {"input_token_logprobs": _entries(input_logprobs, prompt, text)}
     if request.top_logprobs_num:
         meta["input_top_logprobs"] = [_top_entries(top, text) for top in input_top_logprobs]
+    if request.token_ids_logprob:
+        rows = input_token_ids_logprobs or []
+        meta["input_token_ids_logprobs"] = [_top_entries(row, text) for row in rows]
     return meta
 
 
@@ -146,6 +194,8 @@ def logprob_meta(request: Any, output: dict[str, Any], prompt: dict[str, Any]) -
     meta: dict[str, Any] = {"input_token_logprobs": [], "output_token_logprobs": []}
     if request.top_logprobs_num:
         meta |= {"input_top_logprobs": [], "output_top_logprobs": []}
+    if request.token_ids_logprob:
+        meta |= {"input_token_ids_logprobs": [], "output_token_ids_logprobs": []}
     meta |= output
     meta |= prompt
     meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])

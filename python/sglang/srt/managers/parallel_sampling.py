@@ -24,6 +24,7 @@ def prefill_request(tokenized: TokenizedRequest) -> TokenizedRequest:
         return_logprob=False,
         top_logprobs_num=0,
         logprob_start_len=-1,
+        token_ids_logprob=None,
     )
 
 

@@ -11,6 +11,22 @@ import torch
 from sglang.srt.multimodal.items import MultimodalItem, radix_key
 from sglang.srt.sampling.sampling_params import SamplingParams
 
+Pairs = list[tuple[float, int]]  # (logprob, token id) entries of one position
+
+
+def logprob_alternatives(
+    logprobs: torch.Tensor, top_num: int, token_ids: list[int] | None
+) -> tuple[list[Pairs] | None, list[Pairs] | None]:
+    """Per row of ``logprobs`` (rows, vocab): its ``top_num`` best (logprob, token id) pairs,
+    and the pairs of ``token_ids`` in their order (None where not asked)."""
+    top = chosen = None
+    if top_num:
+        best = logprobs.topk(top_num, dim=-1)
+        top = [list(zip(v, i)) for v, i in zip(best.values.tolist(), best.indices.tolist())]
+    if token_ids:
+        chosen = [list(zip(row, token_ids)) for row in logprobs[:, token_ids].tolist()]
+    return top, chosen
+
 
 class ReqStatus(enum.Enum):
     WAITING = "waiting"
@@ -57,6 +73,9 @@ class Req:
     logprob_start_len: int = -1  # with return_logprob: prompt logprobs from here on (-1: none)
     input_logprobs: list[float | None] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    token_ids_logprob: list[int] | None = None  # with return_logprob: these ids' logprobs too
+    output_token_ids_logprobs: list[Pairs] = field(default_factory=list)
+    input_token_ids_logprobs: list[Pairs | None] = field(default_factory=list)
     grammar: Any = None  # constrained.manager.RequestGrammar
 
     def __post_init__(self) -> None:
@@ -64,6 +83,7 @@ class Req:
         if self.wants_prompt_logprobs and self.logprob_start_len == 0:
             self.input_logprobs.append(None)  # nothing predicts the first token
             self.input_top_logprobs.append(None)
+            self.input_token_ids_logprobs.append(None)
 
     @property
     def wants_prompt_logprobs(self) -> bool:

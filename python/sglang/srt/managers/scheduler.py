@@ -22,7 +22,7 @@ from sglang.srt.constrained.manager import ConstraintManager
 from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
 from sglang.srt.managers.io_struct import TokenizedRequest, abort_reason
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
-from sglang.srt.managers.req import Req, ReqStatus
+from sglang.srt.managers.req import Req, ReqStatus, logprob_alternatives
 from sglang.srt.mem_cache.hybrid_radix_cache import HybridRadixCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch import ForwardBatch
@@ -132,6 +132,7 @@ class Scheduler:
             return_logprob=tokenized.return_logprob,
             top_logprobs_num=tokenized.top_logprobs_num,
             logprob_start_len=tokenized.logprob_start_len,
+            token_ids_logprob=tokenized.token_ids_logprob,
         )
         if self.runner.adapter.uses_mrope:
             try:
@@ -384,9 +385,10 @@ class Scheduler:
         sampled_rows, sampled_reqs = [], []
         for i, req in enumerate(batch.reqs):
             if batch.prompt_logprobs is not None and batch.prompt_logprobs[i] is not None:
-                chosen, top = batch.prompt_logprobs[i]
+                chosen, top, by_id = batch.prompt_logprobs[i]
                 req.input_logprobs += chosen
                 req.input_top_logprobs += top if top is not None else [None] * len(chosen)
+                req.input_token_ids_logprobs += by_id if by_id is not None else [None] * len(chosen)
             req.computed_len += req.extend_len
             req.extend_len = 0
             self.runner.embedder.release(req, req.computed_len)
@@ -411,11 +413,7 @@ class Scheduler:
             else:
                 req.output_ids.append(token)
                 if req.return_logprob:
-                    req.output_logprobs.append(float(logprobs[i, token]))
-                    if req.top_logprobs_num:
-                        top = logprobs[i].topk(req.top_logprobs_num)
-                        pairs = zip(top.values.tolist(), top.indices.tolist())
-                        req.output_top_logprobs.append(list(pairs))
+                    self._take_logprobs(req, token, logprobs[i : i + 1])
                 self.constraints.accept(req, token)
                 self._check_finished(req)
             if req.finished:
@@ -423,6 +421,17 @@ class Scheduler:
                 self.running.remove(req)
             done.append(req)
         return done
+
+    @staticmethod
+    def _take_logprobs(req: Req, token: int, logprobs: torch.Tensor) -> None:
+        """Record the sampled token's logprob from its (1, vocab) row, with its top
+        alternatives and the logprobs of the request's ``token_ids_logprob``."""
+        req.output_logprobs.append(float(logprobs[0, token]))
+        top, by_id = logprob_alternatives(logprobs, req.top_logprobs_num, req.token_ids_logprob)
+        if top is not None:
+            req.output_top_logprobs += top
+        if by_id is not None:
+            req.output_token_ids_logprobs += by_id
 
     def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int | None]:
         """One token per request; None for requests that get none (``max_new_tokens == 0``,

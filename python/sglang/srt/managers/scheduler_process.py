@@ -144,6 +144,8 @@ class SchedulerLoop:
                     new_top_logprobs=req.output_top_logprobs[start:],
                     input_logprobs=req.input_logprobs if with_prompt else None,
                     input_top_logprobs=req.input_top_logprobs if with_prompt else None,
+                    new_token_ids_logprobs=req.output_token_ids_logprobs[start:],
+                    input_token_ids_logprobs=req.input_token_ids_logprobs if with_prompt else None,
                 )
             )
             if req.finished:

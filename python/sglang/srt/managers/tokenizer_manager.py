@@ -248,13 +248,22 @@ class TokenizerManager:
         text = self.token_text if request.return_text_in_logprobs else None
         if request.return_logprob:
             new = output_logprob_meta(
-                request, out.new_token_ids, out.new_logprobs, out.new_top_logprobs, text
+                request,
+                out.new_token_ids,
+                out.new_logprobs,
+                out.new_top_logprobs,
+                text,
+                out.new_token_ids_logprobs,
             )
             for key, entries in new.items():
                 state.output_meta.setdefault(key, []).extend(entries)
         if out.input_logprobs is not None:
             state.input_meta = input_logprob_meta(
-                request, out.input_logprobs, out.input_top_logprobs or [], text
+                request,
+                out.input_logprobs,
+                out.input_top_logprobs or [],
+                text,
+                out.input_token_ids_logprobs,
             )
 
     def token_text(self, token_id: int) -> str:

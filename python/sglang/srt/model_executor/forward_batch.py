@@ -11,8 +11,11 @@ if TYPE_CHECKING:
     from sglang.srt.managers.req import Req
 
 
-# Logprobs of the prompt tokens a chunk predicts, and their top alternatives (None: not asked).
-PromptLogprobs = tuple[list[float], list[list[tuple[float, int]]] | None]
+# Logprobs of the prompt tokens a chunk predicts, their top alternatives and the logprobs of the
+# request's ``token_ids_logprob`` at each (None: not asked).
+PromptLogprobs = tuple[
+    list[float], list[list[tuple[float, int]]] | None, list[list[tuple[float, int]]] | None
+]
 
 
 @dataclass

@@ -10,6 +10,7 @@ import transformers
 from transformers import AutoConfig
 
 from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.managers.req import Pairs, logprob_alternatives
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
@@ -240,19 +241,25 @@ class ModelRunner:
                 row += extend
                 continue
             chosen: list[float] = []
-            top: list[list[tuple[float, int]]] = []
+            top: list[Pairs] = []
+            by_id: list[Pairs] = []
             for first in range(positions.start, positions.stop, PROMPT_LOGPROB_ROWS):
                 last = min(first + PROMPT_LOGPROB_ROWS, positions.stop)
                 rows = hidden[row + first - prefix : row + last - prefix]
                 logprobs = torch.log_softmax(self._logits(rows), dim=-1)
                 targets = torch.tensor(req.input_ids[first + 1 : last + 1], device=rows.device)
                 chosen += logprobs.gather(1, targets[:, None])[:, 0].tolist()
-                if req.top_logprobs_num:
-                    best = logprobs.topk(req.top_logprobs_num, dim=-1)
-                    top += [
-                        list(zip(values, ids))
-                        for values, ids in zip(best.values.tolist(), best.indices.tolist())
-                    ]
-            out.append((chosen, top if req.top_logprobs_num else None))
+                best, of_ids = logprob_alternatives(
+                    logprobs, req.top_logprobs_num, req.token_ids_logprob
+                )
+                top += best or []
+                by_id += of_ids or []
+            out.append(
+                (
+                    chosen,
+                    top if req.top_logprobs_num else None,
+                    by_id if req.token_ids_logprob else None,
+                )
+            )
             row += extend
         return out
