@@ -15,6 +15,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+import transformers
 from conftest import make_image, model_dir, placeholder
 from pydantic import BaseModel, ConfigDict, Field
 from server_utils import launch_server
@@ -190,6 +191,31 @@ def test_completion_logprobs_and_echo(client) -> None:
         model=MODEL, prompt="Once upon", max_tokens=5, temperature=0, echo=True
     )
     assert echo.choices[0].text == "Once upon" + full.choices[0].text
+
+
+def test_logprob_entries_skip_what_the_text_skips(client) -> None:
+    """``<|im_start|>`` is an added special token that the text's decode skips although the
+    tokenizer's ``all_special_ids`` does not name it: its logprob entries go with it."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir("qwen2_5_vl"))
+    marker = "<|im_start|>"
+    kwargs = dict(model=MODEL, max_tokens=3, temperature=0, logprobs=1)
+    bias = {"logit_bias": {str(tokenizer.convert_tokens_to_ids(marker)): 100}}
+    done = client.completions.create(prompt="Once upon", extra_body=bias, **kwargs)
+    assert done.choices[0].text == "" and done.choices[0].logprobs.tokens == []
+    kept = client.completions.create(
+        prompt="Once upon", extra_body={**bias, "skip_special_tokens": False}, **kwargs
+    )
+    assert kept.choices[0].logprobs.tokens == [marker] * 3
+    assert "".join(kept.choices[0].logprobs.tokens) == kept.choices[0].text
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=_ask("Count"),
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        extra_body=bias,
+    )
+    assert chat.choices[0].message.content == "" and chat.choices[0].logprobs.content == []
 
 
 def test_n_choices_share_one_image_encode(client, server) -> None:

@@ -17,6 +17,7 @@ from sglang.srt.entrypoints.reasoning_parser import ReasoningParser
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
+from sglang.srt.sampling.stop_strings import skipped_token_ids
 from sglang.srt.server_args import ServerArgs
 
 
@@ -144,12 +145,20 @@ def system_fingerprint(args: ServerArgs) -> str:
 
 # Logprobs ------------------------------------------------------------------------------------
 class LogprobFormatter:
-    """OpenAI logprob entries from the scheduler's ``(logprob, token id, _)`` lists. Special tokens
-    that the text skips (EOS) are skipped here too."""
+    """OpenAI logprob entries from the scheduler's ``(logprob, token id, _)`` lists. With
+    ``skip_special_tokens``, the tokens that the text's decode skips (``skipped_token_ids``: EOS,
+    chat and vision markers) are skipped here too, so the entries spell the text."""
 
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        skip_special_tokens: bool,
+        skipped_ids: frozenset[int] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
-        self.skip = set(tokenizer.all_special_ids) if skip_special_tokens else set()
+        if skipped_ids is None:
+            skipped_ids = skipped_token_ids(tokenizer)
+        self.skip = skipped_ids if skip_special_tokens else frozenset()
         self._text: dict[int, str] = {}
 
     def token(self, token_id: int) -> str:

@@ -30,6 +30,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.multimodal.media_fetch import allowed_local_dir, fetch_image_source
 from sglang.srt.multimodal.processor import MultimodalProcessor
+from sglang.srt.sampling.stop_strings import skipped_token_ids
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class TokenizerManager:
         self.fatal_error: str | None = None  # set once the scheduler is gone
         self.on_fatal: Any = None  # called once with the error, e.g. to stop the HTTP server
         self.max_token_chars = _max_token_chars(self.tokenizer)
+        self.skipped_ids = skipped_token_ids(self.tokenizer)  # what skip_special_tokens drops
         self._token_texts: dict[int, str] = {}
 
     async def start(self) -> None:
