@@ -18,10 +18,24 @@ from server_utils import launch_server
 import sglang
 
 ONE_TOKEN = {"temperature": 0, "max_new_tokens": 1}
+TOKEN_IDS = [5, 300, 17, 5]  # token_ids_logprob, in this order: a repeated id comes back twice
 
 
 def _hf_prompt_logprobs(family: str, prompt: str | None, images: list, ids=None):
     """HF's prompt ids and, per position p >= 1, log P(token p | tokens < p) with its top 3."""
+    return _chosen_and_top(*_hf_forward(family, prompt, images, ids))
+
+
+def _chosen_and_top(ids: list[int], logprobs: torch.Tensor) -> tuple[list[int], list, list]:
+    chosen = logprobs[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+    top = logprobs[:-1].topk(3, dim=-1)
+    return ids, [None, *chosen], [None, *zip(top.values.tolist(), top.indices.tolist())]
+
+
+def _hf_forward(
+    family: str, prompt: str | None, images: list, ids=None
+) -> tuple[list[int], torch.Tensor]:
+    """HF's prompt ids and its log-softmax at every prompt position: (len(ids), vocab)."""
     model, processor = _hf(family)
     if images:
         inputs = processor(text=[prompt], images=images, return_tensors="pt")
@@ -31,11 +45,7 @@ def _hf_prompt_logprobs(family: str, prompt: str | None, images: list, ids=None)
         inputs = getattr(processor, "tokenizer", processor)([prompt], return_tensors="pt")
     with torch.no_grad():
         logits = model(**inputs).logits[0].float()
-    logprobs = torch.log_softmax(logits, -1)
-    ids = inputs["input_ids"][0]
-    chosen = logprobs[:-1].gather(1, ids[1:, None])[:, 0].tolist()
-    top = logprobs[:-1].topk(3, dim=-1)
-    return ids.tolist(), [None, *chosen], [None, *zip(top.values.tolist(), top.indices.tolist())]
+    return inputs["input_ids"][0].tolist(), torch.log_softmax(logits, -1)
 
 
 def _assert_prompt_logprobs(meta: dict, ids: list[int], ref: list, start: int) -> None:
@@ -60,7 +70,8 @@ def test_prompt_logprobs_with_images_match_hf(family: str, chunk: int) -> None:
     ph = placeholder(family)
     prompt = f"First {ph} then {ph} compare them."
     images = [make_image(2, 96, 64), make_image(3, 64, 128)]
-    ids, ref, ref_top = _hf_prompt_logprobs(family, prompt, images)
+    ids, table = _hf_forward(family, prompt, images)
+    _, ref, ref_top = _chosen_and_top(ids, table)
     engine = _engine(family, chunk)
     engine.flush_cache()
     for start in (0, 9, 0):  # the last run finds the whole prompt in the radix cache
@@ -71,9 +82,14 @@ def test_prompt_logprobs_with_images_match_hf(family: str, chunk: int) -> None:
             return_logprob=True,
             top_logprobs_num=3,
             logprob_start_len=start,
+            token_ids_logprob=TOKEN_IDS,
         )
         meta = out["meta_info"]
         _assert_prompt_logprobs(meta, ids, ref, start)
+        by_id = meta["input_token_ids_logprobs"]
+        assert (by_id[0] is None) == (start == 0)  # nothing predicts the first token
+        rows = by_id[1:] if start == 0 else by_id
+        _assert_token_ids_rows(rows, table[max(start - 1, 0) : len(ids) - 1], TOKEN_IDS)
         assert meta["cached_tokens"] <= max(start - 1, 0)
         for got, want in zip(meta["input_top_logprobs"], ref_top[start:]):
             if want is None:
@@ -148,9 +164,6 @@ def test_prompt_logprobs_any_chunking_and_cached_prefix(ids, start, chunk, warm)
     else:
         assert out["meta_info"]["input_token_logprobs"] == []
     engine.scheduler.check_integrity()
-
-
-TOKEN_IDS = [5, 300, 17, 5]  # asked in this order; a repeated id comes back twice
 
 
 def _hf_logprobs(family: str, ids: list[int]) -> torch.Tensor:
