@@ -10,7 +10,7 @@ import transformers
 from transformers import AutoConfig
 
 from sglang.srt.layers.attention import create_attention_backend
-from sglang.srt.managers.req import Pairs, logprob_alternatives
+from sglang.srt.managers.req import Pairs, Req, logprob_alternatives
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
@@ -240,26 +240,31 @@ class ModelRunner:
                 out.append(None)
                 row += extend
                 continue
-            chosen: list[float] = []
-            top: list[Pairs] = []
-            by_id: list[Pairs] = []
-            for first in range(positions.start, positions.stop, PROMPT_LOGPROB_ROWS):
-                last = min(first + PROMPT_LOGPROB_ROWS, positions.stop)
-                rows = hidden[row + first - prefix : row + last - prefix]
-                logprobs = torch.log_softmax(self._logits(rows), dim=-1)
-                targets = torch.tensor(req.input_ids[first + 1 : last + 1], device=rows.device)
-                chosen += logprobs.gather(1, targets[:, None])[:, 0].tolist()
-                best, of_ids = logprob_alternatives(
-                    logprobs, req.top_logprobs_num, req.token_ids_logprob
-                )
-                top += best or []
-                by_id += of_ids or []
-            out.append(
-                (
-                    chosen,
-                    top if req.top_logprobs_num else None,
-                    by_id if req.token_ids_logprob else None,
-                )
-            )
+            out.append(self._request_prompt_logprobs(req, hidden, row - prefix, positions))
             row += extend
         return out
+
+    def _request_prompt_logprobs(
+        self, req: Req, hidden: torch.Tensor, offset: int, positions: range
+    ) -> PromptLogprobs:
+        """The logprobs of the prompt tokens that ``positions`` predict (position p's hidden
+        state is row p + ``offset``), with the alternatives ``req`` asks for."""
+        chosen: list[float] = []
+        top: list[Pairs] = []
+        by_id: list[Pairs] = []
+        for first in range(positions.start, positions.stop, PROMPT_LOGPROB_ROWS):
+            last = min(first + PROMPT_LOGPROB_ROWS, positions.stop)
+            rows = hidden[offset + first : offset + last]
+            logprobs = torch.log_softmax(self._logits(rows), dim=-1)
+            targets = torch.tensor(req.input_ids[first + 1 : last + 1], device=rows.device)
+            chosen += logprobs.gather(1, targets[:, None])[:, 0].tolist()
+            best, of_ids = logprob_alternatives(
+                logprobs, req.top_logprobs_num, req.token_ids_logprob
+            )
+            top += best or []
+            by_id += of_ids or []
+        return (
+            chosen,
+            top if req.top_logprobs_num else None,
+            by_id if req.token_ids_logprob else None,
+        )
