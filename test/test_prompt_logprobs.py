@@ -300,6 +300,12 @@ def test_generate_token_ids_logprob_over_http(server) -> None:
     tokenizer = getattr(processor, "tokenizer", processor)
     texts = [text for _, _, text in meta["output_token_ids_logprobs"][0]]
     assert texts == [tokenizer.decode([t]) for t in TOKEN_IDS]
+    with httpx.stream("POST", f"{server}/generate", json={**body, "stream": True}) as resp:
+        chunks = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    last = chunks[-1]["meta_info"]
+    ref_rows = ref[len(ids) - 1 : len(ids) - 1 + len(last["output_token_ids_logprobs"])]
+    _assert_token_ids_rows(last["output_token_ids_logprobs"], ref_rows, TOKEN_IDS)
+    assert len(ref_rows) == len(out["output_ids"])  # greedy: the same tokens again
     for bad in ([10**6], list(range(65))):
         resp = httpx.post(f"{server}/generate", json={**body, "token_ids_logprob": bad}, timeout=60)
         assert resp.status_code == 400, resp.text
