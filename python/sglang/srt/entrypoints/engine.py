@@ -246,4 +246,5 @@ def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
         },
         "perf": runner.perf.as_dict(),
         "weight_quantization": runner.quantization.as_dict() if runner.quantization else None,
+        "memory": runner.memory_report.as_dict(),
     }

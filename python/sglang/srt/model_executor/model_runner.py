@@ -14,6 +14,7 @@ from sglang.srt.managers.req import Pairs, Req, logprob_alternatives
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
+from sglang.srt.model_executor import memory
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_dtype, resolve_kv_cache_dtype
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
@@ -29,7 +30,6 @@ from sglang.srt.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "sglang_engine"
-CPU_KV_BUDGET_BYTES = 1 << 30
 PROMPT_LOGPROB_ROWS = 256  # prompt positions whose logits exist at once
 # Hybrid models: shares of the cache budget for linear-attention state (unless set by flags).
 STATE_REQUESTS_FRACTION = 0.25
@@ -73,6 +73,10 @@ class ModelRunner:
         )
         log = logger.warning if choice.fell_back and self.dtype == choice.dtype else logger.info
         log("dtype %s (%s)", dtype_name(self.dtype), reason)
+        # Refuse a launch that cannot fit before any weight loads (not after an OOM kill).
+        self.fit_plan = memory.check_fits(
+            memory.fit_inputs(args, model_path, self.config, self.dtype, self.kv_cache_dtype)
+        )
         self.perf = PerfCounters()
         self.model = self._load(model_path)
         self.adapter = get_adapter(self.model, self.config)
@@ -131,7 +135,8 @@ class ModelRunner:
         kv_layers = self._kv_layers()
         kv_dtype = self.kv_cache_dtype
         per_token = KVPool.bytes_per_token(len(kv_layers), num_kv_heads, head_dim, kv_dtype)
-        budget = self._kv_budget_bytes()
+        self.weights_bytes = memory.module_bytes(self.model)
+        budget = self._kv_budget_bytes(per_token)
         state_reqs = self._init_state_pool(budget) if self.state_shape else None
         state_bytes = self.state_pool.nbytes if self.state_pool else 0
         size = self.args.max_total_tokens or max(budget - state_bytes, 0) // per_token
@@ -143,12 +148,8 @@ class ModelRunner:
         self.max_total_tokens = size
         self.req_to_token_pool = ReqToTokenPool(max_reqs + 1, self.context_length + 8, self.device)
         self.kv_pool = KVPool(size, len(kv_layers), num_kv_heads, head_dim, kv_dtype, self.device)
-        logger.info(
-            "KV pool: %d tokens of %s (%.1f MB)",
-            size,
-            dtype_name(kv_dtype),
-            size * per_token / 2**20,
-        )
+        self.memory_report = memory.runner_report(self, per_token)
+        self.memory_report.log()
 
     def _kv_layers(self) -> list[int]:
         """Layers with per-token KV; for hybrid models the full-attention ones, whose attention
@@ -185,9 +186,15 @@ class ModelRunner:
         )
         return requests
 
-    def _kv_budget_bytes(self) -> int:
+    def _kv_budget_bytes(self, per_token: int) -> int:
+        self.kv_budget_rule = "mem_fraction_static"
         if self.device == "cpu":
-            return CPU_KV_BUDGET_BYTES
+            floor = memory.min_kv_tokens(self.args.max_total_tokens, self.context_length)
+            reserve = self.args.mm_cache_bytes + memory.RUNTIME_RESERVE_BYTES
+            budget, self.kv_budget_rule = memory.cpu_kv_budget(
+                self.args.mem_fraction_static, self.weights_bytes, reserve, floor * per_token
+            )
+            return budget
         free, total = torch.cuda.mem_get_info()
         fraction = self.args.mem_fraction_static or 0.85
         return max(int(free - total * (1 - fraction)), 1 << 28)

@@ -1,0 +1,523 @@
+"""Memory accounting: what the weights, KV pool, linear-attention state pool and embedding cache
+take, how large the KV pool may be, and whether a model fits before its weights load.
+
+Host memory is cgroup-aware: the total is the cgroup's memory limit when one is set, else
+``MemTotal``; what is available is the smaller of ``MemAvailable`` and the cgroup's limit minus
+its usage. ``SGLANG_AVAILABLE_MEMORY_BYTES`` replaces the available figure (a testing aid: it
+lets a test see the refusal without a small machine).
+
+CPU KV budget (bytes for the KV pool plus, on hybrid models, the linear-attention state):
+
+- ``--max-total-tokens N``: a pool of N tokens, whatever the memory;
+- ``--mem-fraction-static F``: SGLang's meaning moved to host memory: F of the host total holds
+  the static allocations (weights + KV pool + state pool); the pool gets what the loaded weights
+  leave of it;
+- neither: ``min(1 GiB, available after loading - embedding cache budget - runtime reserve)``,
+  never below the minimum pool.
+
+The minimum pool is ``--max-total-tokens`` tokens when given, else ``min(context length, 4096)``
+tokens; the fit check before loading needs the weights (estimated from the checkpoint's
+safetensors headers in the dtype and quantization the model will run in), that minimum pool, the
+embedding cache budget and the runtime reserve to be available.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+AVAILABLE_ENV = "SGLANG_AVAILABLE_MEMORY_BYTES"
+CPU_KV_BUDGET_BYTES = 1 << 30
+MIN_KV_TOKENS = 4096
+RUNTIME_RESERVE_BYTES = 512 << 20  # interpreter, torch, activations of a prefill chunk
+UNLIMITED = 1 << 60  # cgroup limits at or above this mean "no limit"
+GIB = 1 << 30
+
+_CGROUP_FILES = (  # (limit, usage): cgroup v2, then v1
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
+_SAFETENSORS_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
+}  # fmt: skip
+_FLOAT_TYPES = {"F64", "F32", "F16", "BF16"}
+_NOT_LM = ("visual", "vision", "vit.", "image", "mm_projector", "multi_modal", "norm")
+INT4_OUT_MULTIPLE = 16  # torchao's CPU int4 layout packs output rows in blocks of 16
+
+
+class InsufficientMemoryError(RuntimeError):
+    """The model cannot fit in the memory there is, with the settings asked for."""
+
+
+# Host memory -----------------------------------------------------------------------------------
+def _meminfo() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return UNLIMITED if text == "max" else int(text)
+
+
+def cgroup_memory() -> tuple[int, int] | None:
+    """(limit, usage) of this process' memory cgroup, or None when it sets no limit."""
+    for limit_path, usage_path in _CGROUP_FILES:
+        limit = _read_int(limit_path)
+        if limit is not None and limit < UNLIMITED:
+            return limit, _read_int(usage_path) or 0
+    return None
+
+
+def host_memory_total() -> tuple[int, str]:
+    """The host memory this process may use, and where the figure comes from."""
+    cgroup = cgroup_memory()
+    total = _meminfo()["MemTotal"]
+    if cgroup is not None and cgroup[0] < total:
+        return cgroup[0], "cgroup limit"
+    return total, "MemTotal"
+
+
+def host_memory_available() -> tuple[int, str]:
+    """Bytes that can still be allocated without swapping or the cgroup's OOM killer."""
+    if os.environ.get(AVAILABLE_ENV):
+        return int(os.environ[AVAILABLE_ENV]), AVAILABLE_ENV
+    available, source = _meminfo()["MemAvailable"], "MemAvailable"
+    cgroup = cgroup_memory()
+    if cgroup is not None and cgroup[0] - cgroup[1] < available:
+        available, source = max(cgroup[0] - cgroup[1], 0), "cgroup limit - usage"
+    return available, source
+
+
+def device_memory_available(device: str) -> tuple[int, str]:
+    if device.startswith("cuda"):
+        if os.environ.get(AVAILABLE_ENV):
+            return int(os.environ[AVAILABLE_ENV]), AVAILABLE_ENV
+        return torch.cuda.mem_get_info()[0], "cuda free"
+    return host_memory_available()
+
+
+# Loaded sizes ----------------------------------------------------------------------------------
+def _storages(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The plain tensors that hold ``t``'s data (tensor subclasses such as torchao's quantized
+    weights keep theirs as inner tensors)."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _storages(getattr(t, name))
+    else:
+        yield t
+
+
+def tensors_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the storages behind ``tensors``, each storage counted once (tied weights)."""
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for tensor in tensors:
+        for t in _storages(tensor):
+            storage = t.untyped_storage()
+            key = (str(t.device), storage.data_ptr())
+            if t.device.type == "meta" or key in seen:
+                continue
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+def module_bytes(model: torch.nn.Module) -> int:
+    """Real bytes of a module's parameters and buffers, as loaded (quantized ones included)."""
+    return tensors_bytes([*model.parameters(), *model.buffers()])
+
+
+# Estimates before loading ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Quantization:
+    bits: int  # 8 or 4 bits per quantized linear weight element
+    group_size: int | None  # int4: columns sharing one scale and zero point
+
+    @classmethod
+    def parse(cls, spec: str | None) -> Quantization | None:
+        """``int8wo`` / ``int8dq`` / ``int4wo-<group>`` (torchao config names); None or an
+        unknown spec: unquantized."""
+        if not spec:
+            return None
+        if spec.startswith("int8"):
+            return cls(8, None)
+        if spec.startswith("int4wo"):
+            group = spec.rpartition("-")[2]
+            return cls(4, int(group) if group.isdigit() else 128)
+        return None
+
+
+def safetensors_headers(model_path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """``name -> (dtype, shape)`` of every tensor in the checkpoint's safetensors files, read
+    from their headers only; None when the folder has no safetensors."""
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        return None
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in files:
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                out[name] = (entry["dtype"], tuple(entry["shape"]))
+    return out
+
+
+def _is_lm_linear(name: str, shape: tuple[int, ...]) -> bool:
+    """A linear weight of the language model's decoder layers: what ``--torchao-config``
+    quantizes (not the vision tower, the embeddings or the LM head)."""
+    return (
+        len(shape) == 2
+        and name.endswith(".weight")
+        and "layers." in name
+        and not any(word in name for word in _NOT_LM)
+    )
+
+
+def tensor_bytes_as(
+    name: str,
+    dtype: str,
+    shape: tuple[int, ...],
+    run_dtype: torch.dtype,
+    quant: Quantization | None,
+) -> int:
+    """Bytes one checkpoint tensor takes once loaded in ``run_dtype`` (floating tensors) and,
+    for the language model's linear weights, quantized as torchao stores them: int8 = 1 byte
+    per element + a float32 scale and an int8 zero point per row; int4 = half a byte per element
+    + a scale and a zero point per group of ``group_size`` columns (weights whose width the
+    group does not divide, or whose rows are not a multiple of 16, stay unquantized)."""
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    if dtype not in _FLOAT_TYPES:
+        return numel * _SAFETENSORS_BYTES.get(dtype, 4)
+    elem = torch.empty(0, dtype=run_dtype).element_size()
+    if quant is None or not _is_lm_linear(name, shape):
+        return numel * elem
+    rows, cols = shape
+    if quant.bits == 8:
+        return numel + rows * 5
+    group = quant.group_size or 128
+    if cols % group or rows % INT4_OUT_MULTIPLE:
+        return numel * elem
+    return numel // 2 + 2 * rows * (cols // group) * elem
+
+
+def estimate_weight_bytes(
+    model_path: str | Path, run_dtype: torch.dtype, quantization: str | None = None
+) -> int | None:
+    """The weights' bytes once loaded in ``run_dtype`` with ``quantization`` (a torchao config
+    name such as ``int8wo`` or ``int4wo-128``), from the safetensors headers alone."""
+    headers = safetensors_headers(model_path)
+    if headers is None:
+        return None
+    quant = Quantization.parse(quantization)
+    return sum(
+        tensor_bytes_as(name, dtype, shape, run_dtype, quant)
+        for name, (dtype, shape) in headers.items()
+    )
+
+
+def kv_layer_count(text_config: Any) -> int:
+    """Layers that keep per-token KV (a hybrid model's linear-attention layers keep state)."""
+    types = getattr(text_config, "layer_types", None)
+    if types:
+        return sum(1 for t in types if t != "linear_attention")
+    return int(text_config.num_hidden_layers)
+
+
+def kv_bytes_per_token(text_config: Any, dtype: torch.dtype, num_layers: int | None = None) -> int:
+    tc = text_config
+    heads = getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    layers = kv_layer_count(tc) if num_layers is None else num_layers
+    return 2 * layers * heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def min_kv_tokens(max_total_tokens: int | None, context_length: int) -> int:
+    return max_total_tokens or min(context_length, MIN_KV_TOKENS)
+
+
+# Fit check before loading ----------------------------------------------------------------------
+def fmt_bytes(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Bytes a launch needs: weights, the minimum KV pool, the embedding cache budget and the
+    runtime reserve."""
+
+    weights: int
+    kv: int
+    kv_tokens: int
+    mm_cache: int
+    reserve: int = RUNTIME_RESERVE_BYTES
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.mm_cache + self.reserve
+
+    def describe(self) -> str:
+        return (
+            f"{fmt_bytes(self.total)} (weights {fmt_bytes(self.weights)} + KV pool "
+            f"{fmt_bytes(self.kv)} for {self.kv_tokens} tokens + embedding cache "
+            f"{fmt_bytes(self.mm_cache)} + runtime reserve {fmt_bytes(self.reserve)})"
+        )
+
+
+@dataclass(frozen=True)
+class FitInputs:
+    """What the fit check needs to know about a launch (all before any weight loads)."""
+
+    model_path: str
+    text_config: Any
+    dtype: torch.dtype
+    quantization: str | None
+    context_length: int
+    kv_dtype: torch.dtype | None  # None: the model dtype (--kv-cache-dtype auto)
+    max_total_tokens: int | None
+    mm_cache_bytes: int
+    device: str = "cpu"
+    mem_fraction_static: float | None = None
+    can_quantize: bool = False  # the server has --torchao-config (suggest it only then)
+
+    def plan(self, **changes: Any) -> FitPlan | None:
+        inp = _replace(self, **changes)
+        weights = estimate_weight_bytes(inp.model_path, inp.dtype, inp.quantization)
+        if weights is None:
+            return None
+        tokens = min_kv_tokens(inp.max_total_tokens, inp.context_length)
+        kv = tokens * kv_bytes_per_token(inp.text_config, inp.kv_dtype or inp.dtype)
+        return FitPlan(weights, kv, tokens, inp.mm_cache_bytes)
+
+
+def _replace(inp: FitInputs, **changes: Any) -> FitInputs:
+    return FitInputs(**{**{f.name: getattr(inp, f.name) for f in fields(inp)}, **changes})
+
+
+def _setting_name(inp: FitInputs) -> str:
+    name = str(inp.dtype).removeprefix("torch.")
+    return f"{name} + {inp.quantization}" if inp.quantization else name
+
+
+def _candidates(inp: FitInputs) -> list[tuple[str, dict[str, Any]]]:
+    """Cheaper settings to suggest, as (flags, changes to the inputs)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    half = torch.empty(0, dtype=inp.dtype).element_size() <= 2
+    dtype_flag = "" if half else "--dtype bfloat16 "
+    if not half:
+        out.append(("--dtype bfloat16", {"dtype": torch.bfloat16, "quantization": None}))
+    if inp.can_quantize:
+        dtype = inp.dtype if half else torch.bfloat16
+        current = Quantization.parse(inp.quantization)
+        for spec in ("int8wo", "int4wo-128"):
+            bits = Quantization.parse(spec).bits  # type: ignore[union-attr]
+            if current is None or bits < current.bits:
+                flags = f"{dtype_flag}--torchao-config {spec}"
+                out.append((flags, {"dtype": dtype, "quantization": spec}))
+    return out
+
+
+def _kv_suggestion(inp: FitInputs, plan: FitPlan, available: int) -> str | None:
+    """``--max-total-tokens N`` when the weights fit but the minimum KV pool does not."""
+    per_token = kv_bytes_per_token(inp.text_config, inp.kv_dtype or inp.dtype)
+    tokens = (available - plan.weights - plan.mm_cache - plan.reserve) // per_token
+    if tokens < 256:
+        return None
+    flags = f"--max-total-tokens {tokens}"
+    return flags + (f" --context-length {tokens}" if tokens < inp.context_length else "")
+
+
+def refusal(inp: FitInputs, plan: FitPlan, available: int, source: str) -> str:
+    fits = []
+    kv = _kv_suggestion(inp, plan, available)
+    if kv:
+        fits.append(kv)
+    for flags, changes in _candidates(inp):
+        other = inp.plan(**changes)
+        if other is not None and other.total <= available:
+            fits.append(f"{flags} (needs {fmt_bytes(other.total)})")
+    hint = "; ".join(fits) if fits else "none of --dtype bfloat16 / quantization fits either"
+    return (
+        f"not enough memory to serve {inp.model_path} in {_setting_name(inp)}: it needs "
+        f"{plan.describe()}, and {fmt_bytes(available)} is available ({source}). "
+        f"Settings that fit: {hint}."
+    )
+
+
+def _fraction_refusal(inp: FitInputs, plan: FitPlan) -> str | None:
+    if inp.mem_fraction_static is None or inp.device != "cpu":
+        return None
+    total, source = host_memory_total()
+    static = inp.mem_fraction_static * total
+    if plan.weights + plan.kv <= static:
+        return None
+    return (
+        f"--mem-fraction-static {inp.mem_fraction_static} of {fmt_bytes(total)} ({source}) is "
+        f"{fmt_bytes(static)}, less than the weights ({fmt_bytes(plan.weights)}, "
+        f"{_setting_name(inp)}) plus the minimum KV pool ({fmt_bytes(plan.kv)} for "
+        f"{plan.kv_tokens} tokens): raise it or choose a smaller setting"
+    )
+
+
+def check_fits(inp: FitInputs) -> FitPlan | None:
+    """Raise ``InsufficientMemoryError`` when the launch cannot fit; return its plan (None when
+    the checkpoint has no safetensors to estimate from)."""
+    plan = inp.plan()
+    if plan is None:
+        logger.info("no safetensors in %s: memory fit not checked", inp.model_path)
+        return None
+    available, source = device_memory_available(inp.device)
+    if plan.total > available:
+        raise InsufficientMemoryError(refusal(inp, plan, available, source))
+    message = _fraction_refusal(inp, plan)
+    if message:
+        raise InsufficientMemoryError(message)
+    return plan
+
+
+def fit_inputs(
+    args: Any, model_path: str, config: Any, dtype: torch.dtype, kv_dtype: torch.dtype
+) -> FitInputs:
+    """The fit inputs of a launch from its ``ServerArgs`` and the dtypes it will run in."""
+    text_config = config.get_text_config()
+    names = {f.name for f in fields(args)}
+    return FitInputs(
+        model_path=model_path,
+        text_config=text_config,
+        dtype=dtype,
+        quantization=getattr(args, "torchao_config", None) or None,
+        context_length=args.context_length or text_config.max_position_embeddings,
+        kv_dtype=None if getattr(args, "kv_cache_dtype", "auto") == "auto" else kv_dtype,
+        max_total_tokens=args.max_total_tokens,
+        mm_cache_bytes=args.mm_cache_bytes if hasattr(config, "vision_config") else 0,
+        device=args.resolved_device,
+        mem_fraction_static=args.mem_fraction_static,
+        can_quantize="torchao_config" in names,
+    )
+
+
+# KV budget and the start-up report ---------------------------------------------------------------
+def cpu_kv_budget(
+    mem_fraction: float | None, weights: int, reserve: int, floor: int
+) -> tuple[int, str]:
+    """Bytes for the KV pool (and linear-attention state) on CPU, and the rule that set them
+    (see the module docstring)."""
+    if mem_fraction is not None:
+        total, source = host_memory_total()
+        budget = int(mem_fraction * total) - weights
+        if budget < floor:
+            raise InsufficientMemoryError(
+                f"--mem-fraction-static {mem_fraction} of {fmt_bytes(total)} ({source}) leaves "
+                f"{fmt_bytes(budget)} after {fmt_bytes(weights)} of weights; the KV pool needs "
+                f"at least {fmt_bytes(floor)}"
+            )
+        available = host_memory_available()[0]
+        if budget > available - reserve:
+            logger.warning(
+                "--mem-fraction-static gives the KV pool %s but only %s is available",
+                fmt_bytes(budget),
+                fmt_bytes(available),
+            )
+        return budget, "mem_fraction_static"
+    available = host_memory_available()[0] - reserve
+    return max(min(CPU_KV_BUDGET_BYTES, available), floor), "default"
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """What start-up allocated, in bytes (``/server_info``'s ``memory``)."""
+
+    device: str
+    dtype: str
+    kv_dtype: str
+    quantization: str | None
+    weights_bytes: int
+    weights_estimate_bytes: int | None
+    kv_pool_bytes: int
+    kv_pool_tokens: int
+    kv_bytes_per_token: int
+    kv_budget_rule: str
+    state_pool_bytes: int
+    mm_embedding_cache_bytes: int
+    host_total_bytes: int
+    host_available_bytes: int
+
+    @property
+    def static_bytes(self) -> int:
+        return self.weights_bytes + self.kv_pool_bytes + self.state_pool_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "static_bytes": self.static_bytes}
+
+    def log(self) -> None:
+        estimate = self.weights_estimate_bytes
+        rows = [
+            ("weights", self.weights_bytes, self._weights_note(estimate)),
+            ("KV pool", self.kv_pool_bytes, self._kv_note()),
+            ("linear-attention state", self.state_pool_bytes, ""),
+            ("embedding cache", self.mm_embedding_cache_bytes, "budget, filled on demand"),
+            ("static total", self.static_bytes, "weights + KV pool + state"),
+        ]
+        lines = [f"  {name:<24}{fmt_bytes(n):>12}  {note}".rstrip() for name, n, note in rows]
+        head = (
+            f"memory on {self.device}: host total {fmt_bytes(self.host_total_bytes)}, "
+            f"{fmt_bytes(self.host_available_bytes)} available after start-up"
+        )
+        logger.info("%s\n%s", head, "\n".join(lines))
+
+    def _weights_note(self, estimate: int | None) -> str:
+        setting = self.dtype + (f" + {self.quantization}" if self.quantization else "")
+        if estimate is None:
+            return setting
+        return f"{setting}; estimated {fmt_bytes(estimate)} from the checkpoint"
+
+    def _kv_note(self) -> str:
+        return (
+            f"{self.kv_pool_tokens} tokens x {self.kv_bytes_per_token} B, {self.kv_dtype} "
+            f"(rule: {self.kv_budget_rule})"
+        )
+
+
+def runner_report(runner: Any, kv_bytes_per_token: int) -> MemoryReport:
+    """The report of a ``ModelRunner`` whose pools are allocated."""
+    args = runner.args
+    state = runner.state_pool.nbytes if runner.state_pool is not None else 0
+    host_total = host_memory_total()[0]
+    return MemoryReport(
+        device=runner.device,
+        dtype=str(runner.dtype).removeprefix("torch."),
+        kv_dtype=str(runner.kv_cache_dtype).removeprefix("torch."),
+        quantization=args.torchao_config or None,
+        weights_bytes=runner.weights_bytes,
+        weights_estimate_bytes=runner.fit_plan.weights if runner.fit_plan else None,
+        kv_pool_bytes=runner.max_total_tokens * kv_bytes_per_token,
+        kv_pool_tokens=runner.max_total_tokens,
+        kv_bytes_per_token=kv_bytes_per_token,
+        kv_budget_rule="max_total_tokens" if args.max_total_tokens else runner.kv_budget_rule,
+        state_pool_bytes=state,
+        mm_embedding_cache_bytes=args.mm_cache_bytes if runner.is_multimodal else 0,
+        host_total_bytes=host_total,
+        host_available_bytes=host_memory_available()[0],
+    )

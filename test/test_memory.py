@@ -1,0 +1,148 @@
+"""Memory accounting: weight estimates from safetensors headers against real loaded bytes, the
+fit check that refuses a launch before loading, the CPU KV budget rules and the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from conftest import model_dir
+
+import sglang
+from sglang.srt.model_executor import memory
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.server_args import ServerArgs
+
+FAMILY = "qwen2_5_vl"
+
+
+def _loaded_bytes(path: str, dtype: torch.dtype) -> int:
+    model = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+    return memory.module_bytes(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_estimate_matches_loaded_bytes(dtype: torch.dtype) -> None:
+    path = model_dir(FAMILY)  # a float32 checkpoint: bfloat16 is a conversion
+    estimate = memory.estimate_weight_bytes(path, dtype)
+    loaded = _loaded_bytes(path, dtype)
+    assert estimate is not None
+    assert abs(loaded - estimate) <= 0.005 * loaded  # non-persistent buffers (rotary) only
+
+
+@pytest.mark.parametrize("config", ["int8wo", "int4wo-128"])
+def test_quantized_estimate_matches_loaded_bytes(config: str) -> None:
+    """--torchao-config quantizes the language model's linear layers; the estimate from the
+    float32 checkpoint's headers matches the bytes of the engine's quantized tensors."""
+    pytest.importorskip("torchao")
+    eng = sglang.Engine(model_path=model_dir(FAMILY), torchao_config=config, max_total_tokens=64)
+    info = eng.get_server_info()["memory"]
+    assert (info["dtype"], info["quantization"]) == ("bfloat16", config)
+    plain = memory.estimate_weight_bytes(model_dir(FAMILY), torch.bfloat16)
+    assert plain is not None and info["weights_bytes"] < plain
+    assert info["weights_estimate_bytes"] == pytest.approx(info["weights_bytes"], rel=0.01)
+
+
+def _int4_bytes(name: str, shape: tuple[int, int]) -> int:
+    quant = memory.Quantization.parse("int4wo-128")
+    return memory.tensor_bytes_as(name, "F32", shape, torch.bfloat16, quant)
+
+
+def test_int4_estimate_halves_divisible_linears() -> None:
+    assert memory.Quantization.parse("int4wo-128") == memory.Quantization(4, 128)
+    # half a byte per element + a bfloat16 scale and zero point per group of 128 columns
+    assert _int4_bytes("model.layers.0.mlp.up_proj.weight", (256, 512)) == 128 * 512 + 4096
+    # no whole groups of 128 columns, or rows not a multiple of 16: left in bfloat16
+    assert _int4_bytes("model.layers.0.mlp.down_proj.weight", (16, 100)) == 16 * 100 * 2
+    assert _int4_bytes("model.layers.0.self_attn.k_proj.weight", (8, 128)) == 8 * 128 * 2
+    # the vision tower, the embeddings and the LM head are not quantized
+    assert _int4_bytes("visual.blocks.0.mlp.fc1.weight", (256, 512)) == 256 * 512 * 2
+    assert _int4_bytes("model.embed_tokens.weight", (256, 512)) == 256 * 512 * 2
+    assert _int4_bytes("lm_head.weight", (256, 512)) == 256 * 512 * 2
+
+
+def test_tied_and_quantized_storages_are_counted_once() -> None:
+    weight = torch.nn.Parameter(torch.zeros(4, 8))
+    assert memory.tensors_bytes([weight, weight, weight[1:]]) == 4 * 8 * 4
+
+
+def _inputs(**changes) -> memory.FitInputs:
+    path = model_dir(FAMILY)
+    config = transformers.AutoConfig.from_pretrained(path)
+    args = ServerArgs(model_path=path, device="cpu", **changes)
+    return memory.fit_inputs(args, path, config, torch.float32, torch.float32)
+
+
+def test_refused_before_loading_with_settings_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs = _inputs()
+    need_f32 = inputs.plan().total
+    need_bf16 = inputs.plan(dtype=torch.bfloat16).total
+    assert need_bf16 < need_f32
+    monkeypatch.setenv(memory.AVAILABLE_ENV, str((need_bf16 + need_f32) // 2))
+
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("weights must not load when the model cannot fit")
+
+    monkeypatch.setattr(ModelRunner, "_load", no_load)
+    with pytest.raises(memory.InsufficientMemoryError) as err:
+        sglang.Engine(model_path=model_dir(FAMILY), dtype="float32", device="cpu")
+    message = str(err.value)
+    assert "not enough memory" in message and "in float32" in message
+    assert f"is available ({memory.AVAILABLE_ENV})" in message
+    assert "--dtype bfloat16" in message.split("Settings that fit:")[1]
+
+
+def test_refusal_suggests_a_smaller_kv_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs = _inputs()
+    plan = inputs.plan()
+    available = plan.total - plan.kv // 2  # the weights fit, half the minimum pool does
+    message = memory.refusal(inputs, plan, available, "test")
+    tokens = int(message.split("--max-total-tokens ")[1].split()[0])
+    assert 0 < tokens < plan.kv_tokens
+
+
+def test_mem_fraction_static_sizes_the_kv_pool() -> None:
+    total = memory.host_memory_total()[0]
+    weights = memory.estimate_weight_bytes(model_dir(FAMILY), torch.float32)
+    assert weights is not None
+    fraction = (weights + (8 << 20)) / total  # 8 MiB left for the pool after the weights
+    eng = sglang.Engine(model_path=model_dir(FAMILY), dtype="float32", mem_fraction_static=fraction)
+    report = eng.get_server_info()["memory"]
+    assert report["kv_budget_rule"] == "mem_fraction_static"
+    assert abs(report["kv_pool_bytes"] - (8 << 20)) <= (256 << 10)
+    assert report["static_bytes"] <= fraction * total + report["kv_bytes_per_token"]
+    with pytest.raises(memory.InsufficientMemoryError, match="--mem-fraction-static"):
+        sglang.Engine(model_path=model_dir(FAMILY), mem_fraction_static=weights / total / 2)
+
+
+def test_server_info_reports_memory() -> None:
+    eng = sglang.Engine(model_path=model_dir(FAMILY), dtype="float32", max_total_tokens=64)
+    info = eng.get_server_info()["memory"]
+    assert info["weights_bytes"] == memory.module_bytes(eng.runner.model)
+    assert info["weights_estimate_bytes"] == pytest.approx(info["weights_bytes"], rel=0.005)
+    assert (info["kv_pool_tokens"], info["kv_budget_rule"]) == (64, "max_total_tokens")
+    assert info["kv_pool_bytes"] == 64 * info["kv_bytes_per_token"]
+    assert info["mm_embedding_cache_bytes"] == eng.server_args.mm_cache_bytes
+    assert info["static_bytes"] == info["weights_bytes"] + info["kv_pool_bytes"]
+
+
+def test_default_cpu_budget_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(memory.AVAILABLE_ENV, str(64 << 30))
+    assert memory.cpu_kv_budget(None, 0, 0, 1 << 20) == (memory.CPU_KV_BUDGET_BYTES, "default")
+    monkeypatch.setenv(memory.AVAILABLE_ENV, str(300 << 20))
+    assert memory.cpu_kv_budget(None, 0, 100 << 20, 1 << 20) == (200 << 20, "default")
+    assert memory.cpu_kv_budget(None, 0, 400 << 20, 1 << 20) == (1 << 20, "default")  # floor
+
+
+def test_cgroup_limit_is_the_host_total(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
+    limit.write_text(f"{2 << 30}\n")
+    usage.write_text(f"{(1 << 30) + (512 << 20)}\n")
+    monkeypatch.setattr(memory, "_CGROUP_FILES", ((str(limit), str(usage)),))
+    monkeypatch.delenv(memory.AVAILABLE_ENV, raising=False)
+    assert memory.host_memory_total() == (2 << 30, "cgroup limit")
+    assert memory.host_memory_available() == (512 << 20, "cgroup limit - usage")
+    limit.write_text("max\n")
+    assert memory.host_memory_total()[1] == "MemTotal"
