@@ -40,11 +40,13 @@ def launch_server(args: ServerArgs) -> None:
 
     from sglang.srt.managers.compute_env import apply_compute_env_defaults
     from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.model_executor.memory import InsufficientMemoryError, check_launch
     from sglang.srt.models.adapters import UnsupportedModelError, check_model
 
     try:
         check_model(model_path, args.trust_remote_code)
-    except UnsupportedModelError as exc:
+        check_launch(args, model_path)  # before the scheduler starts loading weights
+    except (UnsupportedModelError, InsufficientMemoryError) as exc:
         raise SystemExit(f"error: {exc}") from None
 
     ipc_dir = tempfile.mkdtemp(prefix="sglang-")

@@ -418,6 +418,20 @@ def fit_inputs(
     )
 
 
+def check_launch(args: Any, model_path: str) -> FitPlan | None:
+    """``check_fits`` for a server launch, from the model's config alone."""
+    from transformers import AutoConfig
+
+    from sglang.srt.model_executor.dtypes import resolve_dtype, resolve_kv_cache_dtype
+    from sglang.srt.model_executor.quantization import model_dtype
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
+    choice = resolve_dtype(args.dtype, config, args.resolved_device)
+    dtype = model_dtype(args.torchao_config, choice.dtype)  # as ModelRunner does
+    kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, dtype)
+    return check_fits(fit_inputs(args, model_path, config, dtype, kv_dtype))
+
+
 # KV budget and the start-up report ---------------------------------------------------------------
 def cpu_kv_budget(
     mem_fraction: float | None, weights: int, reserve: int, floor: int

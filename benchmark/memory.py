@@ -1,0 +1,471 @@
+"""Memory per setting on a Qwen2.5-VL-7B-shaped checkpoint: peak RSS, TTFT and decode speed.
+
+Builds (once, cached under the project cache dir) a checkpoint with Qwen2.5-VL-7B-Instruct's
+real shapes and random bfloat16 weights, never materialised in float32: the model is laid out
+on the meta device and each tensor is created in bfloat16 and written shard by shard. The
+tokenizer and processor are the tiny models' (a small BPE, Qwen's image processor with its real
+pixel range). Then, per setting (bfloat16, and int8wo / int4wo-128 where the server has
+``--torchao-config``), it launches the server and records the peak RSS of its processes once
+ready and after one chat request with two 448x448 JPEGs, that request's TTFT and decode tokens/s.
+A float32 launch shows the fit check: refused before loading, with its peak RSS.
+
+    python -m benchmark.memory                               # the full 7B shape (~17 GB RAM)
+    python -m benchmark.memory --layers 2 --vision-depth 2   # real widths, 2 + 2 layers
+    python -m benchmark.memory --shape tiny                  # tiny widths, for tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from tqdm import tqdm
+
+from benchmark.common import image_part, make_jpeg, markdown_table, pyplot, write_json
+from benchmark.servers import Server, free_port, launch
+
+GIB = 1 << 30
+SHARD_BYTES = 2 * GIB
+PIXELS = (56 * 56, 14 * 14 * 4 * 16384)  # Qwen2.5-VL's min_pixels, max_pixels
+# Qwen/Qwen2.5-VL-7B-Instruct's config.json (text and vision) and a tiny twin for tests.
+SHAPES: dict[str, dict[str, dict[str, Any]]] = {
+    "7b": {
+        "text": {
+            "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+            "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+            "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+            "sliding_window": 32768, "max_window_layers": 28, "use_sliding_window": False,
+            "rope_parameters": {
+                "rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]
+            },
+        },
+        "vision": {
+            "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+            "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+            "tokens_per_second": 2, "hidden_act": "silu", "in_channels": 3,
+        },
+    },
+    "tiny": {
+        "text": {
+            "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+            "rope_parameters": {
+                "rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]
+            },
+        },
+        "vision": {
+            "depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4,
+            "out_hidden_size": 128, "patch_size": 14, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [1],
+            "tokens_per_second": 2, "hidden_act": "silu", "in_channels": 3,
+        },
+    },
+}  # fmt: skip
+SETTINGS: dict[str, list[str]] = {
+    "bfloat16": [],
+    "int8wo": ["--torchao-config", "int8wo"],
+    "int4wo-128": ["--torchao-config", "int4wo-128"],
+}
+BUILD_VERSION = 1  # bump when the checkpoint recipe changes
+
+
+# Checkpoint ------------------------------------------------------------------------------------
+def shape_config(shape: str, layers: int | None, vision_depth: int | None) -> dict[str, Any]:
+    text, vision = dict(SHAPES[shape]["text"]), dict(SHAPES[shape]["vision"])
+    if layers:
+        text["num_hidden_layers"] = layers
+    if vision_depth:
+        full = [i for i in vision["fullatt_block_indexes"] if i < vision_depth]
+        vision.update(depth=vision_depth, fullatt_block_indexes=full or [vision_depth - 1])
+    return {"text": text, "vision": vision}
+
+
+def _tensor_specs(config: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of the model's weights, from a model on the meta device."""
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    return [(name, tuple(t.shape)) for name, t in model.state_dict().items()]
+
+
+def _random_bf16(name: str, shape: tuple[int, ...], gen: Any) -> Any:
+    import torch
+
+    t = torch.empty(shape, dtype=torch.bfloat16)
+    if len(shape) == 1 and name.endswith("weight"):  # norm scales: near 1
+        return t.normal_(1.0, 0.02, generator=gen)
+    return t.normal_(0.0, 0.02, generator=gen)
+
+
+def _shards(specs: list[tuple[str, tuple[int, ...]]]) -> list[list[tuple[str, tuple[int, ...]]]]:
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in specs:
+        nbytes = 2 * _numel(shape)
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nbytes
+    return shards
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def _write_weights(out: Path, specs: list[tuple[str, tuple[int, ...]]], seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    shards = _shards(specs)
+    gen = torch.Generator().manual_seed(seed)
+    weight_map: dict[str, str] = {}
+    bar = tqdm(total=sum(2 * _numel(s) for _, s in specs), unit="B", unit_scale=True,
+               desc="random bfloat16 weights")  # fmt: skip
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: _random_bf16(name, shape, gen) for name, shape in shard}
+        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        bar.update(sum(t.numel() * 2 for t in tensors.values()))
+        weight_map.update(dict.fromkeys(tensors, fname))
+        del tensors
+    bar.close()
+    total = sum(2 * _numel(s) for _, s in specs)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_processor_files(out: Path, tok: Any) -> None:
+    from sglang.testing.tiny_common import _qwen_generation, _qwen_preprocessor
+    from sglang.testing.tiny_models import _patch_json, _write_json
+
+    tok.save_pretrained(out)
+    _patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
+    pre = _qwen_preprocessor(14, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", legacy=True)
+    pre.update(min_pixels=PIXELS[0], max_pixels=PIXELS[1])
+    pre["size"] = {"shortest_edge": PIXELS[0], "longest_edge": PIXELS[1]}
+    _write_json(out / "preprocessor_config.json", pre)
+    _write_json(out / "generation_config.json", _qwen_generation(tok))
+
+
+def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
+    """Write a Qwen2.5-VL checkout of ``dims`` with random bfloat16 weights into ``out``."""
+    import torch
+    from transformers import Qwen2_5_VLConfig
+
+    from sglang.testing.tiny_common import _qwen_ids
+    from sglang.testing.tiny_models import _build_tokenizer, _patch_json
+
+    tok = _build_tokenizer("qwen2_5_vl")
+    eot, eos = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    text = {**dims["text"], "bos_token_id": eot, "eos_token_id": eos}
+    config = Qwen2_5_VLConfig(
+        text_config=text, vision_config=dims["vision"], tie_word_embeddings=False, **_qwen_ids(tok)
+    )
+    config.dtype = torch.bfloat16
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    _patch_json(out / "config.json", torch_dtype="bfloat16")
+    tok.model_max_length = dims["text"]["max_position_embeddings"]
+    _write_processor_files(out, tok)
+    _write_weights(out, _tensor_specs(config), seed)
+    return out
+
+
+def cached_checkpoint(dims: dict[str, Any], shape: str) -> Path:
+    """The checkpoint of ``dims`` under the project cache dir, built on first use."""
+    text, vision = dims["text"], dims["vision"]
+    name = f"qwen2_5_vl-{shape}-L{text['num_hidden_layers']}-V{vision['depth']}-v{BUILD_VERSION}"
+    root = Path(os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang")
+    final = root / "bench-models" / name
+    if (final / "model.safetensors.index.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+    try:
+        build_checkpoint(tmp, dims)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# Measurements ----------------------------------------------------------------------------------
+def cpu_info() -> dict[str, Any]:
+    """``lscpu``'s model name and the ISA flags that matter for bfloat16 / int8 matmuls."""
+    text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    flags = set(fields.get("Flags", "").split())
+    wanted = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2")
+    return {
+        "model_name": fields.get("Model name", platform.processor()).strip(),
+        "cores": os.cpu_count(),
+        "isa": {flag: flag in flags for flag in wanted},
+    }
+
+
+def cpu_line(info: dict[str, Any]) -> str:
+    have = [flag for flag, ok in info["isa"].items() if ok]
+    return f"CPU: {info['model_name']}, {info['cores']} cores; ISA: {' '.join(have) or 'none'}"
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _status_bytes(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss_snapshot(pid: int) -> dict[str, Any]:
+    """Peak (VmHWM) and current RSS of each process of the server's tree, in MiB."""
+    procs = []
+    for proc in _tree(pid):
+        try:
+            peak, rss = _status_bytes(proc.pid, "VmHWM"), _status_bytes(proc.pid, "VmRSS")
+            procs.append({"name": proc.name(), "peak_mb": peak / 2**20, "rss_mb": rss / 2**20})
+        except (OSError, psutil.Error):
+            continue
+    return {
+        "peak_mb": sum(p["peak_mb"] for p in procs),  # sum of per-process peaks: an upper bound
+        "max_process_peak_mb": max((p["peak_mb"] for p in procs), default=0.0),
+        "rss_mb": sum(p["rss_mb"] for p in procs),
+        "processes": procs,
+    }
+
+
+def timed_chat(client: httpx.Client, server: Server, images: list[bytes], max_tokens: int) -> dict:
+    """One streamed two-image chat. ``logprobs`` makes every token its own chunk, even one the
+    small tokenizer decodes to nothing (the random model's ids reach past its vocabulary)."""
+    content = [*(image_part(img) for img in images), {"type": "text", "text": "Describe both."}]
+    body = {
+        "model": server.model, "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "logprobs": True,
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    start = time.perf_counter()
+    first = last = None
+    usage: dict[str, Any] = {}
+    with client.stream("POST", f"{server.base_url}/v1/chat/completions", json=body) as resp:
+        if resp.status_code != 200:
+            resp.read()
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        for line in resp.iter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            data = json.loads(line[5:])
+            usage = data.get("usage") or usage
+            if data.get("choices"):
+                last = time.perf_counter()
+                first = first or last
+    tokens = int(usage.get("completion_tokens") or 0)
+    ttft = (first or time.perf_counter()) - start
+    decode_s = (last - first) if first and last else 0.0
+    return {
+        "ttft_s": ttft,
+        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+        "completion_tokens": tokens,
+        "decode_tok_per_s": (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else None,
+    }
+
+
+def run_setting(
+    model: Path, setting: str, flags: list[str], max_tokens: int, timeout: float, log_dir: Path
+) -> dict[str, Any]:
+    images = [make_jpeg(7000 + i, 448, 448) for i in range(2)]
+    with launch("ours", str(model), "per-image", flags, timeout=timeout, log_dir=log_dir,
+                dtype="bfloat16") as server, httpx.Client(timeout=3600) as client:  # fmt: skip
+        assert server.proc is not None
+        at_start = rss_snapshot(server.proc.pid)
+        memory = client.get(f"{server.base_url}/server_info").json().get("memory")
+        request = timed_chat(client, server, images, max_tokens)
+        after = rss_snapshot(server.proc.pid)
+    return {
+        "setting": setting,
+        "flags": ["--dtype", "bfloat16", *flags],
+        "startup_s": server.startup_s,
+        "rss_at_start": at_start,
+        "rss_after_request": after,
+        "request": request,
+        "server_memory": memory,
+    }
+
+
+def refusal_run(model: Path, dtype: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    """Launch with ``dtype`` and expect the fit check to refuse it: the exit status, the
+    message and the peak RSS of the launch's whole process tree (from ``wait4``)."""
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
+           "--port", str(free_port()), "--dtype", dtype, "--enable-multimodal"]  # fmt: skip
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}
+        )
+        status, ru = _wait4(proc.pid, timeout)
+        proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+    message = ([""] + re.findall(r".*not enough memory.*", text))[-1]
+    return {
+        "dtype": dtype,
+        "refused": proc.returncode not in (0, None) and bool(message),
+        "exit_code": proc.returncode,
+        "seconds": time.perf_counter() - start,
+        "message": message.removeprefix("error: ").strip(),
+        "max_rss_mb": ru.ru_maxrss / 1024 if ru else None,
+    }
+
+
+def _wait4(pid: int, timeout: float) -> tuple[int | None, Any]:
+    """Reap ``pid`` (killed after ``timeout`` s): its wait status and the rusage of it and its
+    reaped descendants, whose ``ru_maxrss`` is the largest peak RSS among them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status, ru = os.wait4(pid, os.WNOHANG)
+        if done:
+            return status, ru
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            _, status, ru = os.wait4(pid, 0)
+            return status, ru
+        time.sleep(0.1)
+
+
+# Report ----------------------------------------------------------------------------------------
+def has_torchao_flag() -> bool:
+    from sglang.srt.server_args import ServerArgs
+
+    return "torchao_config" in {f.name for f in dataclasses.fields(ServerArgs)}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = []
+    for r in result["runs"]:
+        req, mem = r["request"], r["server_memory"] or {}
+        weights, kv = mem.get("weights_bytes") or 0, mem.get("kv_pool_bytes") or 0
+        rows.append([
+            r["setting"], weights / GIB, kv / GIB, r["rss_at_start"]["peak_mb"] / 1024,
+            r["rss_after_request"]["peak_mb"] / 1024, req["ttft_s"], req["decode_tok_per_s"],
+            r["startup_s"],
+        ])  # fmt: skip
+    head = ["setting", "weights GiB", "KV pool GiB", "peak RSS at start GiB",
+            "peak RSS after request GiB", "TTFT s", "decode tok/s", "start-up s"]  # fmt: skip
+    text = cpu_line(result["cpu"]) + "\n\n" + markdown_table(head, rows) + "\n"
+    for note in result["skipped"]:
+        text += f"\nskipped: {note}\n"
+    ref = result.get("refusal")
+    if ref:
+        text += (
+            f"\n{ref['dtype']} launch: refused={ref['refused']} (exit {ref['exit_code']}, "
+            f"{ref['seconds']:.1f} s, peak RSS {ref['max_rss_mb']:.0f} MiB)\n\n> {ref['message']}\n"
+        )
+    return text
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    runs = result["runs"]
+    labels = [r["setting"] for r in runs]
+    xs = range(len(runs))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(10.5, 3.2))
+    a.bar([x - 0.2 for x in xs], [r["rss_at_start"]["peak_mb"] / 1024 for r in runs], 0.4,
+          label="at start")  # fmt: skip
+    a.bar([x + 0.2 for x in xs], [r["rss_after_request"]["peak_mb"] / 1024 for r in runs], 0.4,
+          label="after request")  # fmt: skip
+    a.set_ylabel("peak RSS of the server (GiB)")
+    a.legend(fontsize=7)
+    b.bar(labels, [r["request"]["ttft_s"] for r in runs])
+    b.set_ylabel("TTFT, 2 x 448x448 (s)")
+    c.bar(labels, [r["request"]["decode_tok_per_s"] or 0 for r in runs])
+    c.set_ylabel("decode tokens / s")
+    for ax in (a, b, c):
+        ax.set_xticks(list(xs), labels)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(cpu_line(result["cpu"]), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=70)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=SHAPES, default="7b")
+    p.add_argument("--layers", type=int, help="language-model layers (default: the shape's)")
+    p.add_argument("--vision-depth", type=int, help="vision blocks (default: the shape's)")
+    p.add_argument("--model-path", help="use this checkpoint instead of building one")
+    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--refuse-dtype", default="float32", help="launch to refuse ('' skips it)")
+    p.add_argument(
+        "--refuse-available-bytes", type=int, help="its SGLANG_AVAILABLE_MEMORY_BYTES (tests)"
+    )
+    p.add_argument("--timeout", type=float, default=1800, help="seconds for a server to start")
+    p.add_argument("--out", default="benchmark/results/memory")
+    args = p.parse_args(argv)
+    dims = shape_config(args.shape, args.layers, args.vision_depth)
+    cpu = cpu_info()
+    print(cpu_line(cpu))
+    model = Path(args.model_path) if args.model_path else cached_checkpoint(dims, args.shape)
+    out = Path(args.out)
+    result: dict[str, Any] = {
+        "benchmark": "memory", "cpu": cpu, "shape": args.shape, "dims": dims,
+        "model_path": str(model), "runs": [], "skipped": [],
+    }  # fmt: skip
+    if args.refuse_dtype:  # first: nothing else has run in this process' children yet
+        avail = args.refuse_available_bytes
+        env = {"SGLANG_AVAILABLE_MEMORY_BYTES": str(avail)} if avail else {}
+        result["refusal"] = refusal_run(model, args.refuse_dtype, args.timeout, env)
+        print(f"{args.refuse_dtype}: {result['refusal']['message'] or 'not refused'}")
+    settings = [s for s in args.settings.split(",") if s]
+    quantized = [s for s in settings if SETTINGS[s]]
+    if quantized and not has_torchao_flag():
+        note = f"{', '.join(quantized)}: this server has no --torchao-config"
+        print(f"skipping {note}")
+        result["skipped"].append(note)
+        settings = [s for s in settings if not SETTINGS[s]]
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-memory-logs-"))
+    for setting in tqdm(settings, desc="memory"):
+        result["runs"].append(
+            run_setting(model, setting, SETTINGS[setting], args.max_tokens, args.timeout, log_dir)
+        )
+        write_json(out.with_suffix(".partial.json"), result)
+    write_json(out.with_suffix(".json"), result)
+    out.with_suffix(".partial.json").unlink(missing_ok=True)
+    md = markdown(result)
+    out.with_suffix(".md").write_text(md)
+    if result["runs"]:
+        plot(result, out.with_suffix(".png"))
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()
