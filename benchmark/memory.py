@@ -23,6 +23,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -147,6 +148,7 @@ def _write_weights(out: Path, specs: list[tuple[str, tuple[int, ...]]], seed: in
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         tensors = {name: _random_bf16(name, shape, gen) for name, shape in shard}
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        os.chmod(out / fname, 0o644)
         bar.update(sum(t.numel() * 2 for t in tensors.values()))
         weight_map.update(dict.fromkeys(tensors, fname))
         del tensors
@@ -203,6 +205,7 @@ def cached_checkpoint(dims: dict[str, Any], shape: str) -> Path:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+    os.chmod(tmp, 0o755)
     try:
         build_checkpoint(tmp, dims)
         os.replace(tmp, final)
@@ -245,21 +248,23 @@ def _status_bytes(pid: int, key: str) -> int:
     return 0
 
 
+_STATUS_KEYS = {"peak_mb": "VmHWM", "rss_mb": "VmRSS", "anon_mb": "RssAnon", "file_mb": "RssFile"}
+
+
 def rss_snapshot(pid: int) -> dict[str, Any]:
-    """Peak (VmHWM) and current RSS of each process of the server's tree, in MiB."""
+    """Peak (VmHWM) and current RSS of each process of the server's tree, in MiB; current RSS
+    split into anonymous memory and file pages (weights mapped from a safetensors file whose
+    dtype is the run dtype stay file pages, which the kernel can drop and read back)."""
     procs = []
     for proc in _tree(pid):
         try:
-            peak, rss = _status_bytes(proc.pid, "VmHWM"), _status_bytes(proc.pid, "VmRSS")
-            procs.append({"name": proc.name(), "peak_mb": peak / 2**20, "rss_mb": rss / 2**20})
+            row = {k: _status_bytes(proc.pid, key) / 2**20 for k, key in _STATUS_KEYS.items()}
+            procs.append({"pid": proc.pid, **row})
         except (OSError, psutil.Error):
             continue
-    return {
-        "peak_mb": sum(p["peak_mb"] for p in procs),  # sum of per-process peaks: an upper bound
-        "max_process_peak_mb": max((p["peak_mb"] for p in procs), default=0.0),
-        "rss_mb": sum(p["rss_mb"] for p in procs),
-        "processes": procs,
-    }
+    totals = {k: sum(p[k] for p in procs) for k in _STATUS_KEYS}  # peaks: sum of each one's
+    return {**totals, "max_process_peak_mb": max((p["peak_mb"] for p in procs), default=0.0),
+            "processes": procs}  # fmt: skip
 
 
 def timed_chat(client: httpx.Client, server: Server, images: list[bytes], max_tokens: int) -> dict:
@@ -283,7 +288,7 @@ def timed_chat(client: httpx.Client, server: Server, images: list[bytes], max_to
                 continue
             data = json.loads(line[5:])
             usage = data.get("usage") or usage
-            if data.get("choices"):
+            if any(_has_token(choice) for choice in data.get("choices") or []):
                 last = time.perf_counter()
                 first = first or last
     tokens = int(usage.get("completion_tokens") or 0)
@@ -297,16 +302,27 @@ def timed_chat(client: httpx.Client, server: Server, images: list[bytes], max_to
     }
 
 
+def _has_token(choice: dict[str, Any]) -> bool:
+    """A chunk that carries output (not the opening role-only chunk)."""
+    logprobs = choice.get("logprobs") or {}
+    return bool((choice.get("delta") or {}).get("content") or logprobs.get("content"))
+
+
 def run_setting(
-    model: Path, setting: str, flags: list[str], max_tokens: int, timeout: float, log_dir: Path
+    model: Path, setting: str, flags: list[str], opts: argparse.Namespace, log_dir: Path
 ) -> dict[str, Any]:
-    images = [make_jpeg(7000 + i, 448, 448) for i in range(2)]
+    """Launch, measure RSS once ready, send ``opts.requests`` two-image chats (new images
+    each: the first is cold, later ones run with the weights' pages resident), measure again."""
+    timeout, max_tokens = opts.timeout, opts.max_tokens
     with launch("ours", str(model), "per-image", flags, timeout=timeout, log_dir=log_dir,
                 dtype="bfloat16") as server, httpx.Client(timeout=3600) as client:  # fmt: skip
         assert server.proc is not None
         at_start = rss_snapshot(server.proc.pid)
         memory = client.get(f"{server.base_url}/server_info").json().get("memory")
-        request = timed_chat(client, server, images, max_tokens)
+        requests = []
+        for k in range(opts.requests):
+            images = [make_jpeg(7000 + 2 * k + i, 448, 448) for i in range(2)]
+            requests.append(timed_chat(client, server, images, max_tokens))
         after = rss_snapshot(server.proc.pid)
     return {
         "setting": setting,
@@ -314,49 +330,60 @@ def run_setting(
         "startup_s": server.startup_s,
         "rss_at_start": at_start,
         "rss_after_request": after,
-        "request": request,
+        "request": requests[0],
+        "warm_request": requests[-1] if len(requests) > 1 else None,
         "server_memory": memory,
     }
 
 
 def refusal_run(model: Path, dtype: str, timeout: float, env: dict[str, str]) -> dict[str, Any]:
     """Launch with ``dtype`` and expect the fit check to refuse it: the exit status, the
-    message and the peak RSS of the launch's whole process tree (from ``wait4``)."""
+    message and the peak RSS of the launch's whole process tree (from ``wait4``). A launch
+    that starts serving instead is stopped and reported as not refused."""
+    port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
-           "--port", str(free_port()), "--dtype", dtype, "--enable-multimodal"]  # fmt: skip
+           "--port", str(port), "--dtype", dtype, "--enable-multimodal"]  # fmt: skip
     start = time.perf_counter()
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}
-        )
-        status, ru = _wait4(proc.pid, timeout)
-        proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else None
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            start_new_session=True,
+        )  # fmt: skip
+        status, ru = _wait4(proc.pid, timeout, f"http://127.0.0.1:{port}/health")
+        proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         text = log.read().decode(errors="replace")
     message = ([""] + re.findall(r".*not enough memory.*", text))[-1]
     return {
         "dtype": dtype,
-        "refused": proc.returncode not in (0, None) and bool(message),
+        "refused": proc.returncode != 0 and bool(message),
         "exit_code": proc.returncode,
         "seconds": time.perf_counter() - start,
         "message": message.removeprefix("error: ").strip(),
-        "max_rss_mb": ru.ru_maxrss / 1024 if ru else None,
+        "max_rss_mb": ru.ru_maxrss / 1024,
     }
 
 
-def _wait4(pid: int, timeout: float) -> tuple[int | None, Any]:
-    """Reap ``pid`` (killed after ``timeout`` s): its wait status and the rusage of it and its
-    reaped descendants, whose ``ru_maxrss`` is the largest peak RSS among them."""
+def _wait4(pid: int, timeout: float, health_url: str) -> tuple[int, Any]:
+    """Reap ``pid``, ending its process group when it serves or outlives ``timeout``: its wait
+    status and the rusage of it and its reaped descendants (``ru_maxrss``: the largest peak)."""
     deadline = time.monotonic() + timeout
     while True:
         done, status, ru = os.wait4(pid, os.WNOHANG)
         if done:
             return status, ru
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
+        if time.monotonic() > deadline or _healthy(health_url):
+            os.killpg(pid, signal.SIGTERM)
             _, status, ru = os.wait4(pid, 0)
             return status, ru
-        time.sleep(0.1)
+        time.sleep(0.5)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 # Report ----------------------------------------------------------------------------------------
@@ -371,13 +398,16 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["runs"]:
         req, mem = r["request"], r["server_memory"] or {}
         weights, kv = mem.get("weights_bytes") or 0, mem.get("kv_pool_bytes") or 0
+        warm = r["warm_request"] or req
+        after = r["rss_after_request"]
         rows.append([
             r["setting"], weights / GIB, kv / GIB, r["rss_at_start"]["peak_mb"] / 1024,
-            r["rss_after_request"]["peak_mb"] / 1024, req["ttft_s"], req["decode_tok_per_s"],
-            r["startup_s"],
+            after["peak_mb"] / 1024, after["file_mb"] / 1024, req["ttft_s"], warm["ttft_s"],
+            warm["decode_tok_per_s"], r["startup_s"],
         ])  # fmt: skip
     head = ["setting", "weights GiB", "KV pool GiB", "peak RSS at start GiB",
-            "peak RSS after request GiB", "TTFT s", "decode tok/s", "start-up s"]  # fmt: skip
+            "peak RSS after requests GiB", "of it file pages GiB", "TTFT s (cold)",
+            "TTFT s (warm)", "decode tok/s (warm)", "start-up s"]  # fmt: skip
     text = cpu_line(result["cpu"]) + "\n\n" + markdown_table(head, rows) + "\n"
     for note in result["skipped"]:
         text += f"\nskipped: {note}\n"
@@ -404,7 +434,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     a.legend(fontsize=7)
     b.bar(labels, [r["request"]["ttft_s"] for r in runs])
     b.set_ylabel("TTFT, 2 x 448x448 (s)")
-    c.bar(labels, [r["request"]["decode_tok_per_s"] or 0 for r in runs])
+    c.bar(labels, [(r["warm_request"] or r["request"])["decode_tok_per_s"] or 0 for r in runs])
     c.set_ylabel("decode tokens / s")
     for ax in (a, b, c):
         ax.set_xticks(list(xs), labels)
@@ -423,6 +453,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--model-path", help="use this checkpoint instead of building one")
     p.add_argument("--settings", default=",".join(SETTINGS))
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--requests", type=int, default=2, help="two-image chats per setting")
     p.add_argument("--refuse-dtype", default="float32", help="launch to refuse ('' skips it)")
     p.add_argument(
         "--refuse-available-bytes", type=int, help="its SGLANG_AVAILABLE_MEMORY_BYTES (tests)"
@@ -453,9 +484,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         settings = [s for s in settings if not SETTINGS[s]]
     log_dir = Path(tempfile.mkdtemp(prefix="bench-memory-logs-"))
     for setting in tqdm(settings, desc="memory"):
-        result["runs"].append(
-            run_setting(model, setting, SETTINGS[setting], args.max_tokens, args.timeout, log_dir)
-        )
+        result["runs"].append(run_setting(model, setting, SETTINGS[setting], args, log_dir))
         write_json(out.with_suffix(".partial.json"), result)
     write_json(out.with_suffix(".json"), result)
     out.with_suffix(".partial.json").unlink(missing_ok=True)

@@ -232,3 +232,23 @@ def test_constraint_cost_smoke(tiny_model: str, tmp_path: Path) -> None:
         assert r["decode_steps"] >= 2 and r["constrained_step_ms"] > 0
         assert r["constraint_ms_median"] > 0 and r["free_constraint_ms_median"] < 1
     assert out.with_suffix(".md").exists()
+
+
+@needs_server
+@needs_plots
+def test_memory_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Qwen2.5-VL-shaped checkpoint with tiny widths, built in bfloat16 and served."""
+    from benchmark.memory import main
+
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "mem"
+    main(["--shape", "tiny", "--settings", "bfloat16", "--refuse-dtype", "", "--max-tokens", "8",
+          "--out", str(out)])  # fmt: skip
+    data = _load(out)
+    (run,) = data["runs"]
+    assert run["server_memory"]["dtype"] == "bfloat16"
+    assert run["rss_after_request"]["peak_mb"] >= run["rss_at_start"]["peak_mb"] > 0
+    assert run["request"]["completion_tokens"] == 8 and run["request"]["ttft_s"] > 0
+    assert run["request"]["decode_tok_per_s"] > 0
+    assert data["cpu"]["model_name"] and "avx512f" in data["cpu"]["isa"]
+    assert out.with_suffix(".png").stat().st_size > 0

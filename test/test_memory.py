@@ -3,6 +3,9 @@ fit check that refuses a launch before loading, the CPU KV budget rules and the 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,18 @@ def test_cgroup_limit_is_the_host_total(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert memory.host_memory_available() == (512 << 20, "cgroup limit - usage")
     limit.write_text("max\n")
     assert memory.host_memory_total()[1] == "MemTotal"
+
+
+def test_launch_server_refuses_before_starting_the_scheduler() -> None:
+    env = {
+        **os.environ,
+        memory.AVAILABLE_ENV: str(1 << 20),
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir(FAMILY),
+           "--dtype", "float32", "--port", "1"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: not enough memory") and "1.0 MiB is available" in last
+    assert "scheduler" not in done.stderr  # refused before the scheduler process started
