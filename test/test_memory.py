@@ -164,3 +164,40 @@ def test_launch_server_refuses_before_starting_the_scheduler() -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: not enough memory") and "1.0 MiB is available" in last
     assert "scheduler" not in done.stderr  # refused before the scheduler process started
+
+
+class _FakeLibc:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append(("mallopt", param, value))
+        return 1
+
+    def malloc_trim(self, pad: int) -> int:
+        self.calls.append(("malloc_trim", pad))
+        return 1
+
+
+def test_heap_is_returned_after_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the compute process' raised malloc thresholds, loading runs with low ones, then the
+    freed heap is trimmed and the raised thresholds (clamped to a C int) come back."""
+    libc = _FakeLibc()
+    monkeypatch.setattr(memory, "_libc", lambda: libc)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", str(16 << 30))
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(16 << 30))
+    with memory.heap_returned_while_loading():
+        low = list(libc.calls)
+    low_value = memory.LOAD_MALLOC_THRESHOLD
+    assert low == [("mallopt", -1, low_value), ("mallopt", -3, low_value)]
+    assert libc.calls[2:] == [
+        ("malloc_trim", 0),
+        ("mallopt", -1, (1 << 31) - 1),
+        ("mallopt", -3, (1 << 31) - 1),
+    ]
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    libc.calls.clear()
+    with memory.heap_returned_while_loading():
+        pass
+    assert libc.calls == []  # glibc's defaults already return large blocks: nothing to do

@@ -23,6 +23,8 @@ embedding cache budget and the runtime reserve to be available.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -112,6 +114,48 @@ def device_memory_available(device: str) -> tuple[int, str]:
             return int(os.environ[AVAILABLE_ENV]), AVAILABLE_ENV
         return torch.cuda.mem_get_info()[0], "cuda free"
     return host_memory_available()
+
+
+# The heap while weights load ----------------------------------------------------------------
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+_MALLOC_ENV = {
+    _M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_",
+    _M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_",
+}
+LOAD_MALLOC_THRESHOLD = 1 << 20
+_C_INT_MAX = (1 << 31) - 1  # mallopt takes a C int
+
+
+@contextlib.contextmanager
+def heap_returned_while_loading() -> Iterator[None]:
+    """The compute process keeps freed blocks in its heap (``compute_env``: raised glibc mmap
+    and trim thresholds, so forwards reuse memory without page faults), and the heap keeps its
+    peak size. Loading and quantizing the weights frees gigabytes of temporaries (a 7B model
+    quantized to int4 kept 18 GB resident for 6.5 GB of weights), so while they load the
+    thresholds are low, and afterwards the freed heap goes back to the kernel and the
+    thresholds the process was started with come back."""
+    libc = _libc()
+    started = {opt: os.environ.get(name) for opt, name in _MALLOC_ENV.items()}
+    raised = {opt: int(value) for opt, value in started.items() if value and value.isdigit()}
+    if libc is None or not raised:
+        yield
+        return
+    for opt in raised:
+        libc.mallopt(opt, LOAD_MALLOC_THRESHOLD)
+    try:
+        yield
+    finally:
+        libc.malloc_trim(0)
+        for opt, value in raised.items():
+            libc.mallopt(opt, min(value, _C_INT_MAX))
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
 
 
 # Loaded sizes ----------------------------------------------------------------------------------

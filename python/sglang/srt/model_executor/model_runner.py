@@ -78,7 +78,8 @@ class ModelRunner:
             memory.fit_inputs(args, model_path, self.config, self.dtype, self.kv_cache_dtype)
         )
         self.perf = PerfCounters()
-        self.model = self._load(model_path)
+        with memory.heap_returned_while_loading():
+            self.model = self._load(model_path)
         self.adapter = get_adapter(self.model, self.config)
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
