@@ -430,10 +430,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
           label="at start")  # fmt: skip
     a.bar([x + 0.2 for x in xs], [r["rss_after_request"]["peak_mb"] / 1024 for r in runs], 0.4,
           label="after request")  # fmt: skip
+    a.bar([x + 0.2 for x in xs], [r["rss_after_request"]["anon_mb"] / 1024 for r in runs], 0.4,
+          color="black", alpha=0.35, label="of it anonymous (not file pages)")  # fmt: skip
     a.set_ylabel("peak RSS of the server (GiB)")
     a.legend(fontsize=7)
     b.bar(labels, [r["request"]["ttft_s"] for r in runs])
-    b.set_ylabel("TTFT, 2 x 448x448 (s)")
+    b.set_ylabel("TTFT, 2 x 448x448, cold (s)")
     c.bar(labels, [(r["warm_request"] or r["request"])["decode_tok_per_s"] or 0 for r in runs])
     c.set_ylabel("decode tokens / s")
     for ax in (a, b, c):

@@ -59,7 +59,14 @@ class ServerArgs:
     )
 
     # Memory and scheduling
-    mem_fraction_static: float | None = None
+    mem_fraction_static: float | None = field(
+        default=None,
+        metadata={
+            "help": "Fraction of memory for weights + KV pool (+ linear-attention state): of the "
+            "GPU's on CUDA (default 0.85), of the host's (cgroup limit, else MemTotal) on CPU "
+            "(default: a KV pool of min(1 GiB, what is available))."
+        },
+    )
     max_total_tokens: int | None = field(
         default=None, metadata={"help": "KV cache size in tokens (overrides the memory fraction)."}
     )
