@@ -220,3 +220,34 @@ def test_prequantized_checkpoint_is_refused_before_loading(tmp_path: Path) -> No
     assert "\n" not in str(info.value) and "--torchao-config" in str(info.value)
     with pytest.raises(UnsupportedModelError, match="stored quantized"):
         sglang.Engine(model_path=str(folder))
+
+
+def _bfloat16_copy(family: str, folder: Path) -> Path:
+    """The tiny checkpoint stored in bfloat16, so that a bfloat16 load maps it from disk."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir(family), folder)
+    for shard in folder.glob("*.safetensors"):
+        tensors = {k: v.to(torch.bfloat16) for k, v in load_file(shard).items()}
+        save_file(tensors, shard, metadata={"format": "pt"})
+    return folder
+
+
+def _mapped(folder: Path) -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(str(folder) in line for line in maps)
+
+
+def test_quantized_model_lets_the_checkpoint_mapping_go(tmp_path: Path) -> None:
+    """A bfloat16 model serves from its memory-mapped checkpoint; a quantized one copies its
+    dense tensors out, so the files' pages are no longer held by the process."""
+    dense_dir = _bfloat16_copy("qwen2_5_vl", tmp_path / "dense")
+    dense = sglang.Engine(model_path=str(dense_dir), dtype="bfloat16")
+    assert _mapped(dense_dir) > 0
+    quantized_dir = _bfloat16_copy("qwen2_5_vl", tmp_path / "int4")
+    quantized = sglang.Engine(model_path=str(quantized_dir), torchao_config="int4wo-32")
+    assert _mapped(quantized_dir) == 0
+    out = quantized.generate("Say something.", {"temperature": 0, "max_new_tokens": 4})
+    assert len(out["output_ids"]) == 4
+    dense.shutdown()
+    quantized.shutdown()

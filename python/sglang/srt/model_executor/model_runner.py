@@ -19,7 +19,11 @@ from sglang.srt.model_executor.dtypes import dtype_name, resolve_dtype, resolve_
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
-from sglang.srt.model_executor.quantization import apply_torchao_config, model_dtype
+from sglang.srt.model_executor.quantization import (
+    apply_torchao_config,
+    copy_out_of_checkpoint,
+    model_dtype,
+)
 from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
@@ -123,6 +127,8 @@ class ModelRunner:
         model = model.to(self.device).eval()
         language_model = get_adapter(model, self.config).language_model
         self.quantization = apply_torchao_config(language_model, self.args.torchao_config)
+        if self.quantization is not None:
+            copy_out_of_checkpoint(model)
         if self.is_multimodal and fast_vision.install(model, self.config):
             instrument_vision(model.model.visual, self.perf)
             if self.args.enable_torch_compile:

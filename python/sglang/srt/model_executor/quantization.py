@@ -184,6 +184,22 @@ def apply_torchao_config(
     return report
 
 
+def copy_out_of_checkpoint(model: nn.Module) -> int:
+    """Give the model's dense tensors memory of their own; returns the bytes copied.
+
+    A checkpoint loads memory-mapped, so its dense tensors are views of the safetensors files.
+    After quantization the embeddings, LM head and vision tower still are, which keeps every
+    file mapped: the bfloat16 pages the quantizer read stay resident and counted in the
+    process (on a 7B model 13-15 GB of reclaimable file pages on top of the real footprint).
+    Copying the dense tensors lets the mappings go."""
+    copied = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if not is_traceable_wrapper_subclass(tensor) and tensor.device.type == "cpu":
+            tensor.data = tensor.data.clone()
+            copied += tensor.numel() * tensor.element_size()
+    return copied
+
+
 def _target_layers(
     language_model: nn.Module, spec: TorchaoSpec, device: str, report: QuantizationReport
 ) -> list[nn.Linear]:
