@@ -95,6 +95,15 @@ def resolve_dtype(name: str, config: Any, device: str) -> DtypeChoice:
     return DtypeChoice(torch.bfloat16, f"checkpoint declares {_name(declared)}; CPU has {isa}")
 
 
+def resolve_launch_dtypes(args: Any, config: Any) -> tuple[DtypeChoice, torch.dtype]:
+    """The model and KV cache dtypes of a launch (``ServerArgs``): quantized weights
+    (``--torchao-config``) run in bfloat16, whatever ``--dtype auto`` would pick."""
+    choice = resolve_dtype(args.dtype, config, args.resolved_device)
+    if args.torchao_config and choice.dtype != torch.bfloat16:
+        choice = DtypeChoice(torch.bfloat16, "quantized weights run in bfloat16")
+    return choice, resolve_kv_cache_dtype(args.kv_cache_dtype, choice.dtype)
+
+
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """``--kv-cache-dtype``: auto follows the model; fp8 formats are stored in the pool and
     converted to the model dtype when attention reads them."""

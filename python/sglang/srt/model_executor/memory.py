@@ -344,7 +344,6 @@ class FitInputs:
     mm_cache_bytes: int
     device: str = "cpu"
     mem_fraction_static: float | None = None
-    can_quantize: bool = False  # the server has --torchao-config (suggest it only then)
 
     def plan(self, **changes: Any) -> FitPlan | None:
         inp = _replace(self, **changes)
@@ -372,14 +371,13 @@ def _candidates(inp: FitInputs) -> list[tuple[str, dict[str, Any]]]:
     dtype_flag = "" if half else "--dtype bfloat16 "
     if not half:
         out.append(("--dtype bfloat16", {"dtype": torch.bfloat16, "quantization": None}))
-    if inp.can_quantize:
-        dtype = inp.dtype if half else torch.bfloat16
-        current = Quantization.parse(inp.quantization)
-        for spec in ("int8wo", "int4wo-128"):
-            bits = Quantization.parse(spec).bits  # type: ignore[union-attr]
-            if current is None or bits < current.bits:
-                flags = f"{dtype_flag}--torchao-config {spec}"
-                out.append((flags, {"dtype": dtype, "quantization": spec}))
+    dtype = inp.dtype if half else torch.bfloat16
+    current = Quantization.parse(inp.quantization)
+    for spec in ("int8wo", "int4wo-128"):
+        bits = Quantization.parse(spec).bits  # type: ignore[union-attr]
+        if current is None or bits < current.bits:
+            flags = f"{dtype_flag}--torchao-config {spec}"
+            out.append((flags, {"dtype": dtype, "quantization": spec}))
     return out
 
 
@@ -446,19 +444,17 @@ def fit_inputs(
 ) -> FitInputs:
     """The fit inputs of a launch from its ``ServerArgs`` and the dtypes it will run in."""
     text_config = config.get_text_config()
-    names = {f.name for f in fields(args)}
     return FitInputs(
         model_path=model_path,
         text_config=text_config,
         dtype=dtype,
-        quantization=getattr(args, "torchao_config", None) or None,
+        quantization=args.torchao_config or None,
         context_length=args.context_length or text_config.max_position_embeddings,
-        kv_dtype=None if getattr(args, "kv_cache_dtype", "auto") == "auto" else kv_dtype,
+        kv_dtype=None if args.kv_cache_dtype == "auto" else kv_dtype,
         max_total_tokens=args.max_total_tokens,
         mm_cache_bytes=args.mm_cache_bytes if hasattr(config, "vision_config") else 0,
         device=args.resolved_device,
         mem_fraction_static=args.mem_fraction_static,
-        can_quantize="torchao_config" in names,
     )
 
 
@@ -466,14 +462,11 @@ def check_launch(args: Any, model_path: str) -> FitPlan | None:
     """``check_fits`` for a server launch, from the model's config alone."""
     from transformers import AutoConfig
 
-    from sglang.srt.model_executor.dtypes import resolve_dtype, resolve_kv_cache_dtype
-    from sglang.srt.model_executor.quantization import model_dtype
+    from sglang.srt.model_executor.dtypes import resolve_launch_dtypes
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
-    choice = resolve_dtype(args.dtype, config, args.resolved_device)
-    dtype = model_dtype(args.torchao_config, choice.dtype)  # as ModelRunner does
-    kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, dtype)
-    return check_fits(fit_inputs(args, model_path, config, dtype, kv_dtype))
+    choice, kv_dtype = resolve_launch_dtypes(args, config)
+    return check_fits(fit_inputs(args, model_path, config, choice.dtype, kv_dtype))
 
 
 # KV budget and the start-up report ---------------------------------------------------------------

@@ -15,15 +15,11 @@ from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor import memory
-from sglang.srt.model_executor.dtypes import dtype_name, resolve_dtype, resolve_kv_cache_dtype
+from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
-from sglang.srt.model_executor.quantization import (
-    apply_torchao_config,
-    copy_out_of_checkpoint,
-    model_dtype,
-)
+from sglang.srt.model_executor.quantization import apply_torchao_config, copy_out_of_checkpoint
 from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
@@ -69,14 +65,11 @@ class ModelRunner:
         self.text_config = self.config.get_text_config()
         get_adapter(None, self.config)  # an unservable model fails here, before its weights load
         self.is_multimodal = hasattr(self.config, "vision_config")
-        choice = resolve_dtype(args.dtype, self.config, self.device)
-        self.dtype = model_dtype(args.torchao_config, choice.dtype)  # bfloat16 when quantizing
-        self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
-        reason = (
-            "quantized weights run in bfloat16" if self.dtype != choice.dtype else choice.reason
+        choice, self.kv_cache_dtype = resolve_launch_dtypes(args, self.config)
+        self.dtype = choice.dtype
+        (logger.warning if choice.fell_back else logger.info)(
+            "dtype %s (%s)", dtype_name(self.dtype), choice.reason
         )
-        log = logger.warning if choice.fell_back and self.dtype == choice.dtype else logger.info
-        log("dtype %s (%s)", dtype_name(self.dtype), reason)
         # Refuse a launch that cannot fit before any weight loads (not after an OOM kill).
         self.fit_plan = memory.check_fits(
             memory.fit_inputs(args, model_path, self.config, self.dtype, self.kv_cache_dtype)
@@ -84,7 +77,12 @@ class ModelRunner:
         self.perf = PerfCounters()
         with memory.heap_returned_while_loading():
             self.model = self._load(model_path)
-        self.adapter = get_adapter(self.model, self.config)
+            self.adapter = get_adapter(self.model, self.config)
+            self.quantization = apply_torchao_config(
+                self.adapter.language_model, args.torchao_config
+            )
+            if self.quantization is not None:
+                copy_out_of_checkpoint(self.model)
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )
@@ -125,10 +123,6 @@ class ModelRunner:
             trust_remote_code=self.args.trust_remote_code,
         )
         model = model.to(self.device).eval()
-        language_model = get_adapter(model, self.config).language_model
-        self.quantization = apply_torchao_config(language_model, self.args.torchao_config)
-        if self.quantization is not None:
-            copy_out_of_checkpoint(model)
         if self.is_multimodal and fast_vision.install(model, self.config):
             instrument_vision(model.model.visual, self.perf)
             if self.args.enable_torch_compile:

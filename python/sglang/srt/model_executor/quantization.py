@@ -26,9 +26,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from sglang.srt.model_executor.memory import INT4_OUT_MULTIPLE, module_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,6 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 # torchao's CPU int4 tensor (``_weight_int4pack_mm_for_cpu``) takes these group sizes only,
 # and packs output channels in blocks of 16.
 CPU_INT4_GROUP_SIZES = (32, 64, 128)
-CPU_INT4_OUT_MULTIPLE = 16
 SUPPORTED_TORCHAO = "int8wo, int4wo-<group> (group 32, 64, 128; 256 on CUDA)"
 # SGLang's other --torchao-config values: recognised, so that the error says they exist.
 SGLANG_ONLY_TORCHAO = re.compile(r"int8dq|fp8wo|fp8dq-per_(tensor|row)|gemlite-[\w-]+")
@@ -129,31 +129,12 @@ def check_quantization_flag(method: str | None) -> None:
     )
 
 
-def model_dtype(torchao_config: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype to load the weights in: bfloat16 when quantizing (see the module doc)."""
-    return torch.bfloat16 if torchao_config else dtype
-
-
 def int4_skip_reason(layer: nn.Linear, group_size: int, device: str) -> str | None:
     if layer.in_features % group_size:
         return f"in_features {layer.in_features} is not a multiple of the group size {group_size}"
-    if device == "cpu" and layer.out_features % CPU_INT4_OUT_MULTIPLE:
-        return f"out_features {layer.out_features} is not a multiple of {CPU_INT4_OUT_MULTIPLE}"
+    if device == "cpu" and layer.out_features % INT4_OUT_MULTIPLE:
+        return f"out_features {layer.out_features} is not a multiple of {INT4_OUT_MULTIPLE}"
     return None
-
-
-def weight_bytes(module: nn.Module) -> int:
-    """Bytes of the module's parameters and buffers, quantized tensors counted by their
-    inner tensors (not by their logical bfloat16 size)."""
-    tensors = [*module.parameters(), *module.buffers()]
-    return sum(_tensor_bytes(t) for t in tensors)
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> int:
-    if is_traceable_wrapper_subclass(tensor):
-        names, _ = tensor.__tensor_flatten__()
-        return sum(_tensor_bytes(getattr(tensor, name)) for name in names)
-    return tensor.numel() * tensor.element_size()
 
 
 def apply_torchao_config(
@@ -165,13 +146,13 @@ def apply_torchao_config(
     device = next(language_model.parameters()).device.type
     spec = parse_torchao_config(torchao_config, device)
     assert spec is not None
-    report = QuantizationReport(torchao_config, weight_bytes_before=weight_bytes(language_model))
+    report = QuantizationReport(torchao_config, weight_bytes_before=module_bytes(language_model))
     targets = _target_layers(language_model, spec, device, report)
     quantize_, ao_config = _torchao(spec, device)
     targets_set = set(targets)
     quantize_(language_model, ao_config, filter_fn=lambda module, _fqn: module in targets_set)
     report.quantized_layers = len(targets)
-    report.weight_bytes_after = weight_bytes(language_model)
+    report.weight_bytes_after = module_bytes(language_model)
     logger.info(
         "torchao %s: %d linear layers of the language model quantized, %d skipped; "
         "language-model weights %.1f MB -> %.1f MB",
