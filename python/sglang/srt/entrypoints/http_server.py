@@ -218,7 +218,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         fmt = None
         if body.logprobs is not None:
             fmt = oai.LogprobFormatter(
-                manager.tokenizer, body.skip_special_tokens, manager.skipped_ids
+                manager.token_text, body.skip_special_tokens, manager.skipped_ids
             )
         head = _head(f"cmpl-{uuid.uuid4().hex}", "text_completion", model_name, args)
         if body.stream:
@@ -266,7 +266,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         choices = await oai.start_choices(manager, [tokenized], args)
         fmt = oai.ChatFormat(
             tool_parser if tools else None,
-            oai.LogprobFormatter(manager.tokenizer, body.skip_special_tokens, manager.skipped_ids)
+            oai.LogprobFormatter(manager.token_text, body.skip_special_tokens, manager.skipped_ids)
             if body.logprobs
             else None,
             _reasoning_parsers(args, body, prompt),

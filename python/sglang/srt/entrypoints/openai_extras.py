@@ -17,7 +17,6 @@ from sglang.srt.entrypoints.reasoning_parser import ReasoningParser
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
-from sglang.srt.sampling.stop_strings import skipped_token_ids
 from sglang.srt.server_args import ServerArgs
 
 
@@ -151,20 +150,12 @@ class LogprobFormatter:
 
     def __init__(
         self,
-        tokenizer: Any,
+        token_text: Callable[[int], str],
         skip_special_tokens: bool,
-        skipped_ids: frozenset[int] | None = None,
+        skipped_ids: frozenset[int],
     ) -> None:
-        self.tokenizer = tokenizer
-        if skipped_ids is None:
-            skipped_ids = skipped_token_ids(tokenizer)
+        self.token = token_text  # the tokenizer manager's cached one-token decode
         self.skip = skipped_ids if skip_special_tokens else frozenset()
-        self._text: dict[int, str] = {}
-
-    def token(self, token_id: int) -> str:
-        if token_id not in self._text:
-            self._text[token_id] = self.tokenizer.decode([token_id])
-        return self._text[token_id]
 
     def _rows(self, meta: dict[str, Any], start: int) -> list[tuple[float, int, list]]:
         chosen = meta.get("output_token_logprobs", [])[start:]
