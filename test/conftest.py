@@ -38,6 +38,7 @@ TEXT_FAMILIES = ("qwen2", "llama")
 # Granite LMs divide logits by ``logits_scaling`` and Cohere LMs multiply them by ``logit_scale``;
 # HF's LLaVA-NeXT and Aya Vision wrappers skip it.
 HF_SKIPS_LOGITS_SCALING = ("granite_vision", "aya_vision")
+PREFIX_LM_FAMILIES = ("paligemma",)  # the whole prompt attends both ways
 
 _MODEL_ROOT: Path | None = None
 
@@ -71,8 +72,16 @@ def _hf(family: str):
         if family in ALL_VLM_FAMILIES
         else transformers.AutoModelForCausalLM
     )
-    model = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
-    return model, load_hf_processor(path)
+    return load_hf_model(cls, path, torch.float32), load_hf_processor(path)
+
+
+def load_hf_model(cls, path: str, dtype: torch.dtype):
+    """HF's model with SDPA attention, or eager where the family has none (Gemma 2's
+    soft-capped attention in PaliGemma 2)."""
+    try:
+        return cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
+    except ValueError:
+        return cls.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
 
 
 def hf_greedy(
@@ -86,6 +95,13 @@ def hf_greedy(
         # One sample and its images: LLaVA-OneVision encodes an image differently when its
         # prompt has others (a flat list would make each image a sample of its own).
         inputs = processor(text=[prompt], images=[images], return_tensors="pt")
+    elif family in PREFIX_LM_FAMILIES:
+        # HF's processor refuses a prompt without images; its layout for one with none: <bos>,
+        # the prompt, a newline, all of it the bidirectional prefix.
+        tokenizer = processor.tokenizer
+        text = f"{tokenizer.bos_token}{prompt}\n"
+        inputs = tokenizer([text], return_tensors="pt", add_special_tokens=False)
+        inputs["token_type_ids"] = torch.zeros_like(inputs["input_ids"])
     else:
         tokenizer = getattr(processor, "tokenizer", processor)
         inputs = tokenizer([prompt], return_tensors="pt")

@@ -46,7 +46,7 @@ requests = st.lists(
 @given(reqs=requests, window=st.sampled_from([None, 3, 8]), softcap=st.sampled_from([None, 5.0]))
 def test_backend_matches_naive_attention(reqs, window, softcap) -> None:
     torch.manual_seed(0)
-    pool = KVPool(256, 1, KV_HEADS, DIM, torch.float32, "cpu")
+    pool = KVPool(256, [(KV_HEADS, DIM)], torch.float32, "cpu")
     rows = ReqToTokenPool(8, 64, "cpu")
     backend = TorchNativeAttnBackend(pool, rows)
     full_k, full_v, row_ids, out_locs, spans_all = [], [], [], [], []

@@ -58,7 +58,7 @@ def test_pool_attention_matches_naive(reqs, heads, min_view_run, decode, data) -
     if decode:
         reqs = [(prefix, 1, pieces) for prefix, _, pieces in reqs]
     torch.manual_seed(0)
-    pool = KVPool(2048, 1, kv_heads, DIM, torch.float32, "cpu")
+    pool = KVPool(2048, [(kv_heads, DIM)], torch.float32, "cpu")
     rows = ReqToTokenPool(8, 64, "cpu")
     draw = lambda a, b: data.draw(st.integers(a, b))  # noqa: E731
     ks, vs, row_ids, out_locs = [], [], [], []
@@ -121,7 +121,7 @@ def test_layout_uses_views_for_long_runs() -> None:
 
 
 def test_allocator_continues_ascending_runs() -> None:
-    pool = KVPool(64, 1, 1, 2, torch.float32, "cpu")
+    pool = KVPool(64, [(1, 2)], torch.float32, "cpu")
     a, b = pool.alloc(5), pool.alloc(3)
     assert a.tolist() == [0, 1, 2, 3, 4] and b.tolist() == [5, 6, 7]
     pool.free(a)
@@ -132,7 +132,7 @@ def test_allocator_continues_ascending_runs() -> None:
 
 @pytest.mark.parametrize("n", [1, 7])
 def test_allocator_never_hands_out_a_slot_twice(n: int) -> None:
-    pool = KVPool(32, 1, 1, 2, torch.float32, "cpu")
+    pool = KVPool(32, [(1, 2)], torch.float32, "cpu")
     held = [pool.alloc(n) for _ in range(32 // n)]
     for chunk in held[::2]:
         pool.free(chunk)

@@ -16,9 +16,7 @@ SHAPE = LinearStateShape((0, 2), (6, 4), (2, 3, 3), torch.float32, torch.float32
 
 
 def _setup(capacity: int, kv: int = 256) -> tuple[KVPool, StatePool, HybridRadixCache]:
-    kv_pool = KVPool(
-        kv, num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu"
-    )
+    kv_pool = KVPool(kv, [(1, 2)], dtype=torch.float32, device="cpu")
     states = StatePool(capacity + 4, SHAPE, "cpu")
     return kv_pool, states, HybridRadixCache(kv_pool.free, states, capacity)
 

@@ -1,5 +1,6 @@
 """Property: for random image layouts and chunk sizes, the engine's greedy output and
-log-probabilities equal HF ``generate`` (Qwen family, M-RoPE)."""
+log-probabilities equal HF ``generate``: Qwen2.5-VL (M-RoPE), Gemma 4 (images attend both ways in
+sliding layers, per-layer KV shapes, shared KV) and PaliGemma (a prefix-LM)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,18 @@ from hypothesis import strategies as st
 
 import sglang
 
-FAMILY = "qwen2_5_vl"
+FAMILIES = ("qwen2_5_vl", "gemma4", "paligemma")
 SIZES = [(32, 32), (64, 32), (32, 96), (64, 64), (96, 64)]
 WORDS = ["red", "blue", "a", "cat", "on", "the", "mat", "seven", "apple", "tree"]
 
-_engines: dict[int, sglang.Engine] = {}
+_engines: dict[tuple[str, int], sglang.Engine] = {}
 
 
-def _engine(chunk: int) -> sglang.Engine:
-    if chunk not in _engines:
-        _engines[chunk] = sglang.Engine(model_path=model_dir(FAMILY), chunked_prefill_size=chunk)
-    return _engines[chunk]
+def _engine(family: str, chunk: int) -> sglang.Engine:
+    if (family, chunk) not in _engines:
+        path = model_dir(family)
+        _engines[family, chunk] = sglang.Engine(model_path=path, chunked_prefill_size=chunk)
+    return _engines[family, chunk]
 
 
 layouts = st.lists(
@@ -29,6 +31,7 @@ layouts = st.lists(
 )
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     layout=layouts,
@@ -36,8 +39,8 @@ layouts = st.lists(
     chunk=st.sampled_from([3, 7, 13, 29, -1]),
     seed=st.integers(0, 1000),
 )
-def test_random_layouts_match_hf(layout, tail, chunk, seed) -> None:
-    ph = placeholder(FAMILY)
+def test_random_layouts_match_hf(family, layout, tail, chunk, seed) -> None:
+    ph = placeholder(family)
     parts, images = [], []
     for i, (words, size_idx) in enumerate(layout):
         parts.append(" ".join(words))
@@ -45,8 +48,8 @@ def test_random_layouts_match_hf(layout, tail, chunk, seed) -> None:
         images.append(make_image(seed + i, *SIZES[size_idx]))
     parts.append(" ".join(tail))
     prompt = " ".join(parts)
-    ref_ids, ref_lps = hf_greedy(FAMILY, prompt, images, 6)
-    engine = _engine(chunk)
+    ref_ids, ref_lps = hf_greedy(family, prompt, images, 6)
+    engine = _engine(family, chunk)
     out = engine.generate(
         prompt, {"temperature": 0, "max_new_tokens": 6}, image_data=images, return_logprob=True
     )

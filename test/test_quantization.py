@@ -15,6 +15,7 @@ from conftest import (
     ALL_VLM_FAMILIES,
     HF_SKIPS_LOGITS_SCALING,
     _hf,
+    load_hf_model,
     make_image,
     model_dir,
     placeholder,
@@ -33,6 +34,12 @@ ONE_TOKEN = {"temperature": 0, "max_new_tokens": 1}
 # Quantized bytes over bfloat16 bytes: int4 is 0.5 byte per weight plus a bf16 scale and zero
 # per group; int8 is 1 byte plus a scale per row.
 MAX_BYTES_RATIO = {"int4": 0.35, "int8": 0.55}
+
+
+# int8 moves logprobs by about the bfloat16 noise only; int4 moves them past twice the bound,
+# except on the tiny Gemma 4 (q/k/v norms around every projection: 1.35x of the bound). The
+# weights-are-quantized check covers it.
+INT4_WITHIN_NOISE = ("gemma4",)
 
 
 def _is_quantized(weight: torch.Tensor) -> bool:
@@ -63,9 +70,8 @@ def _hf_logprobs(
 
 
 def _hf_bf16(family: str) -> nn.Module:
-    return transformers.AutoModelForImageTextToText.from_pretrained(
-        model_dir(family), dtype=torch.bfloat16, attn_implementation="sdpa"
-    ).eval()
+    cls = transformers.AutoModelForImageTextToText
+    return load_hf_model(cls, model_dir(family), torch.bfloat16)
 
 
 def _hf_language_model(model: nn.Module) -> nn.Module:
@@ -120,7 +126,7 @@ def test_engine_matches_hf_quantized_the_same_way(family: str, config: str) -> N
         assert gap(ref) <= bound, (gap(ref), bound)
         if family not in IMAGE_BLIND:
             assert gap(ref_other_image) > 2 * bound
-        if config.startswith("int4"):  # int8 moves logprobs by about the bf16 noise only
+        if config.startswith("int4") and family not in INT4_WITHIN_NOISE:
             assert gap(ref_bf16) > 2 * bound  # the engine ran the quantized model
         assert (got[1:] - ref[:-1]).abs().max().item() > 2 * bound
         tied = fp32.get_output_embeddings().weight is fp32.get_input_embeddings().weight

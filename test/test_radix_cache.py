@@ -11,7 +11,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 
 
 def _setup(size: int = 256) -> tuple[KVPool, RadixCache]:
-    pool = KVPool(size, num_layers=1, num_kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu")
+    pool = KVPool(size, [(1, 2)], dtype=torch.float32, device="cpu")
     return pool, RadixCache(pool.free)
 
 

@@ -77,9 +77,12 @@ class Req:
     output_token_ids_logprobs: list[Pairs] = field(default_factory=list)
     input_token_ids_logprobs: list[Pairs | None] = field(default_factory=list)
     grammar: Any = None  # constrained.manager.RequestGrammar
+    # Prompt tokens attending both ways: None, "images" or "prompt" (ModelAdapter.bidirectional)
+    bidirectional: str | None = None
 
     def __post_init__(self) -> None:
-        self.radix_key_input = radix_key(self.input_ids, self.mm_items)
+        whole_prompt = self.bidirectional == "prompt"
+        self.radix_key_input = radix_key(self.input_ids, self.mm_items, whole_prompt)
         if self.wants_prompt_logprobs and self.logprob_start_len == 0:
             self.input_logprobs.append(None)  # nothing predicts the first token
             self.input_top_logprobs.append(None)
@@ -144,4 +147,9 @@ class Req:
         return torch.cat(parts, dim=1)
 
     def bidirectional_spans(self) -> list[tuple[int, int]]:
-        return [span for item in self.mm_items for span in item.spans]
+        """Ranges of tokens that attend to each other both ways, never split by a chunk."""
+        if self.bidirectional == "prompt":
+            return [(0, len(self.input_ids))]
+        if self.bidirectional == "images":
+            return [span for item in self.mm_items for span in item.spans]
+        return []

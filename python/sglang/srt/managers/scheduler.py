@@ -78,7 +78,7 @@ class Scheduler:
         if chunk is None:
             chunk = DEFAULT_CHUNK_CPU if runner.device == "cpu" else DEFAULT_CHUNK_GPU
         self.chunk_size: int | None = None if chunk == -1 else chunk
-        self.bidirectional_images = runner.adapter.bidirectional_images
+        self.bidirectional = runner.adapter.bidirectional
         self.forward_steps = 0
         self.mixed_steps = 0  # prompt-chunk batches that also carried decode steps
         self.decode_threads = (
@@ -133,6 +133,7 @@ class Scheduler:
             top_logprobs_num=tokenized.top_logprobs_num,
             logprob_start_len=tokenized.logprob_start_len,
             token_ids_logprob=tokenized.token_ids_logprob,
+            bidirectional=self.bidirectional,
         )
         if self.runner.adapter.uses_mrope:
             try:
@@ -318,18 +319,18 @@ class Scheduler:
     def _plan_extend(self, req: Req, budget: int, may_exceed: bool) -> int:
         start = req.computed_len
         end = len(req.input_ids) if may_exceed else min(len(req.input_ids), start + budget)
-        if self.bidirectional_images:
-            end = self._avoid_splitting_images(req, start, end)
+        if self.bidirectional:
+            end = self._avoid_splitting_spans(req, start, end)
         req.extend_len = end - start
         return req.extend_len
 
-    def _avoid_splitting_images(self, req: Req, start: int, end: int) -> int:
-        """Move ``end`` off any image span it cuts: back to the image start, or past the image
-        when the image starts the chunk (a chunk then exceeds the budget rather than split it)."""
-        for item in req.mm_items:
-            for s, e in item.spans:
-                if s < end < e:
-                    return s if s > start else e
+    def _avoid_splitting_spans(self, req: Req, start: int, end: int) -> int:
+        """Move ``end`` off any bidirectional span it cuts (an image; a prefix-LM's prompt):
+        back to the span's start, or past the span when the chunk starts inside or at it (a
+        chunk then exceeds the budget rather than split it)."""
+        for s, e in req.bidirectional_spans():
+            if s < end < e:
+                return s if s > start else e
         return end
 
     def _build_batch(self, reqs: list[Req], is_decode: bool) -> ForwardBatch | None:
@@ -352,7 +353,7 @@ class Scheduler:
         if not kept:
             return None
         device = self.runner.device
-        spans = [r.bidirectional_spans() if self.bidirectional_images else [] for r in kept]
+        spans = [r.bidirectional_spans() for r in kept]
         self.constraints.prepare(kept)
         batch = ForwardBatch(
             reqs=kept,

@@ -9,6 +9,8 @@ Invariants (checked by ``check_integrity``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -36,7 +38,8 @@ class ReqToTokenPool:
 
 
 class KVPool:
-    """Per-layer K and V buffers of shape (size, kv_heads, head_dim), addressed by slot index.
+    """Per-layer K and V buffers of shape (size, kv_heads, head_dim), addressed by slot index;
+    ``layer_shapes`` gives each layer's (kv_heads, head_dim), which may differ between layers.
 
     Allocation hands out ascending slots and continues where the previous allocation ended
     while the pool has not been fragmented by frees, so a request's tokens (and a conversation's
@@ -47,26 +50,26 @@ class KVPool:
     def __init__(
         self,
         size: int,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
+        layer_shapes: Sequence[tuple[int, int]],
         dtype: torch.dtype,
         device: str,
     ) -> None:
         self.size = size
         self.dtype = dtype
         self.device = device
-        shape = (size, num_kv_heads, head_dim)
-        self.k_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.layer_shapes = list(layer_shapes)
+        self.k_buffer = [
+            torch.empty((size, *shape), dtype=dtype, device=device) for shape in self.layer_shapes
+        ]
+        self.v_buffer = [
+            torch.empty((size, *shape), dtype=dtype, device=device) for shape in self.layer_shapes
+        ]
         self._free = torch.arange(size - 1, -1, -1, dtype=torch.int64)
         self._num_free = size
 
     @staticmethod
-    def bytes_per_token(
-        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
-    ) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    def bytes_per_token(layer_shapes: Sequence[tuple[int, int]], dtype: torch.dtype) -> int:
+        return 2 * sum(h * d for h, d in layer_shapes) * torch.finfo(dtype).bits // 8
 
     def available_size(self) -> int:
         return self._num_free

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from sglang.srt.mem_cache.kv_layout import KVLayout
+
 logger = logging.getLogger(__name__)
 
 AVAILABLE_ENV = "SGLANG_AVAILABLE_MEMORY_BYTES"
@@ -282,20 +284,8 @@ def estimate_weight_bytes(
     )
 
 
-def kv_layer_count(text_config: Any) -> int:
-    """Layers that keep per-token KV (a hybrid model's linear-attention layers keep state)."""
-    types = getattr(text_config, "layer_types", None)
-    if types:
-        return sum(1 for t in types if t != "linear_attention")
-    return int(text_config.num_hidden_layers)
-
-
-def kv_bytes_per_token(text_config: Any, dtype: torch.dtype, num_layers: int | None = None) -> int:
-    tc = text_config
-    heads = getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads
-    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-    layers = kv_layer_count(tc) if num_layers is None else num_layers
-    return 2 * layers * heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+def kv_bytes_per_token(text_config: Any, dtype: torch.dtype) -> int:
+    return KVLayout.of(text_config).bytes_per_token(dtype)
 
 
 def min_kv_tokens(max_total_tokens: int | None, context_length: int) -> int:

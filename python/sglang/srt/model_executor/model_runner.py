@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 import transformers
@@ -11,6 +10,7 @@ from transformers import AutoConfig
 
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.managers.req import Pairs, Req, logprob_alternatives
+from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
@@ -42,11 +42,12 @@ def _engine_attention(module, query, key, value, attention_mask, scaling=None, *
         query,
         key,
         value,
-        getattr(module, "kv_layer_idx", module.layer_idx),
+        module.kv_layer_idx,
         batch,
         scaling=scaling if scaling is not None else module.head_dim**-0.5,
         sliding_window=kwargs.get("sliding_window"),
         softcap=kwargs.get("softcap"),
+        save_kv=not module.kv_shared,
     )
     return out, None
 
@@ -97,6 +98,8 @@ class ModelRunner:
             req_to_token_pool=self.req_to_token_pool,
         )
         self.attn_backend.perf = self.perf
+        self.attn_backend.spans_in_sliding_layers_only = self.adapter.bidirectional_sliding_only
+        self.attn_backend.window_bounds_spans = self.adapter.window_bounds_spans
         self.hf_processor = load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
         self.embedder = MultimodalEmbedder(
@@ -130,12 +133,9 @@ class ModelRunner:
         return model
 
     def _init_memory(self) -> None:
-        tc = self.text_config
-        num_kv_heads = getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-        kv_layers = self._kv_layers()
+        layout = self._kv_layout()
         kv_dtype = self.kv_cache_dtype
-        per_token = KVPool.bytes_per_token(len(kv_layers), num_kv_heads, head_dim, kv_dtype)
+        per_token = KVPool.bytes_per_token(layout.shapes, kv_dtype)
         self.weights_bytes = memory.module_bytes(self.model)
         budget = self._kv_budget_bytes(per_token)
         state_reqs = self._init_state_pool(budget) if self.state_shape else None
@@ -148,22 +148,22 @@ class ModelRunner:
         self.max_running_requests = max_reqs
         self.max_total_tokens = size
         self.req_to_token_pool = ReqToTokenPool(max_reqs + 1, self.context_length + 8, self.device)
-        self.kv_pool = KVPool(size, len(kv_layers), num_kv_heads, head_dim, kv_dtype, self.device)
+        self.kv_pool = KVPool(size, layout.shapes, kv_dtype, self.device)
         self.memory_report = memory.runner_report(self, per_token)
         self.memory_report.log()
 
-    def _kv_layers(self) -> list[int]:
-        """Layers with per-token KV; for hybrid models the full-attention ones, whose attention
-        modules learn their index in the KV pool."""
-        num_layers = self.text_config.num_hidden_layers
-        if self.state_shape is None:
-            return list(range(num_layers))
-        layers = [i for i in range(num_layers) if i not in self.state_shape.layer_ids]
-        index = {layer: i for i, layer in enumerate(layers)}
+    def _kv_layout(self) -> KVLayout:
+        """The pool's layers (see ``KVLayout``); every attention module of the language model
+        learns the pool layer it reads and whether it writes it."""
+        layout = KVLayout.of(self.text_config)
+        if self.state_shape is not None:
+            assert set(layout.pool_layer).isdisjoint(self.state_shape.layer_ids)
         for module in self.adapter.language_model.modules():
-            if isinstance(getattr(module, "layer_idx", None), int) and module.layer_idx in index:
-                module.kv_layer_idx = index[module.layer_idx]
-        return layers
+            layer = getattr(module, "layer_idx", None)
+            if isinstance(layer, int) and layer in layout.pool_layer:
+                module.kv_layer_idx = layout.pool_layer[layer]
+                module.kv_shared = layer in layout.shared
+        return layout
 
     def _init_state_pool(self, budget: int) -> int:
         """Slots of linear-attention state for running requests plus prefix-cache snapshots,
@@ -208,12 +208,14 @@ class ModelRunner:
         ids = batch.input_ids
         embed = self.model.get_input_embeddings()
         embeds = embed(torch.where(ids < self.vocab_size, ids, torch.zeros_like(ids)))
-        lm_kwargs: dict[str, Any] = {}
+        lm_kwargs = self.adapter.token_lm_kwargs(ids)
         if not batch.is_decode and self.is_multimodal:
-            lm_kwargs = self.embedder.embed(
+            lm_kwargs |= self.embedder.embed(
                 batch.reqs, batch.prefix_lens, batch.extend_lens, embeds
             )
         positions = batch.positions.unsqueeze(-2)  # (1, T) or (3, 1, T)
+        if self.adapter.position_offset:
+            positions = positions + self.adapter.position_offset
         hidden = self.adapter.language_model(
             inputs_embeds=embeds.unsqueeze(0),
             position_ids=positions,

@@ -5,8 +5,8 @@ torchvision because it also loads the (torchvision-only) video processor. Here e
 is composed by hand: the class named by the folder (``processor_class``) or by transformers'
 auto mapping for its ``model_type``, the PIL image processor (``AutoImageProcessor(backend=
 "pil")`` honours the folder's ``image_processor_type``), ``AutoTokenizer``, the chat template and
-the processor kwargs from ``processor_config.json``. A processor that takes a video processor is
-wrapped in a subclass whose ``__init__`` takes none.
+the processor kwargs from ``processor_config.json``. A processor that takes a video processor or
+an audio feature extractor (Gemma 4) is wrapped in a subclass whose ``__init__`` takes neither.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_SUBPROCESSOR_ARGS = ("image_processor", "tokenizer", "video_processor", "chat_template")
+# Sub-processors never built here (video needs torchvision; audio is not served): passed as None.
+_UNBUILT_SUBPROCESSORS = ("video_processor", "feature_extractor")
+_SUBPROCESSOR_ARGS = ("image_processor", "tokenizer", "chat_template", *_UNBUILT_SUBPROCESSORS)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -76,7 +78,9 @@ def _import_processor_class(name: str) -> type:
 @functools.cache
 def _processor_class(name: str) -> type:
     base: type = _import_processor_class(name)
-    if "video_processor" not in inspect.signature(base.__init__).parameters:
+    params = inspect.signature(base.__init__).parameters
+    unbuilt = {arg: None for arg in _UNBUILT_SUBPROCESSORS if arg in params}
+    if not unbuilt:
         return base
 
     def __init__(
@@ -90,13 +94,31 @@ def _processor_class(name: str) -> type:
             self,
             image_processor=image_processor,
             tokenizer=tokenizer,
-            video_processor=None,
             chat_template=chat_template,
+            **unbuilt,
             **kwargs,
         )
 
-    # ProcessorMixin derives the sub-processor list from the __init__ signature.
-    return type(name, (base,), {"__init__": __init__, "__module__": __name__})
+    # ProcessorMixin derives the sub-processor list from the __init__ signature; the processor's
+    # own __init__ hands the unbuilt ones on to ProcessorMixin, which _drop_unbuilt filters out.
+    bases = (base, _drop_unbuilt())
+    return type(name, bases, {"__init__": __init__, "__module__": __name__})
+
+
+@functools.cache
+def _drop_unbuilt() -> type:
+    """A ProcessorMixin subclass that, placed after a processor class in the MRO, drops the
+    sub-processors passed as None before ProcessorMixin checks its arguments."""
+    from transformers.processing_utils import ProcessorMixin
+
+    class DropUnbuilt(ProcessorMixin):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            for arg in _UNBUILT_SUBPROCESSORS:
+                if arg in kwargs and kwargs[arg] is None:
+                    del kwargs[arg]
+            super().__init__(*args, **kwargs)
+
+    return DropUnbuilt
 
 
 def _chat_template(path: Path, tokenizer: Any) -> str | None:

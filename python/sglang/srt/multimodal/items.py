@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,11 @@ import torch
 # above any vocabulary, so an image key never equals a text token.
 PAD_BASE = 1 << 31
 PAD_RANGE = 1 << 30
+# A prefix-LM prompt's first key entry: a value above the image pads derived from the whole
+# prompt, so that its KV (which every prompt token computed attending to all of them) is matched
+# only by the same prompt.
+PROMPT_KEY_BASE = 1 << 32
+PROMPT_KEY_RANGE = 1 << 60
 
 
 @dataclass
@@ -71,11 +77,18 @@ class MultimodalItem:
         return np.concatenate(positions), np.concatenate(rows)
 
 
-def radix_key(input_ids: list[int], items: list[MultimodalItem]) -> list[int]:
+def radix_key(
+    input_ids: list[int], items: list[MultimodalItem], whole_prompt: bool = False
+) -> list[int]:
+    """The prompt's radix-cache key: image tokens become their image's pad value; with
+    ``whole_prompt`` (a prefix-LM) the first entry stands for the whole key."""
     key = list(input_ids)
     for item in items:
         for start, end in item.spans:
             key[start:end] = [item.pad_value] * (end - start)
+    if whole_prompt and key:
+        digest = hashlib.blake2b(np.asarray(key, dtype=np.int64).tobytes(), digest_size=8)
+        key[0] = PROMPT_KEY_BASE + int.from_bytes(digest.digest(), "little") % PROMPT_KEY_RANGE
     return key
 
 

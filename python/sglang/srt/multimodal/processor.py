@@ -124,7 +124,11 @@ class MultimodalProcessor:
         add_special_tokens: bool = True,
     ) -> tuple[list[int], list[MultimodalItem]]:
         """``add_special_tokens=False`` for text that already carries them (a rendered chat
-        template that starts with BOS would otherwise get a second one)."""
+        template that starts with BOS would otherwise get a second one). Prompt text is laid out
+        as the model's processor lays it out (``ModelAdapter.format_prompt``); given input ids
+        are taken as they are."""
+        if prompt is not None:
+            prompt = self.adapter.format_prompt(self.hf_processor, prompt)
         if not images:
             if input_ids is None:
                 input_ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens)[

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 
 class AttentionBackend(ABC):
     perf: Any = None  # the runner's PerfCounters: time and FLOPs of every forward call
+    # How a batch's bidirectional spans meet sliding windows (ModelAdapter's two flags).
+    spans_in_sliding_layers_only = False
+    window_bounds_spans = True
 
     @abstractmethod
     def prepare_metadata(self, batch: ForwardBatch) -> None:
@@ -30,8 +33,10 @@ class AttentionBackend(ABC):
         scaling: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        save_kv: bool = True,
     ) -> torch.Tensor:
-        """Store this step's k/v at ``batch.out_cache_loc`` and attend.
+        """Store this step's k/v at ``batch.out_cache_loc`` (unless ``save_kv`` is False: a
+        layer reading the KV another layer wrote) and attend.
 
         q: (1, heads, T, dim); k, v: (1, kv_heads, T, dim) for the T packed tokens of the batch.
         Returns (1, T, heads, dim).

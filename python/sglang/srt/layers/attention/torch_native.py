@@ -83,7 +83,8 @@ class _ReqAttn:
     prefix: int
     kv_indices: torch.Tensor
     spans: list[tuple[int, int]]
-    masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+    window_bounds_spans: bool = True  # False: a span's tokens see each other beyond the window
+    masks: dict[tuple[int | None, bool], torch.Tensor] = field(default_factory=dict)
     _layout: _KVLayout | None = None
 
     @property
@@ -95,29 +96,39 @@ class _ReqAttn:
             self._layout = _KVLayout.of(self.kv_indices, self.prefix, self.q_len)
         return self._layout
 
-    def is_plain_causal(self, sliding_window: int | None) -> bool:
-        return not self.spans and (sliding_window is None or sliding_window >= self.seq_len)
+    def is_plain_causal(self, sliding_window: int | None, use_spans: bool = True) -> bool:
+        no_spans = not (use_spans and self.spans)
+        return no_spans and (sliding_window is None or sliding_window >= self.seq_len)
 
-    def mask(self, sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
-        """Additive mask (0 / -inf) in the queries' dtype, built once per batch and window: SDPA's
-        fused CPU kernel takes it as is, while a boolean mask is converted on every call."""
-        if self.is_plain_causal(sliding_window):
+    def mask(
+        self, sliding_window: int | None, dtype: torch.dtype, use_spans: bool = True
+    ) -> torch.Tensor | None:
+        """Additive mask (0 / -inf) in the queries' dtype, built once per batch, window and span
+        use: SDPA's fused CPU kernel takes it as is, while a boolean mask is converted on every
+        call."""
+        if self.is_plain_causal(sliding_window, use_spans):
             sliding_window = None
             if self.q_len == 1:
                 return None
-        if sliding_window not in self.masks:
+        use_spans = use_spans and bool(self.spans)
+        key = (sliding_window, use_spans)
+        if key not in self.masks:
             device = self.kv_indices.device
             q_pos = torch.arange(self.prefix, self.seq_len, device=device)[:, None]
             kv_pos = torch.arange(self.seq_len, device=device)[None, :]
             allowed = kv_pos <= q_pos
-            for start, end in self.spans:
-                if start < self.seq_len and end > self.prefix:
-                    allowed |= (q_pos >= start) & (q_pos < end) & (kv_pos >= start) & (kv_pos < end)
-            if sliding_window is not None:
-                allowed &= kv_pos > q_pos - sliding_window
+            both_ways = torch.zeros_like(allowed)
+            for start, end in self.spans if use_spans else []:
+                both_ways |= (q_pos >= start) & (q_pos < end) & (kv_pos >= start) & (kv_pos < end)
+            if sliding_window is not None and self.window_bounds_spans:
+                allowed = (allowed | both_ways) & (kv_pos > q_pos - sliding_window)
+            elif sliding_window is not None:
+                allowed = (allowed & (kv_pos > q_pos - sliding_window)) | both_ways
+            else:
+                allowed |= both_ways
             mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-            self.masks[sliding_window] = mask.masked_fill_(~allowed, float("-inf"))
-        return self.masks[sliding_window]
+            self.masks[key] = mask.masked_fill_(~allowed, float("-inf"))
+        return self.masks[key]
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -134,7 +145,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, batch.bidirectional_spans
         ):
             kv_indices = self.req_to_token[row, : prefix + extend]
-            self._reqs.append(_ReqAttn(q_start, extend, prefix, kv_indices, spans))
+            # Only spans that hold a query of this step change the mask (not so after a prompt).
+            spans = [(a, b) for a, b in spans if a < prefix + extend and b > prefix]
+            self._reqs.append(
+                _ReqAttn(q_start, extend, prefix, kv_indices, spans, self.window_bounds_spans)
+            )
             q_start += extend
         self._keys_seen = sum(causal_keys_seen(r.prefix, r.q_len) for r in self._reqs)
 
@@ -149,11 +164,14 @@ class TorchNativeAttnBackend(AttentionBackend):
         scaling: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        save_kv: bool = True,
     ) -> torch.Tensor:
         started = time.perf_counter()
         pool = self.kv_pool
-        pool.set_kv(layer, batch.out_cache_loc, k[0].transpose(0, 1), v[0].transpose(0, 1))
+        if save_kv:
+            pool.set_kv(layer, batch.out_cache_loc, k[0].transpose(0, 1), v[0].transpose(0, 1))
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
+        use_spans = sliding_window is not None or not self.spans_in_sliding_layers_only
         out = q.new_empty(q.shape[2], q.shape[1], q.shape[3])
         for r in self._reqs:
             qi = q[:, :, r.q_start : r.q_start + r.q_len]
@@ -161,7 +179,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 not softcap
                 and q.device.type == "cpu"
                 and k_buf.dtype == q.dtype
-                and r.is_plain_causal(sliding_window)
+                and r.is_plain_causal(sliding_window, use_spans)
             ):
                 oi = _causal_over_pool(qi, k_buf, v_buf, r.layout(), scaling)
                 out[r.q_start : r.q_start + r.q_len] = oi[0].transpose(0, 1)
@@ -170,14 +188,14 @@ class TorchNativeAttnBackend(AttentionBackend):
             vi = v_buf[r.kv_indices].transpose(0, 1).unsqueeze(0).to(q.dtype)
             if softcap:
                 oi = _softcapped_attention(
-                    qi, ki, vi, r.mask(sliding_window, q.dtype), scaling, softcap
+                    qi, ki, vi, r.mask(sliding_window, q.dtype, use_spans), scaling, softcap
                 )
             else:
                 oi = F.scaled_dot_product_attention(
                     qi,
                     ki,
                     vi,
-                    attn_mask=r.mask(sliding_window, q.dtype),
+                    attn_mask=r.mask(sliding_window, q.dtype, use_spans),
                     scale=scaling,
                     enable_gqa=ki.shape[1] != qi.shape[1],
                 )

@@ -11,11 +11,13 @@ from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
 from sglang.srt.models.adapters.families import (
     FixedCountAdapter,
     Gemma3Adapter,
+    Gemma4Adapter,
     Glm4vAdapter,
     Granite4VisionAdapter,
     LlavaAdapter,
     LlavaOnevisionAdapter,
     Ovis2Adapter,
+    PaliGemmaAdapter,
     PixtralAdapter,
     QwenVLAdapter,
     TiledAdapter,
@@ -45,20 +47,14 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "aya_vision": TiledAdapter,
     "granite4_vision": Granite4VisionAdapter,
     "ovis2": Ovis2Adapter,
+    "gemma4": Gemma4Adapter,  # per-layer KV shapes and shared KV: mem_cache/kv_layout.py
+    "paligemma": PaliGemmaAdapter,
 }
 
 
 # Families transformers has but this engine cannot serve yet, and what they would need.
 KNOWN_GAPS: dict[str, str] = {
     "gemma3n": "per-layer inputs and audio towers are not wired into the engine",
-    "paligemma": (
-        "a prefix-LM (the whole prompt, text-only ones too, attends both ways, positions start "
-        "at 1, KV reusable only for an identical prompt) needs scheduler and radix support"
-    ),
-    "gemma4": (
-        "full-attention layers with another head dim, KV sharing between layers and per-layer "
-        "inputs need a non-uniform KV pool"
-    ),
 }
 
 
@@ -83,7 +79,11 @@ def get_adapter(model: nn.Module | None, config: Any) -> ModelAdapter:
             f"cannot serve model type {config.model_type!r}: {missing}; supported VLM families: "
             f"{', '.join(supported_families())} (and text-only causal LMs)"
         )
-    return cls(model, config)
+    try:
+        return cls(model, config)
+    except ValueError as exc:
+        message = f"cannot serve model type {config.model_type!r}: {exc}"
+        raise UnsupportedModelError(message) from None
 
 
 def _check_not_prequantized(config: Any) -> None:

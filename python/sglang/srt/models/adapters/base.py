@@ -29,6 +29,7 @@ from torch import nn
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
 
 Layout = dict[str, Any]
+_MEDIA = ("image", "video", "audio")
 
 
 class PixelShape(tuple):
@@ -36,8 +37,18 @@ class PixelShape(tuple):
 
 
 class ModelAdapter:
-    #: image tokens attend to each other in both directions: an image is never split by a chunk
-    bidirectional_images = False
+    #: prompt tokens that attend to each other in both directions, never split by a chunk:
+    #: None (none), "images" (each image's tokens: Gemma 3, Gemma 4) or "prompt" (the whole
+    #: prompt: a prefix-LM such as PaliGemma, whose KV is then reusable only by the same prompt)
+    bidirectional: str | None = None
+    #: the bidirectional spans hold only in the sliding-window layers (Gemma 4)
+    bidirectional_sliding_only = False
+    #: in a sliding-window layer, a span's tokens see each other only within the window (Gemma 3
+    #: and 4: window AND (causal OR span)); False: whatever the window (PaliGemma 2: (causal AND
+    #: window) OR span)
+    window_bounds_spans = True
+    #: added to every rotary position (PaliGemma counts from 1)
+    position_offset = 0
 
     def __init__(self, model: nn.Module | None, config: Any) -> None:
         self.model = model
@@ -74,6 +85,23 @@ class ModelAdapter:
         if not extras:
             return {}
         return {"visual_pos_masks": image_positions, "deepstack_visual_embeds": extras}
+
+    def token_lm_kwargs(self, input_ids: torch.Tensor) -> dict[str, Any]:
+        """Language-model inputs computed from a step's token ids (T,) rather than from their
+        embeddings: Gemma 4's per-layer inputs, where image tokens read as padding (as in HF's
+        multimodal forward). Empty for most models."""
+        if not getattr(self.text_config, "hidden_size_per_layer_input", None):
+            return {}
+        placeholders = [getattr(self.config, f"{kind}_token_id", None) for kind in _MEDIA]
+        pad = self.text_config.pad_token_id
+        for token in (t for t in placeholders if t is not None):
+            input_ids = torch.where(input_ids == token, pad, input_ids)
+        return {"per_layer_inputs": self.language_model.get_per_layer_inputs(input_ids[None])}
+
+    def format_prompt(self, processor: Any, prompt: str) -> str:
+        """The prompt text as the model's processor lays it out before expanding placeholders
+        (PaliGemma adds ``<bos>`` after the images and a newline); unchanged for most models."""
+        return prompt
 
     def token_embedding_overrides(self) -> dict[int, torch.Tensor]:
         """Token id -> embedding that replaces the text embedding of that token in the prompt of
