@@ -5,7 +5,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -212,7 +215,19 @@ def counter_delta(
     return {k: after[k] - before[k] for k in after}
 
 
-PERF_KEYS = ("vision_seconds", "vision_flops", "lm_attention_seconds", "lm_attention_flops")
+PERF_KEYS = (
+    "vision_seconds",
+    "vision_flops",
+    "lm_attention_seconds",
+    "lm_attention_flops",
+    "lm_linear_flops",
+    "lm_head_flops",
+    "prefill_forward_seconds",
+    "decode_forward_seconds",
+    "decode_steps",
+    "decode_bytes",
+    "sampling_seconds",
+)
 
 
 def perf_counters(info: dict[str, Any]) -> dict[str, float] | None:
@@ -237,12 +252,56 @@ def achieved(delta: dict[str, float] | None, peak_gflops: float | None) -> dict[
     return out
 
 
-def matmul_peak_gflops(size: int = 1024, seconds: float = 1.5) -> dict[str, Any]:
-    """The machine's float32 matrix-multiply rate with torch's default threads: the best of
+def round_breakdown(
+    perf: dict[str, float] | None,
+    encoder: dict[str, float] | None,
+    ttft_s: float,
+    peak_gflops: float | None,
+    bandwidth_gbs: float | None,
+) -> dict[str, Any]:
+    """A round's model FLOPs utilisation (every FLOP of the round over TTFT over the GEMM peak in
+    the dtype in use), where its time went, and its decode steps against memory bandwidth.
+
+    Parts of TTFT: ``preprocess_ms`` (the encoder path outside the tower: preprocessing and the
+    move to the device), ``vision_ms``, ``lm_ms`` (prefill forwards without the encoder path),
+    ``sampling_ms``; ``api_other_ms`` is the rest (HTTP, tokenization, queueing, streaming).
+    Decode: ``decode_ms_per_step`` and ``decode_of_bandwidth`` = (bytes a step must read /
+    bandwidth) / its time, 1.0 at the bandwidth limit. The counters cover the whole request,
+    so prefill parts assume its decode steps come after the first token (true for one request)."""
+    if perf is None:
+        return {}
+    flops = sum(perf[k] for k in ("vision_flops", "lm_attention_flops", "lm_linear_flops"))
+    flops += perf["lm_head_flops"]
+    encoder_s = encoder["encoder_seconds"] if encoder else perf["vision_seconds"]
+    steps = perf["decode_steps"]
+    prefill_s = perf["prefill_forward_seconds"]
+    sampling_s = perf["sampling_seconds"] * (1 / (1 + steps))  # the first token's sampling
+    decode_s = perf["decode_forward_seconds"]
+    out = {
+        "round_gflops": flops / 1e9,
+        "mfu": flops / ttft_s / 1e9 / peak_gflops if peak_gflops and ttft_s > 0 else None,
+        "preprocess_ms": max(encoder_s - perf["vision_seconds"], 0.0) * 1e3,
+        "lm_ms": max(prefill_s - encoder_s, 0.0) * 1e3,
+        "sampling_ms": sampling_s * 1e3,
+        "api_other_ms": max(ttft_s - prefill_s - sampling_s, 0.0) * 1e3,
+        "decode_ms_per_step": decode_s / steps * 1e3 if steps else None,
+        "decode_of_bandwidth": None,
+    }
+    if steps and bandwidth_gbs and decode_s > 0:
+        out["decode_of_bandwidth"] = perf["decode_bytes"] / (bandwidth_gbs * 1e9) / decode_s
+    return out
+
+
+def matmul_peak_gflops(
+    size: int = 1024, seconds: float = 1.5, dtype: str = "float32"
+) -> dict[str, Any]:
+    """The machine's matrix-multiply rate in ``dtype`` with torch's default threads: the best of
     repeated size^3 products over about ``seconds`` (best, because other load only slows it)."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    kind = getattr(torch, dtype)
+    a, b = torch.randn(size, size).to(kind), torch.randn(size, size).to(kind)
+    torch.mm(a, b)  # warm-up: packing and kernel selection
     best, deadline = float("inf"), time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         start = time.perf_counter()
@@ -252,8 +311,44 @@ def matmul_peak_gflops(size: int = 1024, seconds: float = 1.5) -> dict[str, Any]
         "gflop_per_s": 2 * size**3 / best / 1e9,
         "size": size,
         "threads": torch.get_num_threads(),
-        "dtype": "float32",
+        "dtype": dtype,
     }
+
+
+def memory_bandwidth_gbs(megabytes: int = 512, seconds: float = 1.0) -> dict[str, Any]:
+    """Host memory bandwidth from a copy probe: bytes read plus bytes written per second, best
+    of repeated copies of a buffer far larger than the caches."""
+    import torch
+
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    moved = 2 * src.numel() * src.element_size()
+    threads = torch.get_num_threads()
+    return {"gb_per_s": moved / best / 1e9, "megabytes": megabytes, "threads": threads}
+
+
+def cpu_info() -> dict[str, Any]:
+    """``lscpu``'s model name and the ISA flags that matter for bfloat16 / int8 matmuls."""
+    text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    flags = set(fields.get("Flags", "").split())
+    wanted = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2")
+    return {
+        "model_name": fields.get("Model name", platform.processor()).strip(),
+        "cores": os.cpu_count(),
+        "isa": {flag: flag in flags for flag in wanted},
+    }
+
+
+def cpu_line(info: dict[str, Any]) -> str:
+    have = [flag for flag, ok in info["isa"].items() if ok]
+    return f"CPU: {info['model_name']}, {info['cores']} cores; ISA: {' '.join(have) or 'none'}"
 
 
 def process_tree_cpu_seconds(pid: int | None) -> float | None:

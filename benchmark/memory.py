@@ -20,7 +20,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -35,7 +34,15 @@ import httpx
 import psutil
 from tqdm import tqdm
 
-from benchmark.common import image_part, make_jpeg, markdown_table, pyplot, write_json
+from benchmark.common import (
+    cpu_info,
+    cpu_line,
+    image_part,
+    make_jpeg,
+    markdown_table,
+    pyplot,
+    write_json,
+)
 from benchmark.servers import Server, free_port, launch
 
 GIB = 1 << 30
@@ -215,24 +222,6 @@ def cached_checkpoint(dims: dict[str, Any], shape: str) -> Path:
 
 
 # Measurements ----------------------------------------------------------------------------------
-def cpu_info() -> dict[str, Any]:
-    """``lscpu``'s model name and the ISA flags that matter for bfloat16 / int8 matmuls."""
-    text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    flags = set(fields.get("Flags", "").split())
-    wanted = ("amx_bf16", "amx_int8", "amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2")
-    return {
-        "model_name": fields.get("Model name", platform.processor()).strip(),
-        "cores": os.cpu_count(),
-        "isa": {flag: flag in flags for flag in wanted},
-    }
-
-
-def cpu_line(info: dict[str, Any]) -> str:
-    have = [flag for flag, ok in info["isa"].items() if ok]
-    return f"CPU: {info['model_name']}, {info['cores']} cores; ISA: {' '.join(have) or 'none'}"
-
-
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)

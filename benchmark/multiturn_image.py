@@ -27,17 +27,21 @@ from benchmark.common import (
     achieved,
     chat,
     counter_delta,
+    cpu_info,
+    cpu_line,
     encoder_counters,
     flush_cache,
     image_part,
     make_jpeg,
     markdown_table,
     matmul_peak_gflops,
+    memory_bandwidth_gbs,
     parse_resolution,
     perf_counters,
     process_tree_cpu_seconds,
     pyplot,
     ratio,
+    round_breakdown,
     server_info,
     think_mode_body,
     write_json,
@@ -68,6 +72,7 @@ def run_conversation(
     extra: dict[str, Any] | None = None,
     peak_gflops: float | None = None,
     server_pid: int | None = None,
+    bandwidth_gbs: float | None = None,
 ) -> list[dict[str, Any]]:
     """Warm up with an unrelated image, flush the caches, then play the rounds (image ids
     ``image_offset + round``: repetitions use new images, so no engine can answer from a cache
@@ -113,6 +118,7 @@ def run_conversation(
                 if cpu_before is not None and cpu_after is not None
                 else None,
                 **achieved(perf, peak_gflops),
+                **round_breakdown(perf, delta, res.ttft, peak_gflops, bandwidth_gbs),
             }
         )
         if progress is not None:
@@ -230,6 +236,35 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
                     perf_rows,
                 )  # fmt: skip
             )
+        split_rows = [
+            [lb, r, e["ttft_ms"], e["round_gflops"], e["mfu"], e["api_other_ms"],
+             e["preprocess_ms"], e["vision_ms"], e["lm_ms"], e["sampling_ms"],
+             e["decode_ms_per_step"], e["decode_of_bandwidth"]]
+            for lb in labels if lb.startswith("ours")
+            for r, e in enumerate(by.get(lb, [])) if e.get("round_gflops") is not None
+        ]  # fmt: skip
+        if split_rows:
+            parts.append(
+                "model FLOPs utilisation and where TTFT went (ms); decode against the copy-probe "
+                "bandwidth:\n\n"
+                + markdown_table(
+                    [
+                        "run",
+                        "round",
+                        "TTFT",
+                        "GFLOP",
+                        "MFU",
+                        "API+other",
+                        "preprocess",
+                        "ViT",
+                        "LM",
+                        "sampling",
+                        "decode ms/step",
+                        "decode / bandwidth",
+                    ],
+                    split_rows,
+                )  # fmt: skip
+            )
         ratios = {k: v for k, v in s.items() if isinstance(v, float)}
         parts.append("ratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in ratios.items()))
     return "\n\n".join(parts) + "\n"
@@ -295,7 +330,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", default="benchmark/results/multiturn_image")
     p.add_argument("--no-probe", action="store_true", help="skip the matmul peak probe")
     args = p.parse_args(argv)
-    peak = None if args.no_probe else matmul_peak_gflops()
+    cpu = cpu_info()
+    print(cpu_line(cpu))
+    probe_dtype = "float32" if args.dtype in ("float32", "auto") else "bfloat16"
+    peak = None if args.no_probe else matmul_peak_gflops(dtype=probe_dtype)
+    bandwidth = None if args.no_probe else memory_bandwidth_gbs()
     preset = PRESETS["quick" if args.quick else args.preset]
     resolutions = (args.resolutions or preset["resolutions"]).split(",")
     rounds = args.rounds or preset["rounds"]
@@ -327,6 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             args.max_tokens, bar, image_offset=1000 * k, extra=extra,
                             peak_gflops=peak["gflop_per_s"] if peak else None,
                             server_pid=server.proc.pid if server.proc else None,
+                            bandwidth_gbs=bandwidth["gb_per_s"] if bandwidth else None,
                         )
                         for k in range(args.repeats)
                     ])  # fmt: skip
@@ -360,6 +400,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "model_path": model_path,
             "engines": [label for label, _ in plan],
             "matmul_peak": peak,
+            "memory_bandwidth": bandwidth,
+            "cpu": cpu,
         },
         "runs": runs,
         "failures": failures,
@@ -369,11 +411,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_json(out.with_suffix(".json"), result)
     out.with_suffix(".partial.json").unlink(missing_ok=True)
     md = markdown(runs, summary)
-    if peak:
+    if peak and bandwidth:
         md = (
             f"matmul peak (probe): {peak['gflop_per_s']:.1f} GFLOP/s "
-            f"({peak['dtype']}, {peak['size']}^3, {peak['threads']} threads)\n\n" + md
+            f"({peak['dtype']}, {peak['size']}^3, {peak['threads']} threads); memory bandwidth "
+            f"(copy probe): {bandwidth['gb_per_s']:.1f} GB/s\n\n" + md
         )
+    md = cpu_line(cpu) + "\n\n" + md
     out.with_suffix(".md").write_text(md)
     plot(runs, resolutions, out.with_suffix(".png"))
     print(md)

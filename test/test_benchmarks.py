@@ -121,6 +121,16 @@ def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path) -> None:
     assert [r["encoded_items"] for r in combined] == [1, 2, 3]
     assert data["goals"]["64x64"]["per_image_one_item_per_round"] is True
     assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".md").exists()
+    config = data["config"]
+    assert config["matmul_peak"]["gflop_per_s"] > 0 and config["memory_bandwidth"]["gb_per_s"] > 0
+    assert config["cpu"]["model_name"] and "avx512f" in config["cpu"]["isa"]
+    for r in per_image:  # the round's work, its MFU and where its time went
+        assert r["round_gflops"] > 0 and 0 < r["mfu"] < 1
+        parts = ("api_other_ms", "preprocess_ms", "vision_ms", "lm_ms", "sampling_ms")
+        assert all(r[k] >= 0 for k in parts)
+        assert sum(r[k] for k in parts) == pytest.approx(r["ttft_ms"], rel=0.05)
+        assert r["decode_ms_per_step"] > 0 and 0 < r["decode_of_bandwidth"] < 1
+    assert "MFU" in out.with_suffix(".md").read_text()
 
 
 @needs_server

@@ -38,7 +38,16 @@ from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 
 FP8 = ("fp8_e4m3", "fp8_e5m2")
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "internvl", "mistral3", "qwen3_5")
+FAMILIES = (
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "llava",
+    "gemma3",
+    "gemma4",
+    "internvl",
+    "mistral3",
+    "qwen3_5",
+)
 ROUNDING_VS_BF16 = {"fp8_e4m3": 16, "fp8_e5m2": 32}
 FP8_SLACK = 2.0
 

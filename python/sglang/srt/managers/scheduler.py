@@ -185,7 +185,9 @@ class Scheduler:
                 batch, logits = self._forward(batch)
                 if batch is not None:
                     self.forward_steps += 1
+                    started = time.perf_counter()
                     done = self._process(batch, logits)
+                    self.runner.perf.sampling_seconds += time.perf_counter() - started
         return StepOutput(self._failed + done)
 
     def _take_compiled_grammars(self) -> list[Req]:

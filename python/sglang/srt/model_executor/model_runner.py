@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 import transformers
@@ -84,6 +85,7 @@ class ModelRunner:
             )
             if self.quantization is not None:
                 copy_out_of_checkpoint(self.model)
+        self._count_lm_work()
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )
@@ -112,6 +114,18 @@ class ModelRunner:
             args.mm_cache_mode,
         )
 
+    def _count_lm_work(self) -> None:
+        """Multiply-adds per token of the LM's dense linears and of the LM head, and the bytes
+        of weights a decode step reads (the LM's and the head's), for ``PerfCounters``."""
+        language_model = self.adapter.language_model
+        linears = [m for m in language_model.modules() if isinstance(m, torch.nn.Linear)]
+        self.lm_linear_macs = sum(m.in_features * m.out_features for m in linears)
+        head = self.model.get_output_embeddings()
+        self.lm_head_macs = head.in_features * head.out_features
+        in_lm = {id(p) for p in language_model.parameters()}
+        head_bytes = 0 if id(head.weight) in in_lm else memory.module_bytes(head)
+        self.lm_weight_bytes = memory.module_bytes(language_model) + head_bytes
+
     def _load(self, model_path: str) -> torch.nn.Module:
         if self.is_multimodal:
             cls = transformers.AutoModelForImageTextToText
@@ -135,7 +149,7 @@ class ModelRunner:
     def _init_memory(self) -> None:
         layout = self._kv_layout()
         kv_dtype = self.kv_cache_dtype
-        per_token = KVPool.bytes_per_token(layout.shapes, kv_dtype)
+        per_token = self.kv_bytes_per_token = KVPool.bytes_per_token(layout.shapes, kv_dtype)
         self.weights_bytes = memory.module_bytes(self.model)
         budget = self._kv_budget_bytes(per_token)
         state_reqs = self._init_state_pool(budget) if self.state_shape else None
@@ -203,6 +217,20 @@ class ModelRunner:
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run the batch; return float32 logits at each request's last token: (num_reqs, vocab)."""
+        started = time.perf_counter()
+        logits = self._forward(batch)
+        perf, elapsed = self.perf, time.perf_counter() - started
+        perf.lm_linear_flops += 2.0 * batch.num_tokens * self.lm_linear_macs
+        if batch.is_decode:
+            kv_tokens = sum(batch.prefix_lens) + batch.size
+            perf.decode_forward_seconds += elapsed
+            perf.decode_steps += 1
+            perf.decode_bytes += self.lm_weight_bytes + kv_tokens * self.kv_bytes_per_token
+        else:
+            perf.prefill_forward_seconds += elapsed
+        return logits
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         self.attn_backend.prepare_metadata(batch)
         batch.attn_backend = self.attn_backend
         ids = batch.input_ids
@@ -229,6 +257,7 @@ class ModelRunner:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of hidden states (rows, hidden) -> (rows, vocab)."""
+        self.perf.lm_head_flops += 2.0 * hidden.shape[0] * self.lm_head_macs
         logits = self.model.get_output_embeddings()(hidden).float()
         logits = self.adapter.scale_logits(logits)
         softcap = getattr(self.text_config, "final_logit_softcapping", None)
