@@ -67,6 +67,23 @@ SHAPES: dict[str, dict[str, dict[str, Any]]] = {
             "tokens_per_second": 2, "hidden_act": "silu", "in_channels": 3,
         },
     },
+    "3b": {  # Qwen2.5-VL-3B-Instruct's per-layer dims
+        "text": {
+            "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
+            "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+            "sliding_window": 32768, "max_window_layers": 70, "use_sliding_window": False,
+            "rope_parameters": {
+                "rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]
+            },
+        },
+        "vision": {
+            "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+            "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+            "tokens_per_second": 2, "hidden_act": "silu", "in_channels": 3,
+        },
+    },
     "tiny": {
         "text": {
             "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,

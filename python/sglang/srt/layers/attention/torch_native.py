@@ -132,14 +132,30 @@ class _ReqAttn:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
+    """Prefill: per request, fused flash calls over pool views (plain causal) or SDPA with a
+    mask (spans, windows, soft-capping). Decode on a CPU: the native decode kernel, all requests
+    in one call (``kernels/csrc/decode_attention.cpp``), where it is built and the pool holds the
+    queries' dtype; else the per-request path."""
+
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token_pool.req_to_token
         self._reqs: list[_ReqAttn] = []
         self._keys_seen = 0.0  # of the batch's queries, for the FLOPs of each layer
+        self.decode_kernel = None
+        if kv_pool.device == "cpu":
+            from sglang.srt import kernels
+
+            self.decode_kernel = kernels.load("decode_attention")
+        self._decode_rows: torch.Tensor | None = None  # request rows and lengths of a decode
+        self._decode_lens: torch.Tensor | None = None
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         self._reqs = []
+        self._decode_rows = self._decode_lens = None
+        if batch.is_decode and self.decode_kernel is not None:
+            self._decode_rows = torch.tensor(batch.req_pool_indices, dtype=torch.int64)
+            self._decode_lens = torch.tensor(batch.prefix_lens, dtype=torch.int64) + 1
         q_start = 0
         for row, prefix, extend, spans in zip(
             batch.req_pool_indices, batch.prefix_lens, batch.extend_lens, batch.bidirectional_spans
@@ -171,6 +187,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         if save_kv:
             pool.set_kv(layer, batch.out_cache_loc, k[0].transpose(0, 1), v[0].transpose(0, 1))
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
+        if self._decode_rows is not None and k_buf.dtype == q.dtype:
+            out = self._decode(q, k_buf, v_buf, scaling, sliding_window, softcap)
+            if self.perf is not None:
+                flops = causal_attention_flops(q.shape[1], q.shape[3], self._keys_seen)
+                self.perf.add_lm_attention(time.perf_counter() - started, flops)
+            return out
         use_spans = sliding_window is not None or not self.spans_in_sliding_layers_only
         out = q.new_empty(q.shape[2], q.shape[1], q.shape[3])
         for r in self._reqs:
@@ -203,6 +225,29 @@ class TorchNativeAttnBackend(AttentionBackend):
         if self.perf is not None:
             flops = causal_attention_flops(q.shape[1], q.shape[3], self._keys_seen)
             self.perf.add_lm_attention(time.perf_counter() - started, flops)
+        return out.unsqueeze(0)
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        scaling: float,
+        sliding_window: int | None,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        """One query per request (q: (1, heads, B, dim)) -> (1, B, heads, dim)."""
+        out = self.decode_kernel.decode_attention(
+            q[0].transpose(0, 1).contiguous(),
+            k_buf,
+            v_buf,
+            self.req_to_token,
+            self._decode_rows,
+            self._decode_lens,
+            scaling,
+            sliding_window or -1,
+            softcap or 0.0,
+        )
         return out.unsqueeze(0)
 
 

@@ -1,0 +1,154 @@
+"""Decode step time against memory bandwidth, per batch size, with and without the native decode
+attention kernel, on a checkpoint with a real model's per-layer dims (random weights).
+
+A decode step must read the language model's weights once plus every request's KV, so its floor
+is (weight bytes + KV bytes) / bandwidth (a copy probe at start). For each batch size the
+offline engine prefills the prompts, then the step time is taken from the runner's counters over
+the decode steps; ``of_bandwidth`` = floor / step time (1.0 at the limit). Both attention paths
+run in one process, alternating, best of ``--repeats``.
+
+    python -m benchmark.decode_step --shape 3b --layers 4 --batch-sizes 1,4,8,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from benchmark.common import (
+    cpu_info,
+    cpu_line,
+    markdown_table,
+    memory_bandwidth_gbs,
+    pyplot,
+    write_json,
+)
+from benchmark.memory import SHAPES, cached_checkpoint, shape_config
+
+PATHS = ("kernel", "torch")
+
+
+def _step(engine: Any, batch: int, prompt_len: int, new_tokens: int, path: str) -> dict:
+    """One measured decode run: ``batch`` prompts of ``prompt_len`` tokens, ``new_tokens``
+    each; returns ms per decode step and bytes per step."""
+    runner = engine.runner
+    backend = runner.attn_backend
+    kernel = getattr(engine, "_decode_kernel", backend.decode_kernel)
+    engine._decode_kernel = kernel
+    backend.decode_kernel = kernel if path == "kernel" else None
+    engine.flush_cache()
+    ids = [[(7 * i + 13 * t) % 1000 + 10 for t in range(prompt_len)] for i in range(batch)]
+    params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    before = dict(runner.perf.as_dict())
+    engine.generate(input_ids=ids, sampling_params=params)
+    after = runner.perf.as_dict()
+    steps = after["decode_steps"] - before["decode_steps"]
+    seconds = after["decode_forward_seconds"] - before["decode_forward_seconds"]
+    moved = after["decode_bytes"] - before["decode_bytes"]
+    return {"ms_per_step": seconds / steps * 1e3, "bytes_per_step": moved / steps, "steps": steps}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import sglang
+
+    cpu = cpu_info()
+    print(cpu_line(cpu))
+    bandwidth = memory_bandwidth_gbs()
+    dims = shape_config(args.shape, args.layers, 2)
+    path = args.model_path or str(cached_checkpoint(dims, args.shape))
+    engine = sglang.Engine(
+        model_path=path, dtype=args.dtype, max_running_requests=max(args.batch_sizes)
+    )
+    if engine.runner.attn_backend.decode_kernel is None:
+        raise RuntimeError("the native decode kernel could not be built on this machine")
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=len(args.batch_sizes) * len(PATHS) * args.repeats, desc="decode_step")
+    for batch in args.batch_sizes:
+        best: dict[str, dict] = {}
+        for _ in range(args.repeats):
+            for kind in PATHS:
+                got = _step(engine, batch, args.prompt_len, args.new_tokens, kind)
+                if kind not in best or got["ms_per_step"] < best[kind]["ms_per_step"]:
+                    best[kind] = got
+                bar.update(1)
+        floor_ms = best["kernel"]["bytes_per_step"] / (bandwidth["gb_per_s"] * 1e9) * 1e3
+        row = {"batch": batch, "floor_ms": floor_ms}
+        for kind in PATHS:
+            row[f"{kind}_ms"] = best[kind]["ms_per_step"]
+            row[f"{kind}_of_bandwidth"] = floor_ms / best[kind]["ms_per_step"]
+        row["torch_over_kernel"] = row["torch_ms"] / row["kernel_ms"]
+        rows.append(row)
+    bar.close()
+    engine.shutdown()
+    return {
+        "benchmark": "decode_step",
+        "config": {**vars(args), "model_path": path, "dims": dims},
+        "cpu": cpu,
+        "memory_bandwidth": bandwidth,
+        "rows": rows,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    head = ["batch", "floor ms", "kernel ms", "kernel / bandwidth", "torch ms",
+            "torch / bandwidth", "torch / kernel"]  # fmt: skip
+    rows = [
+        [r["batch"], r["floor_ms"], r["kernel_ms"], r["kernel_of_bandwidth"], r["torch_ms"],
+         r["torch_of_bandwidth"], r["torch_over_kernel"]]
+        for r in result["rows"]
+    ]  # fmt: skip
+    bw = result["memory_bandwidth"]["gb_per_s"]
+    return (
+        f"{cpu_line(result['cpu'])}; copy bandwidth {bw:.1f} GB/s\n\n"
+        + markdown_table(head, rows)
+        + "\n"
+    )
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    batches = [r["batch"] for r in result["rows"]]
+    for key, label in (("floor_ms", "bytes / bandwidth"), ("kernel_ms", "native decode kernel"),
+                       ("torch_ms", "per-request torch path")):  # fmt: skip
+        ax.plot(batches, [r[key] for r in result["rows"]], marker="o", label=label)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("ms per decode step")
+    ax.legend(fontsize=7)
+    fig.suptitle(cpu_line(result["cpu"]), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=SHAPES, default="3b")
+    p.add_argument("--layers", type=int, default=4, help="language-model layers")
+    p.add_argument("--model-path", help="use this checkpoint instead of building one")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[1, 4, 8, 16])  # fmt: skip
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="benchmark/results/decode_step")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    result = run(args)
+    result["wall_s"] = time.perf_counter() - started
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out.with_suffix(".json"), result)
+    md = markdown(result)
+    out.with_suffix(".md").write_text(md)
+    plot(result, out.with_suffix(".png"))
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()

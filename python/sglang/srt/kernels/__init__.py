@@ -1,0 +1,66 @@
+"""Native CPU kernels (C++ in ``csrc/``), compiled at first use for the machine that loads them.
+
+The build uses the installed torch (no build isolation, no CUDA), ``-O3 -march=native`` (the
+code is compiled for the ISA present; the build directory is keyed by the CPU's flags, the torch
+version and the source, so a machine never loads a kernel built for another) and OpenMP for
+``at::parallel_for``. Where no compiler is found or the build fails, ``load`` returns None and
+callers keep their torch path; ``SGLANG_DISABLE_CPU_KERNELS=1`` forces that.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+DISABLE_ENV = "SGLANG_DISABLE_CPU_KERNELS"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _build_dir(name: str, source: Path) -> Path:
+    import torch
+
+    key = hashlib.sha256()
+    for part in (torch.__version__, _cpu_flags(), source.read_text()):
+        key.update(part.encode())
+    root = os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang"
+    return Path(root) / "kernels" / f"{name}-{key.hexdigest()[:16]}"
+
+
+@functools.cache
+def load(name: str) -> ModuleType | None:
+    """The compiled module of ``csrc/<name>.cpp``, or None where it cannot be built."""
+    if os.environ.get(DISABLE_ENV, "0") not in ("", "0"):
+        return None
+    source = CSRC / f"{name}.cpp"
+    try:
+        from torch.utils.cpp_extension import load as build
+
+        directory = _build_dir(name, source)
+        directory.mkdir(parents=True, exist_ok=True)
+        return build(
+            name=f"sglang_{name}",
+            sources=[str(source)],
+            build_directory=str(directory),
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as exc:  # no compiler, no ninja, a failed build: the torch path stays
+        logger.warning("native CPU kernel %s unavailable, using torch: %s", name, exc)
+        return None

@@ -1,0 +1,106 @@
+"""The native decode-attention kernel equals attention over the gathered keys (SDPA in float64)
+on random shapes: batch, GQA ratios, head dims 64/80/128, sequence lengths, scattered slots,
+sliding windows, soft-capping, float32 and bfloat16; the engine uses it for decode steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang.srt import kernels
+
+KERNEL = kernels.load("decode_attention")
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain to build the kernel")
+
+
+def _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap) -> torch.Tensor:
+    out = []
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        first = max(0, n - window) if window > 0 else 0
+        slots = table[rows[b], first:n]
+        k = k_buf[slots].double().transpose(0, 1)  # (kv_heads, n, dim)
+        v = v_buf[slots].double().transpose(0, 1)
+        qb = q[b].double().reshape(k.shape[0], -1, q.shape[2])  # (kv_heads, groups, dim)
+        scores = qb @ k.transpose(1, 2) * scale
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        out.append((scores.softmax(-1) @ v).reshape(q.shape[1], q.shape[2]))
+    return torch.stack(out)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 5),
+    kv_heads=st.integers(1, 3),
+    groups=st.sampled_from([1, 2, 4, 6]),
+    dim=st.sampled_from([64, 80, 128, 20]),
+    lengths=st.lists(st.integers(1, 300), min_size=5, max_size=5),
+    window=st.sampled_from([-1, 1, 7, 64]),
+    softcap=st.sampled_from([0.0, 30.0]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_kernel_matches_attention_over_gathered_keys(
+    batch, kv_heads, groups, dim, lengths, window, softcap, dtype, seed
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    heads, size = kv_heads * groups, 1600
+    k_buf = torch.randn(size, kv_heads, dim, generator=gen).to(dtype)
+    v_buf = torch.randn(size, kv_heads, dim, generator=gen).to(dtype)
+    table = torch.randperm(size, generator=gen).reshape(5, 320)  # scattered slots per row
+    rows = torch.randperm(5, generator=gen)[:batch]
+    lens = torch.tensor(lengths[:batch])
+    q = torch.randn(batch, heads, dim, generator=gen).to(dtype)
+    scale = dim**-0.5
+    got = KERNEL.decode_attention(q, k_buf, v_buf, table, rows, lens, scale, window, softcap)
+    want = _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap)
+    assert got.dtype == dtype and got.shape == q.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16: the output's rounding
+    torch.testing.assert_close(got.double(), want, atol=tolerance, rtol=tolerance)
+
+
+@needs_kernel
+def test_decode_kernel_rejects_what_it_cannot_take() -> None:
+    q, kv = torch.randn(1, 4, 8), torch.randn(16, 2, 8)
+    table, rows, lens = torch.arange(16)[None], torch.tensor([0]), torch.tensor([3])
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        KERNEL.decode_attention(q, kv.bfloat16(), kv.bfloat16(), table, rows, lens, 1.0, -1, 0.0)
+    with pytest.raises(RuntimeError, match="multiple of KV heads"):
+        KERNEL.decode_attention(torch.randn(1, 3, 8), kv, kv, table, rows, lens, 1.0, -1, 0.0)
+    with pytest.raises(RuntimeError, match="int64"):
+        KERNEL.decode_attention(q, kv, kv, table.int(), rows, lens, 1.0, -1, 0.0)
+
+
+@needs_kernel
+def test_engine_decodes_through_the_kernel(monkeypatch) -> None:
+    """Decode steps call the kernel once per layer for the whole batch, and greedy output is
+    the same as with the per-request path."""
+    from conftest import make_image, model_dir, placeholder
+
+    import sglang
+
+    prompts = [f"Describe {placeholder('qwen2_5_vl')} briefly.", "Only text, a bit longer."]
+    images = [[make_image(1)], []]
+    params = {"temperature": 0, "max_new_tokens": 8}
+    calls = []
+    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"))
+    backend = engine.runner.attn_backend
+    real = backend.decode_kernel
+
+    class Counting:
+        def decode_attention(self, q, *args):
+            calls.append(q.shape[0])
+            return real.decode_attention(q, *args)
+
+    monkeypatch.setattr(backend, "decode_kernel", Counting())
+    with_kernel = engine.generate(prompts, params, image_data=images)
+    layers = engine.runner.text_config.num_hidden_layers
+    assert len(calls) >= layers * 7 and max(calls) == 2  # both requests in one call
+    monkeypatch.setattr(backend, "decode_kernel", None)
+    engine.flush_cache()
+    without = engine.generate(prompts, params, image_data=images)
+    assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]
