@@ -46,6 +46,7 @@ from sglang.testing.tiny_common import (
     _qwen_text,
     _Recipe,
     _TokSpec,
+    qwen_video_preprocessor,
 )
 from sglang.testing.tiny_families import FAMILIES as _OTHER_FAMILIES
 from sglang.testing.tiny_hybrid import FAMILIES as _HYBRID_FAMILIES
@@ -57,8 +58,9 @@ HYBRID_VLM_FAMILIES = tuple(_HYBRID_FAMILIES)  # linear-attention layers: test_q
 VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES + HYBRID_VLM_FAMILIES
 FAMILIES = (*VLM_FAMILIES, "qwen2", "llama")
 DEFAULT_FAMILY = "qwen2_5_vl"
+VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")  # video_preprocessor_config.json
 # Bump whenever the recipe changes so that stale cached folders are not reused.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_PLACEHOLDER: dict[str, str] = {
@@ -514,6 +516,8 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, size: str 
         _write_json(out / "preprocessor_config.json", recipe.preprocessor)
     if recipe.processor is not None:
         _write_json(out / "processor_config.json", recipe.processor)
+    if family in VIDEO_FAMILIES:
+        _write_json(out / "video_preprocessor_config.json", qwen_video_preprocessor())
     return out
 
 

@@ -55,6 +55,29 @@ class QwenVLAdapter(ModelAdapter):
         )
         return _grid_layout(resized, patch)
 
+    # Qwen's vision towers attend within a frame group only (``cu_seqlens`` and Qwen2.5-VL's
+    # windows are built per group of ``temporal_patch_size`` frames).
+    separable_video_groups = True
+
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        if self.config.model_type not in ("qwen2_vl", "qwen2_5_vl"):
+            raise ValueError(f"videos are not supported for {self.config.model_type} yet")
+        frames, height, width = video.frames.shape[:3]
+        temporal, patch = settings.temporal_patch_size, settings.patch_size
+        grid = [-(-frames // temporal), height // patch, width // patch]
+        return {
+            "video_grid_thw": np.array([grid]),
+            "second_per_grid_ts": np.float64(temporal / video.sampled_fps),
+        }
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        _, grid_h, grid_w = np.asarray(layout["video_grid_thw"]).reshape(-1)
+        return int(grid_h * grid_w) // settings.merge_size**2
+
+    def video_replacement(self, processor: Any, layout: Layout, settings: Any) -> str:
+        rows = int(np.prod(layout["video_grid_thw"])) // settings.merge_size**2
+        return processor.video_token * rows
+
 
 class LlavaAdapter(ModelAdapter):
     """LLaVA 1.5: every image becomes the processor's center crop (the replacement reads only

@@ -1,0 +1,238 @@
+"""Turn user video inputs (bytes, base64, data URL, local path, decoded frames) into sampled,
+resized frames plus a content hash, with bounds that stop a "video bomb" before it costs much.
+
+Encoded videos are decoded with PyAV. The header is checked first (a video stream, frame size,
+frame rate, duration, frame count), the frames to keep are chosen as the model's processor
+samples them (``video_preprocess.sample_indices``), and only those frames are converted to
+pixels and resized; far-apart frames are reached by seeking rather than by decoding every
+frame in between. Every failure is a ``VideoError`` (a ``ValueError``: HTTP 400) whose
+message says what is wrong; no library message with addresses is shown.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sglang.srt.multimodal.image_io import ImageError, _read_bytes, content_hash
+from sglang.srt.multimodal.video_preprocess import (
+    VideoSettings,
+    resize_frames,
+    resized_size,
+    sample_indices,
+)
+
+SEEK_GAP_S = 2.0  # seek when the next kept frame is further ahead than this
+
+
+class VideoError(ImageError):
+    """Raised for video input that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    max_duration_s: float = 600.0
+    max_frames: int = 100_000  # frames in the stream (header or decoded)
+    max_fps: float = 240.0
+    max_pixels_per_frame: int = 3840 * 2160
+    max_decoded_bytes: int = 1 << 30  # kept frames at their native size, RGB
+
+
+@dataclass
+class LoadedVideo:
+    """A validated video: content hash of its input, its kept frames resized for the model
+    (n, h, w, 3) uint8, and the rate those frames were sampled at."""
+
+    hash: int
+    frames: np.ndarray
+    sampled_fps: float
+    native_size: tuple[int, int]  # (width, height)
+
+
+def load_video(
+    source: Any,
+    settings: VideoSettings,
+    allowed_local_dir: str | None = "*",
+    limits: VideoLimits | None = None,
+) -> LoadedVideo:
+    """Validate, sample and resize one video. Decoded frames ((n, H, W, 3) uint8 array or a
+    list of PIL images) are taken as already sampled at ``settings.fps``."""
+    if isinstance(source, LoadedVideo):
+        return source
+    limits = limits or VideoLimits()
+    if isinstance(source, np.ndarray) or (
+        isinstance(source, (list, tuple)) and source and not isinstance(source[0], (str, bytes))
+    ):
+        frames = _as_frames(source)
+        _check_frame_size(frames.shape[2], frames.shape[1], limits)
+        key = content_hash(repr(frames.shape).encode(), frames.tobytes())
+        return _loaded(key, frames, settings.fps, settings)
+    data = _read_video_bytes(source, allowed_local_dir)
+    frames, sampled_fps = decode_video(data, settings, limits)
+    return _loaded(content_hash(b"video", data), frames, sampled_fps, settings)
+
+
+def _read_video_bytes(source: Any, allowed_local_dir: str | None) -> bytes:
+    try:
+        return _read_bytes(source, allowed_local_dir)
+    except VideoError:
+        raise
+    except ImageError as exc:
+        raise VideoError(str(exc).replace("image", "video")) from None
+
+
+def _loaded(key: int, frames: np.ndarray, fps: float, s: VideoSettings) -> LoadedVideo:
+    if len(frames) == 0:
+        raise VideoError("the video has no frames")
+    height, width = frames.shape[1:3]
+    size = resized_size(len(frames), height, width, s)
+    return LoadedVideo(key, resize_frames(frames, size), fps, (width, height))
+
+
+def _as_frames(source: Any) -> np.ndarray:
+    if isinstance(source, np.ndarray):
+        frames = source
+    else:
+        frames = np.stack([np.asarray(frame.convert("RGB")) for frame in source])
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise VideoError(
+            f"decoded video frames must be a uint8 array of shape (n, height, width, 3), got "
+            f"{frames.dtype} {frames.shape}"
+        )
+    return frames
+
+
+def _check_frame_size(width: int, height: int, limits: VideoLimits) -> None:
+    if width <= 0 or height <= 0:
+        raise VideoError(f"the video's frame size {width}x{height} is invalid")
+    if width * height > limits.max_pixels_per_frame:
+        raise VideoError(
+            f"video frames of {width}x{height} pixels exceed the limit of "
+            f"{limits.max_pixels_per_frame} pixels per frame"
+        )
+
+
+@dataclass(frozen=True)
+class _Header:
+    width: int
+    height: int
+    fps: float
+    duration: float
+    total_frames: int
+
+
+def decode_video(
+    data: bytes, settings: VideoSettings, limits: VideoLimits
+) -> tuple[np.ndarray, float]:
+    """(kept frames at native size, (n, H, W, 3) uint8; their sampling rate)."""
+    import av
+
+    try:
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except (av.FFmpegError, ValueError, OSError) as exc:
+        raise VideoError("cannot decode video: not a supported video format") from exc
+    with container:
+        if not container.streams.video:
+            raise VideoError("cannot decode video: the file has no video stream")
+        stream = container.streams.video[0]
+        header = _header(container, stream, limits)
+        indices = sample_indices(header.total_frames, header.fps, settings)
+        if len(indices) == 0:
+            raise VideoError(
+                f"the video has {header.total_frames} frame(s): too few for the model "
+                f"(at least {settings.temporal_patch_size})"
+            )
+        kept_bytes = len(indices) * header.width * header.height * 3
+        if kept_bytes > limits.max_decoded_bytes:
+            raise VideoError(
+                f"the video's {len(indices)} sampled frames of {header.width}x{header.height} "
+                f"would take {kept_bytes >> 20} MiB, over the limit of "
+                f"{limits.max_decoded_bytes >> 20} MiB"
+            )
+        frames = _decode_frames(container, stream, header, indices, limits)
+    sampled_fps = len(indices) / header.total_frames * header.fps
+    return frames, sampled_fps
+
+
+def _header(container: Any, stream: Any, limits: VideoLimits) -> _Header:
+    ctx = stream.codec_context
+    _check_frame_size(int(ctx.width or 0), int(ctx.height or 0), limits)
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    fps = float(rate) if rate else 0.0
+    if not (math.isfinite(fps) and 0 < fps <= limits.max_fps):
+        raise VideoError(
+            f"the video's frame rate {fps:g} is outside (0, {limits.max_fps:g}] frames per second"
+        )
+    duration = 0.0
+    if stream.duration and stream.time_base:
+        duration = float(stream.duration * stream.time_base)
+    elif container.duration:
+        duration = container.duration / 1_000_000
+    total = int(stream.frames or 0) or round(duration * fps)
+    if not (math.isfinite(duration) and duration <= limits.max_duration_s):
+        raise VideoError(
+            f"the video lasts {duration:g} s, over the limit of {limits.max_duration_s:g} s"
+        )
+    if total <= 0:
+        raise VideoError("the video's header gives neither its frame count nor its duration")
+    if total > limits.max_frames:
+        raise VideoError(f"the video has {total} frames, over the limit of {limits.max_frames}")
+    return _Header(int(ctx.width), int(ctx.height), fps, duration, total)
+
+
+def _decode_frames(
+    container: Any, stream: Any, header: _Header, indices: np.ndarray, limits: VideoLimits
+) -> np.ndarray:
+    """The frames at ``indices`` (sorted): a frame's index is its time times the frame rate
+    (its decode order where it has no time); seeks ahead to a keyframe before far-apart
+    frames."""
+    import av
+
+    wanted = [int(i) for i in indices]
+    out: list[np.ndarray] = []
+    start = float(stream.start_time * stream.time_base) if stream.start_time else 0.0
+    counter, decoded = -1, 0
+    try:
+        while len(out) < len(wanted):
+            target = wanted[len(out)]
+            if target - max(counter, 0) > SEEK_GAP_S * header.fps:
+                seconds = start + target / header.fps
+                container.seek(int(seconds / stream.time_base), stream=stream, backward=True)
+                counter = -1
+            progressed = False
+            for frame in container.decode(stream):
+                decoded += 1
+                if decoded > limits.max_frames:
+                    raise VideoError("the video has more frames than its header declares")
+                counter = _frame_index(frame, start, header.fps, counter)
+                progressed = True
+                if (frame.width, frame.height) != (header.width, header.height):
+                    raise VideoError("the video changes its frame size mid-stream")
+                while len(out) < len(wanted) and wanted[len(out)] <= counter:
+                    out.append(frame.to_ndarray(format="rgb24"))
+                if len(out) == len(wanted):
+                    break
+                nxt = wanted[len(out)]
+                if nxt - counter > SEEK_GAP_S * header.fps:
+                    break  # seek to it
+            if not progressed:
+                break
+    except av.FFmpegError as exc:
+        raise VideoError("cannot decode video: the stream is corrupt or truncated") from exc
+    if len(out) < len(wanted):
+        raise VideoError(
+            f"the video ended after {len(out)} of its {len(wanted)} sampled frames: the file "
+            "is truncated or its header overstates its length"
+        )
+    return np.stack(out)
+
+
+def _frame_index(frame: Any, start: float, fps: float, previous: int) -> int:
+    if frame.pts is None or frame.time_base is None:
+        return previous + 1
+    index = round((float(frame.pts * frame.time_base) - start) * fps)
+    return max(index, previous + 1) if previous >= 0 else index
