@@ -218,7 +218,6 @@ UNIMPLEMENTED_GENERATE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "lora_path": _used,
     "custom_logit_processor": _used,
     "input_embeds": _used,
-    "video_data": _used,
     "audio_data": _used,
     "session_params": _used,
 }

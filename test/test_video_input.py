@@ -1,0 +1,212 @@
+"""Video input: PyAV decoding keeps exactly the frames HF's sampling picks (seeking included),
+encoded clips and their decoded frames give the same output, per-request limits, and malformed
+videos get a clear error (Engine: ValueError; server: 400) while the server keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+
+import httpx
+import numpy as np
+import pytest
+from conftest import model_dir
+from server_utils import launch_server
+
+import sglang
+from sglang.srt.multimodal.video_io import VideoError, VideoLimits, load_video
+from sglang.srt.multimodal.video_preprocess import (
+    VideoSettings,
+    resize_frames,
+    resized_size,
+    sample_indices,
+)
+from sglang.testing.video_clips import decode_all, empty_clip, encode_clip, random_frames
+
+FAMILY = "qwen2_5_vl"
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+PROMPT = f"<|im_start|>user\n{VIDEO}What happens?<|im_end|>\n<|im_start|>assistant\n"
+GREEDY = {"temperature": 0, "max_new_tokens": 4}
+
+
+@functools.cache
+def _clip(seed: int = 0, frames: int = 20, fps: float = 10.0, container: str = "mp4") -> bytes:
+    codec = "libx264" if container == "mp4" else "libvpx-vp9"
+    return encode_clip(random_frames(seed, frames, 48, 64), fps, container, codec)
+
+
+def _expected(data: bytes, native_fps: float, settings: VideoSettings) -> np.ndarray:
+    frames = decode_all(data)
+    kept = frames[sample_indices(len(frames), native_fps, settings)]
+    return resize_frames(kept, resized_size(len(kept), *kept.shape[1:3], settings))
+
+
+@pytest.mark.parametrize("fps", [2.0, 0.25])  # 0.25: 40 frames apart, reached by seeking
+def test_decoding_keeps_the_sampled_frames(fps: float) -> None:
+    settings = VideoSettings(min_pixels=56 * 56, max_pixels=112 * 112, fps=fps, max_frames=64)
+    data = _clip(1, frames=200)
+    video = load_video(data, settings)
+    np.testing.assert_array_equal(video.frames, _expected(data, 10.0, settings))
+    assert video.sampled_fps == pytest.approx(len(video.frames) / 20.0)
+
+
+@functools.cache
+def _engine(**flags) -> sglang.Engine:
+    return sglang.Engine(model_path=model_dir(FAMILY), **flags)
+
+
+def test_encoded_clip_equals_its_decoded_frames() -> None:
+    engine = _engine()
+    data = _clip(2)
+    frames = decode_all(data)
+    settings = engine.processor.video_settings
+    kept = frames[sample_indices(len(frames), 10.0, settings)]  # 2 s at 2 fps: 4 frames
+    as_file = engine.generate(PROMPT, GREEDY, video_data=data)
+    as_frames = engine.generate(PROMPT, GREEDY, video_data=kept)
+    assert as_file["output_ids"] == as_frames["output_ids"]
+    assert as_file["meta_info"]["prompt_tokens"] == as_frames["meta_info"]["prompt_tokens"]
+    webm = engine.generate(PROMPT, GREEDY, video_data=_clip(2, container="webm"))
+    assert webm["meta_info"]["prompt_tokens"] == as_file["meta_info"]["prompt_tokens"]
+
+
+def _bad_videos() -> dict[str, bytes]:
+    """Malformed or abusive videos, each with its own reason to be refused."""
+    good = _clip(3)
+    webm = _clip(3, frames=40, container="webm")
+    return {
+        "not a video": b"\x00\x01 definitely not a video" * 100,
+        "an image": base64.b64decode(
+            "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+        ),
+        "truncated mp4": good[: len(good) // 2],
+        "truncated webm": webm[: len(webm) // 3],
+        "header only": good[:600],
+        "no frames": empty_clip(),
+        "one frame": encode_clip(random_frames(4, 1, 32, 32)),
+        "huge frames": encode_clip(np.zeros((2, 2304, 4096, 3), np.uint8), gop=1),
+        "absurd frame rate": encode_clip(random_frames(5, 8, 32, 32), fps=1000),
+        "absurd duration": encode_clip(random_frames(6, 700, 16, 16), fps=1, gop=250),
+    }
+
+
+@functools.cache
+def _bad() -> dict[str, bytes]:
+    return _bad_videos()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "not a video",
+        "an image",
+        "truncated mp4",
+        "truncated webm",
+        "header only",
+        "no frames",
+        "one frame",
+        "huge frames",
+        "absurd frame rate",
+        "absurd duration",
+    ],
+)
+def test_malformed_video_is_a_value_error(name: str) -> None:
+    engine = _engine()
+    with pytest.raises(ValueError, match="video") as info:
+        engine.generate(PROMPT, GREEDY, video_data=_bad()[name])
+    assert isinstance(info.value, VideoError)
+    assert "0x" not in str(info.value)
+
+
+def test_limits() -> None:
+    settings = VideoSettings(min_pixels=56 * 56, max_pixels=112 * 112)
+    data = _clip(7)
+    cases = {
+        "pixels per frame": VideoLimits(max_pixels_per_frame=1000),
+        "MiB": VideoLimits(max_decoded_bytes=10_000),
+        "lasts": VideoLimits(max_duration_s=1.0),
+        "frames, over": VideoLimits(max_frames=10),
+        "frame rate": VideoLimits(max_fps=5.0),
+    }
+    for message, limits in cases.items():
+        with pytest.raises(VideoError, match=message):
+            load_video(data, settings, limits=limits)
+    with pytest.raises(VideoError, match="uint8 array"):
+        load_video(np.zeros((4, 8, 8), np.float32), settings)
+
+
+def test_per_request_video_limit_and_prompt_count() -> None:
+    engine = _engine(limit_mm_data_per_request='{"image": 8, "video": 1}')
+    clip = _clip(8)
+    with pytest.raises(ValueError, match="2 videos in one request; the limit is 1"):
+        engine.generate(PROMPT.replace(VIDEO, VIDEO * 2), GREEDY, video_data=[clip, clip])
+    with pytest.raises(ValueError, match="video placeholder"):
+        engine.generate("no placeholder here", GREEDY, video_data=clip)
+    assert engine.generate(PROMPT, GREEDY, video_data=clip)["output_ids"]
+
+
+# Server -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    media = tmp_path_factory.mktemp("media")
+    (media / "clip.mp4").write_bytes(_clip(9))
+    limits = json.dumps({"image": 8, "video": 1})
+    flags = ("--limit-mm-data-per-request", limits, "--allowed-local-media-path", str(media))
+    with launch_server(model_dir(FAMILY), *flags) as (url, _):
+        yield url, media
+
+
+def _data_url(data: bytes) -> str:
+    return "data:video/mp4;base64," + base64.b64encode(data).decode()
+
+
+def _chat(url: str, video_url: str) -> httpx.Response:
+    content = [
+        {"type": "video_url", "video_url": {"url": video_url}},
+        {"type": "text", "text": "?"},
+    ]
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 3, "temperature": 0}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+
+
+def test_server_accepts_videos(server) -> None:
+    url, media = server
+    by_data = _chat(url, _data_url(_clip(9)))
+    assert by_data.status_code == 200, by_data.text
+    by_path = _chat(url, str(media / "clip.mp4"))
+    assert by_path.status_code == 200, by_path.text
+    assert by_path.json()["choices"][0]["message"] == by_data.json()["choices"][0]["message"]
+    body = {"text": PROMPT, "video_data": _data_url(_clip(9)), "sampling_params": GREEDY}
+    generated = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert generated.status_code == 200, generated.text
+
+
+def test_server_refuses_malformed_videos_and_keeps_serving(server) -> None:
+    url, _ = server
+    probes = {name: _data_url(data) for name, data in _bad().items()}
+    probes |= {
+        "invalid base64": "data:video/mp4;base64,@@@not-base64@@@",
+        "data URL without base64": "data:video/mp4,abc",
+        "path outside the allowed directory": "/etc/hostname",
+        "private address": "http://127.0.0.1:1/clip.mp4",
+        "unsupported scheme": "ftp://example.com/clip.mp4",
+    }
+    answers = {}
+    for name, ref in probes.items():
+        response = _chat(url, ref)
+        answers[name] = response.status_code
+        assert response.status_code == 400, (name, response.text)
+        assert "video" in response.json()["error"]["message"] or "base64" in response.text
+    two = {
+        "text": PROMPT.replace(VIDEO, VIDEO * 2),
+        "video_data": [_data_url(_clip(9))] * 2,
+        "sampling_params": GREEDY,
+    }
+    too_many = httpx.post(f"{url}/generate", json=two, timeout=60)
+    assert too_many.status_code == 400 and "limit is 1" in too_many.text
+    assert len(answers) >= 12
+    assert httpx.get(f"{url}/health_generate", timeout=30).status_code == 200
+    assert _chat(url, _data_url(_clip(9))).status_code == 200
+    if os.environ.get("SGLANG_PRINT_PROBES"):
+        print(json.dumps(answers, indent=1))
