@@ -212,7 +212,7 @@ def qwen_video_preprocessor(patch: int = 14) -> dict:
         "image_std": std,
         "fps": 2.0,
         "min_frames": 4,
-        "max_frames": 64,
+        "max_frames": 768,
         "do_sample_frames": False,
         "cap_pixels_per_frame": False,
         "video_processor_type": "Qwen2VLVideoProcessor",

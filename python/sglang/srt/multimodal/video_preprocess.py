@@ -20,6 +20,7 @@ The resize (steps 2-3) runs where the video is decoded; ``preprocess_frames`` do
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -135,35 +136,45 @@ def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 def preprocess_frames(frames: np.ndarray, s: VideoSettings) -> dict[str, np.ndarray]:
     """``{"pixel_values_videos", "video_grid_thw"}`` of resized (n, h, w, 3) uint8 frames, as
-    HF's processor gives them for a video of these frames (or for one frame group of it)."""
-    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
-    video = _rescale_and_normalize(video, s)
+    HF's processor gives them for a video of these frames (or for one frame group of it).
+    Element-wise float32 numpy (the same IEEE operations as torch's, without a thread pool
+    wake-up per small frame group)."""
+    video = _rescale_and_normalize(np.asarray(frames).transpose(0, 3, 1, 2), s)
     num_frames, channel, height, width = video.shape
     temporal, patch, merge = s.temporal_patch_size, s.patch_size, s.merge_size
     if pad := -num_frames % temporal:
-        video = torch.cat((video, video[-1:].expand(pad, -1, -1, -1)), dim=0)
+        video = np.concatenate([video, np.repeat(video[-1:], pad, axis=0)])
         num_frames += pad
     grid_t, grid_h, grid_w = num_frames // temporal, height // patch, width // patch
-    patches = video.view(
+    patches = video.reshape(
         grid_t, temporal, channel, grid_h // merge, merge, patch, grid_w // merge, merge, patch
     )
-    patches = patches.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
     flat = patches.reshape(grid_t * grid_h * grid_w, channel * temporal * patch * patch)
     return {
-        "pixel_values_videos": flat.numpy(),
+        "pixel_values_videos": np.ascontiguousarray(flat),
         "video_grid_thw": np.array([[grid_t, grid_h, grid_w]], dtype=np.int64),
     }
 
 
-def _rescale_and_normalize(video: torch.Tensor, s: VideoSettings) -> torch.Tensor:
-    """HF's fused rescale + normalize: the mean and std are divided by the rescale factor
-    in float32 and the uint8 values normalised with them."""
-    video = video.to(torch.float32)
+def _rescale_and_normalize(video: np.ndarray, s: VideoSettings) -> np.ndarray:
+    """HF's fused rescale + normalize: mean and std divided by the rescale factor in float32
+    (as torch computes them), then ``(x - mean) / std`` on the float32 values."""
+    video = video.astype(np.float32)
     if s.do_normalize:
-        scale = 1.0 / s.rescale_factor if s.do_rescale else 1.0
-        mean = (torch.tensor(s.image_mean) * scale).view(-1, 1, 1)
-        std = (torch.tensor(s.image_std) * scale).view(-1, 1, 1)
-        return video.sub_(mean).div_(std)
+        mean, std = _scaled_mean_std(s.image_mean, s.image_std, s.rescale_factor, s.do_rescale)
+        video -= mean
+        video /= std
+        return video
     if s.do_rescale:
-        return video * s.rescale_factor
+        return (torch.from_numpy(video) * s.rescale_factor).numpy()
     return video
+
+
+@functools.lru_cache(maxsize=16)
+def _scaled_mean_std(
+    mean: tuple[float, ...], std: tuple[float, ...], rescale_factor: float, do_rescale: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    scale = 1.0 / rescale_factor if do_rescale else 1.0
+    scaled = [(torch.tensor(v) * scale).numpy().reshape(-1, 1, 1) for v in (mean, std)]
+    return scaled[0], scaled[1]
