@@ -1,4 +1,4 @@
-"""Video for Qwen2-VL and Qwen2.5-VL: greedy outputs equal HF ``generate`` given the same
+"""Video for Qwen2-VL, Qwen2.5-VL and Qwen3-VL: greedy outputs equal HF ``generate`` given the same
 ``pixel_values_videos`` / ``video_grid_thw`` (and ``second_per_grid_ts``), float32, for the
 whole prompt, chunks that cut through frame groups, a cached prefix, a batch with an image
 request and a second turn about the same clip (which encodes nothing); swapping two frame
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,9 +18,11 @@ import transformers
 from conftest import hf_greedy, make_image, model_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transformers.video_utils import VideoMetadata
 
 import sglang
 from sglang.srt.multimodal.embedder import EncoderStats
+from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.items import frame_groups
 from sglang.srt.multimodal.video_io import load_video
 from sglang.srt.multimodal.video_preprocess import (
@@ -30,7 +33,7 @@ from sglang.srt.multimodal.video_preprocess import (
     sample_indices,
 )
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 MAX_NEW = 6
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -74,20 +77,16 @@ def _reset(engine: sglang.Engine, chunk: int) -> None:
 def hf_video_greedy(
     family: str, prompt: str, frames: np.ndarray, swap: tuple[int, int] | None = None
 ) -> tuple[list[int], list[float], list[int]]:
-    """HF ``generate`` on the prompt expanded as HF's processor expands a video
-    (``video_grid_thw.prod() // merge**2`` pads) with the video's features: (output ids,
-    their log-probs, prompt ids)."""
+    """HF ``generate`` on the prompt expanded by HF's processor (its ``replace_video_token``:
+    pads, and Qwen3-VL's per-group timestamps from the frames' metadata) with the video's
+    features: (output ids, their log-probs, prompt ids)."""
     path = model_dir(family)
     settings = VideoSettings.from_model_dir(path)
     video = load_video(frames, settings)
     features = preprocess_frames(video.frames, settings)
     grid = features["video_grid_thw"]
-    pads = int(np.prod(grid)) // settings.merge_size**2
     model = _hf_model(family)
-    tokenizer = _engine(family).processor.tokenizer
-    ids = torch.tensor(
-        [tokenizer(prompt.replace("<|video_pad|>", "<|video_pad|>" * pads))["input_ids"]]
-    )
+    ids = torch.tensor([_hf_expanded_ids(family, prompt, grid, len(frames), settings.fps)])
     kwargs = {
         "pixel_values_videos": torch.from_numpy(features["pixel_values_videos"]),
         "video_grid_thw": torch.from_numpy(grid),
@@ -110,6 +109,24 @@ def hf_video_greedy(
     new = out.sequences[0, ids.shape[1] :].tolist()
     logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.logits, new)]
     return new, logprobs, ids[0].tolist()
+
+
+def _hf_expanded_ids(
+    family: str,
+    prompt: str,
+    grid: np.ndarray,
+    frames: int,
+    fps: float,
+    indices: list[int] | None = None,
+) -> list[int]:
+    processor = load_hf_processor(model_dir(family))
+    # built without a video processor (torchvision): the replacement reads these two only
+    processor.video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
+    indices = list(range(frames)) if indices is None else [int(i) for i in indices]
+    metadata = VideoMetadata(total_num_frames=frames, fps=fps, frames_indices=indices)
+    inputs = {"video_grid_thw": grid, "video_metadata": [metadata]}
+    text = prompt.replace("<|video_pad|>", processor.replace_video_token(inputs, 0))
+    return processor.tokenizer(text)["input_ids"]
 
 
 @functools.cache
@@ -180,6 +197,20 @@ def test_sampling_and_resize_rules() -> None:
     frames = clip(0, 2, 30, 40)
     assert resize_frames(frames, (30, 40)) is frames
     assert resize_frames(frames, (28, 56)).shape == (2, 28, 56, 3)
+
+
+def test_qwen3_sampling_and_resize_rules() -> None:
+    """Qwen3-VL: ``round(linspace(0, total - 1, n))`` with n not floored to frame groups;
+    the size bound is on frames x height x width."""
+    s = VideoSettings(rule="qwen3_vl", fps=2.0, min_frames=4, max_frames=768)
+    np.testing.assert_array_equal(
+        sample_indices(50, 10.0, s), [0, 5, 11, 16, 22, 27, 33, 38, 44, 49]
+    )
+    assert len(sample_indices(9, 30.0, s)) == 4
+    s = VideoSettings(rule="qwen3_vl", patch_size=16, min_pixels=2048, max_pixels=32 * 32 * 64)
+    assert resized_size(8, 50, 70, s) == (64, 64)  # 8 x 64 x 64 = 32768 within the bound
+    assert resized_size(40, 50, 70, s) == (32, 32)  # 40 frames: scaled down to one block
+    assert resized_size(4, 10, 20, s) == (32, 64)  # smaller than a block: scaled up first
 
 
 @pytest.mark.parametrize("family", FAMILIES)

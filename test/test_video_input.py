@@ -71,6 +71,23 @@ def test_encoded_clip_equals_its_decoded_frames() -> None:
     assert webm["meta_info"]["prompt_tokens"] == as_file["meta_info"]["prompt_tokens"]
 
 
+def test_qwen3_timestamps_follow_the_stream() -> None:
+    """Qwen3-VL writes each frame group's time into the prompt: from the kept frames' indices
+    in the stream and its frame rate, as HF's processor computes them from the metadata."""
+    from test_video import _hf_expanded_ids
+
+    family = "qwen3_vl"
+    engine = sglang.Engine(model_path=model_dir(family))
+    data = _clip(10, frames=50)  # 5 s at 10 fps: 10 frames kept
+    (tokenized,), _ = engine.tokenize(PROMPT, GREEDY, None, None, None, data)
+    video = engine.processor.load_videos([data])[0]
+    np.testing.assert_array_equal(video.indices, np.linspace(0, 49, 10).round())
+    grid = tokenized.mm_items[0].layout["video_grid_thw"]
+    expected = _hf_expanded_ids(family, PROMPT, grid, 50, 10.0, list(video.indices))
+    assert tokenized.input_ids == expected
+    assert f"<{(11 + 16) / 2 / 10:.1f} seconds>" in engine.tokenizer.decode(tokenized.input_ids)
+
+
 def _bad_videos() -> dict[str, bytes]:
     """Malformed or abusive videos, each with its own reason to be refused."""
     good = _clip(3)

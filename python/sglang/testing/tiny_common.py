@@ -200,11 +200,21 @@ _QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
 _QWEN_VIDEO_MIN_PIXELS, _QWEN_VIDEO_MAX_PIXELS = 56 * 56, 112 * 112  # per frame, below images
 
 
-def qwen_video_preprocessor(patch: int = 14) -> dict:
-    """``video_preprocessor_config.json`` of a tiny Qwen2-VL / Qwen2.5-VL folder."""
+# Qwen3-VL's bounds are on a whole clip's pixels (frames x height x width).
+_QWEN3_VIDEO_MIN_PIXELS, _QWEN3_VIDEO_MAX_PIXELS = 32 * 32 * 2, 32 * 32 * 64
+
+
+def qwen_video_preprocessor(patch: int = 14, processor_type: str = "Qwen2VLVideoProcessor") -> dict:
+    """``video_preprocessor_config.json`` of a tiny Qwen-VL folder."""
     mean, std = (_CLIP_MEAN, _CLIP_STD) if patch == 14 else ([0.5] * 3, [0.5] * 3)
+    qwen3 = processor_type.startswith("Qwen3")
+    low, high = (
+        (_QWEN3_VIDEO_MIN_PIXELS, _QWEN3_VIDEO_MAX_PIXELS)
+        if qwen3
+        else (_QWEN_VIDEO_MIN_PIXELS, _QWEN_VIDEO_MAX_PIXELS)
+    )
     return {
-        "size": {"shortest_edge": _QWEN_VIDEO_MIN_PIXELS, "longest_edge": _QWEN_VIDEO_MAX_PIXELS},
+        "size": {"shortest_edge": low, "longest_edge": high},
         "patch_size": patch,
         "temporal_patch_size": 2,
         "merge_size": 2,
@@ -215,7 +225,7 @@ def qwen_video_preprocessor(patch: int = 14) -> dict:
         "max_frames": 768,
         "do_sample_frames": False,
         "cap_pixels_per_frame": False,
-        "video_processor_type": "Qwen2VLVideoProcessor",
+        "video_processor_type": processor_type,
     }
 
 

@@ -58,7 +58,12 @@ HYBRID_VLM_FAMILIES = tuple(_HYBRID_FAMILIES)  # linear-attention layers: test_q
 VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES + HYBRID_VLM_FAMILIES
 FAMILIES = (*VLM_FAMILIES, "qwen2", "llama")
 DEFAULT_FAMILY = "qwen2_5_vl"
-VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")  # video_preprocessor_config.json
+# video_preprocessor_config.json: (patch size, video processor class)
+VIDEO_FAMILIES = {
+    "qwen2_vl": (14, "Qwen2VLVideoProcessor"),
+    "qwen2_5_vl": (14, "Qwen2VLVideoProcessor"),
+    "qwen3_vl": (16, "Qwen3VLVideoProcessor"),
+}
 # Bump whenever the recipe changes so that stale cached folders are not reused.
 RECIPE_VERSION = 4
 
@@ -517,7 +522,8 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, size: str 
     if recipe.processor is not None:
         _write_json(out / "processor_config.json", recipe.processor)
     if family in VIDEO_FAMILIES:
-        _write_json(out / "video_preprocessor_config.json", qwen_video_preprocessor())
+        video = VIDEO_FAMILIES[family]
+        _write_json(out / "video_preprocessor_config.json", qwen_video_preprocessor(*video))
     return out
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from sglang.srt.multimodal.image_io import ImageError, _read_bytes, content_hash
 from sglang.srt.multimodal.video_preprocess import (
+    QWEN3_RULE,
     VideoSettings,
     resize_frames,
     resized_size,
@@ -51,6 +52,8 @@ class LoadedVideo:
     frames: np.ndarray
     sampled_fps: float
     native_size: tuple[int, int]  # (width, height)
+    indices: np.ndarray | None = None  # of the kept frames in the stream (None: 0..n-1)
+    native_fps: float = 0.0  # of the stream (decoded frames: the sampling rate)
 
 
 def load_video(
@@ -70,10 +73,11 @@ def load_video(
         frames = _as_frames(source)
         _check_frame_size(frames.shape[2], frames.shape[1], limits)
         key = content_hash(repr(frames.shape).encode(), frames.tobytes())
-        return _loaded(key, frames, settings.fps, settings)
+        return _loaded(key, frames, settings.fps, settings, np.arange(len(frames)), settings.fps)
     data = _read_video_bytes(source, allowed_local_dir)
-    frames, sampled_fps = decode_video(data, settings, limits)
-    return _loaded(content_hash(b"video", data), frames, sampled_fps, settings)
+    frames, sampled_fps, indices, native_fps = decode_video(data, settings, limits)
+    key = content_hash(b"video", data)
+    return _loaded(key, frames, sampled_fps, settings, indices, native_fps)
 
 
 def _read_video_bytes(source: Any, allowed_local_dir: str | None) -> bytes:
@@ -85,12 +89,23 @@ def _read_video_bytes(source: Any, allowed_local_dir: str | None) -> bytes:
         raise VideoError(str(exc).replace("image", "video")) from None
 
 
-def _loaded(key: int, frames: np.ndarray, fps: float, s: VideoSettings) -> LoadedVideo:
-    if len(frames) == 0:
-        raise VideoError("the video has no frames")
+def _loaded(
+    key: int,
+    frames: np.ndarray,
+    fps: float,
+    s: VideoSettings,
+    indices: np.ndarray,
+    native_fps: float,
+) -> LoadedVideo:
+    if len(frames) < (s.temporal_patch_size if s.rule == QWEN3_RULE else 1):
+        raise VideoError(f"the video has {len(frames)} frame(s): too few for the model")
     height, width = frames.shape[1:3]
-    size = resized_size(len(frames), height, width, s)
-    return LoadedVideo(key, resize_frames(frames, size), fps, (width, height))
+    try:
+        size = resized_size(len(frames), height, width, s)
+    except ValueError as exc:
+        raise VideoError(f"cannot resize the video: {exc}") from None
+    resized = resize_frames(frames, size)
+    return LoadedVideo(key, resized, fps, (width, height), indices, native_fps)
 
 
 def _as_frames(source: Any) -> np.ndarray:
@@ -127,8 +142,9 @@ class _Header:
 
 def decode_video(
     data: bytes, settings: VideoSettings, limits: VideoLimits
-) -> tuple[np.ndarray, float]:
-    """(kept frames at native size, (n, H, W, 3) uint8; their sampling rate)."""
+) -> tuple[np.ndarray, float, np.ndarray, float]:
+    """(kept frames at native size, (n, H, W, 3) uint8; their sampling rate; their indices in
+    the stream; the stream's frame rate)."""
     import av
 
     try:
@@ -155,7 +171,7 @@ def decode_video(
             )
         frames = _decode_frames(container, stream, header, indices, limits)
     sampled_fps = len(indices) / header.total_frames * header.fps
-    return frames, sampled_fps
+    return frames, sampled_fps, indices, header.fps
 
 
 def _header(container: Any, stream: Any, limits: VideoLimits) -> _Header:

@@ -1,6 +1,7 @@
-"""Qwen-VL video preprocessing without torchvision, equal to HF's ``Qwen2VLVideoProcessor``.
+"""Qwen-VL video preprocessing without torchvision, equal to HF's ``Qwen2VLVideoProcessor``
+(Qwen2-VL, Qwen2.5-VL) and ``Qwen3VLVideoProcessor`` (Qwen3-VL).
 
-HF's transform, for one video of n frames (uint8, channels first):
+HF's Qwen2-VL transform, for one video of n frames (uint8, channels first):
 
 1. frame sampling (when asked): ``n = total / native_fps * fps``, clamped to
    [min_frames, min(max_frames, total)] and floored to a multiple of ``temporal_patch_size``;
@@ -12,6 +13,11 @@ HF's transform, for one video of n frames (uint8, channels first):
 4. float32, minus ``mean / rescale_factor``, divided by ``std / rescale_factor``;
 5. the last frame repeated up to a multiple of ``temporal_patch_size``, then one row per
    (frame group, merged block, patch) with channel x time x patch pixels.
+
+Qwen3-VL differs in steps 1-2 only: it keeps ``round(linspace(0, total - 1, n))`` with
+``n = int(total / native_fps * fps)`` clamped to [min_frames, min(max_frames, total)] (not
+floored: step 5 pads), and its ``smart_resize`` bounds the pixels of a frame group (t x h x w),
+scaling frames smaller than a patch block up first.
 
 Every step before 5 is per frame, and step 5 cuts the video into independent frame groups, so
 a frame group can be preprocessed alone from its frames: that is what per-group encoding uses.
@@ -33,6 +39,16 @@ import torch
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 DEFAULT_FPS = 2.0  # Qwen's sampling rate (qwen-vl-utils) when the folder names none
+QWEN3_RULE = "qwen3_vl"
+# Qwen3VLVideoProcessor's class defaults where they differ from Qwen2-VL's.
+_QWEN3_DEFAULTS: dict[str, Any] = {
+    "min_pixels": 128 * 32 * 32,
+    "max_pixels": 32 * 32 * 768,
+    "patch_size": 16,
+    "image_mean": (0.5, 0.5, 0.5),
+    "image_std": (0.5, 0.5, 0.5),
+    "max_video_tokens": 768,
+}
 
 
 @dataclass(frozen=True)
@@ -55,16 +71,20 @@ class VideoSettings:
     max_frames: int = 768
     cap_pixels_per_frame: bool = False
     max_video_tokens: int = 128000
+    rule: str = "qwen2_vl"  # which processor's sampling and resize rules apply
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> VideoSettings:
         size = config.get("size") or {}
+        qwen3 = str(config.get("video_processor_type", "")).startswith("Qwen3VL")
         values: dict[str, Any] = {
+            **(_QWEN3_DEFAULTS if qwen3 else {}),
             "min_pixels": size.get("shortest_edge", config.get("min_pixels")),
             "max_pixels": size.get("longest_edge", config.get("max_pixels")),
+            "rule": QWEN3_RULE if qwen3 else "qwen2_vl",
         }
         for name in cls.__dataclass_fields__:
-            if name not in values and config.get(name) is not None:
+            if values.get(name) is None and config.get(name) is not None:
                 values[name] = config[name]
         values = {k: v for k, v in values.items() if v is not None}
         for name in ("image_mean", "image_std"):
@@ -96,8 +116,10 @@ def _per_channel(value: Any) -> list[float]:
 
 
 def sample_indices(total_frames: int, native_fps: float, settings: VideoSettings) -> np.ndarray:
-    """The frame indices HF's Qwen2-VL ``sample_frames`` keeps when sampling at
-    ``settings.fps``; empty when the video has too few frames for one frame group."""
+    """The frame indices HF's ``sample_frames`` keeps when sampling at ``settings.fps``; empty
+    when the video has too few frames for one frame group."""
+    if settings.rule == QWEN3_RULE:
+        return _qwen3_indices(total_frames, native_fps, settings)
     temporal = settings.temporal_patch_size
     max_frames = math.floor(min(settings.max_frames, total_frames) / temporal) * temporal
     wanted = total_frames / native_fps * settings.fps
@@ -108,18 +130,67 @@ def sample_indices(total_frames: int, native_fps: float, settings: VideoSettings
     return torch.arange(0, total_frames, total_frames / count).int().numpy().astype(np.int64)
 
 
+def _qwen3_indices(total_frames: int, native_fps: float, s: VideoSettings) -> np.ndarray:
+    count = int(total_frames / native_fps * s.fps)
+    count = min(max(count, s.min_frames), s.max_frames, total_frames)
+    if total_frames < s.temporal_patch_size or count <= 0:
+        return np.empty(0, dtype=np.int64)
+    return np.linspace(0, total_frames - 1, count).round().astype(np.int64)
+
+
 def resized_size(num_frames: int, height: int, width: int, s: VideoSettings) -> tuple[int, int]:
     """(height, width) every frame of the video is resized to."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     if not s.do_resize:
         return height, width
+    if s.rule == QWEN3_RULE:
+        return _qwen3_resized_size(num_frames, height, width, s)
     max_pixels = s.max_pixels
     if s.cap_pixels_per_frame:
         total_pixels = int(s.max_video_tokens * s.factor * s.factor * 0.9)
         budget = total_pixels * s.temporal_patch_size // num_frames
         max_pixels = max(min(max_pixels, budget), int(s.min_pixels * 1.05))
     return smart_resize(height, width, s.factor, min_pixels=s.min_pixels, max_pixels=max_pixels)
+
+
+def _qwen3_resized_size(
+    num_frames: int, height: int, width: int, s: VideoSettings
+) -> tuple[int, int]:
+    """Qwen3-VL's size rule: the pixels of ``num_frames`` frames (rounded to whole groups)
+    within [min_pixels, max_pixels]; frames narrower than a patch block are scaled up first."""
+    factor, temporal = s.factor, s.temporal_patch_size
+    max_pixels = s.max_pixels
+    if s.cap_pixels_per_frame:
+        frame_cap = s.max_video_tokens * factor * factor
+        per_frame = max(min(frame_cap, s.max_pixels // num_frames), int(s.min_pixels * 1.05))
+        max_pixels = per_frame * num_frames
+    if num_frames < temporal:
+        raise ValueError(f"{num_frames} frame(s) are fewer than a frame group ({temporal})")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError("the video's aspect ratio is over 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(num_frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < s.min_pixels:
+        beta = math.sqrt(s.min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def frame_timestamps(indices: np.ndarray, native_fps: float, temporal: int) -> list[float]:
+    """Qwen3-VL's time of each frame group: the mean time of its first and last frame (the last
+    index repeated up to whole groups)."""
+    times = [int(i) / native_fps for i in indices]
+    times += [times[-1]] * (-len(times) % temporal)
+    return [(times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal)]
 
 
 def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
