@@ -156,11 +156,9 @@ class MultimodalEmbedder:
         groups (made once per item), else the item itself."""
         if item.modality != "video" or not self._split_videos:
             return [item]
-        groups = getattr(item, "_frame_groups", None)
-        if groups is None:
-            groups = frame_groups(item, self.preprocess.video_settings.temporal_patch_size)
-            item._frame_groups = groups  # type: ignore[attr-defined]
-        return groups
+        if item.groups is None:
+            item.groups = frame_groups(item, self.preprocess.video_settings.temporal_patch_size)
+        return item.groups
 
     @property
     def _split_videos(self) -> bool:

@@ -41,6 +41,8 @@ class MultimodalItem:
     context: dict[str, Any] = field(default_factory=dict)
     modality: str = "image"
     group_rows: int = 0
+    # A video's frame-group items, made once where the embedder works on them (scheduler side).
+    groups: list[MultimodalItem] | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
