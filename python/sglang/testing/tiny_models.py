@@ -65,7 +65,7 @@ VIDEO_FAMILIES = {
     "qwen3_vl": (16, "Qwen3VLVideoProcessor"),
 }
 # Bump whenever the recipe changes so that stale cached folders are not reused.
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5  # 5: video_preprocessor_config.json and video parts in Qwen templates
 
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_PLACEHOLDER: dict[str, str] = {
