@@ -260,9 +260,24 @@ def test_chunks_through_frame_groups_match_hf(family: str, chunk: int) -> None:
     stats = _stats(engine)
     rows = 4  # per frame group: 2x2 merged patches of 56x56 frames; 4 groups
     assert stats.encoded_tokens == 4 * rows
+    assert len(engine.scheduler.runner.embedder.cache) == 4  # one entry per frame group
     assert stats.max_call_tokens <= rows * (-(-(chunk - 1) // rows) + 1)
     if chunk == 5:
         assert stats.encoder_calls >= 3
+    engine.scheduler.check_integrity()
+
+
+def test_whole_video_mode_matches_hf_and_encodes_at_once() -> None:
+    """``--mm-video-cache whole``: one entry per video, encoded by the first chunk that
+    touches it; the same outputs."""
+    engine = sglang.Engine(
+        model_path=model_dir("qwen2_5_vl"), chunked_prefill_size=5, mm_video_cache="whole"
+    )
+    out = _generate(engine, PROMPT, video_data=clip(1))
+    assert _matches(out, _ref("qwen2_5_vl", PROMPT, 1))
+    stats = _stats(engine)
+    assert (stats.encoder_calls, stats.encoded_tokens, stats.max_call_tokens) == (1, 16, 16)
+    assert len(engine.scheduler.runner.embedder.cache) == 1
     engine.scheduler.check_integrity()
 
 
