@@ -88,6 +88,20 @@ def test_qwen3_timestamps_follow_the_stream() -> None:
     assert f"<{(11 + 16) / 2 / 10:.1f} seconds>" in engine.tokenizer.decode(tokenized.input_ids)
 
 
+def test_a_resent_clip_is_not_decoded_again(monkeypatch) -> None:
+    from sglang.srt.multimodal import video_io
+
+    engine = _engine()
+    decoded = []
+    decode = video_io.decode_video
+    monkeypatch.setattr(video_io, "decode_video", lambda *a: decoded.append(1) or decode(*a))
+    first = engine.processor.load_videos([_clip(11)])[0]
+    again = engine.processor.load_videos([_clip(11)])[0]
+    other = engine.processor.load_videos([_clip(12)])[0]
+    assert again is first and other is not first and len(decoded) == 2
+    assert not first.frames.flags.writeable
+
+
 def _bad_videos() -> dict[str, bytes]:
     """Malformed or abusive videos, each with its own reason to be refused."""
     good = _clip(3)

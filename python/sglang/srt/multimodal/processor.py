@@ -29,7 +29,7 @@ from sglang.srt.multimodal.image_io import (
     load_image,
 )
 from sglang.srt.multimodal.items import MultimodalItem, spans_of
-from sglang.srt.multimodal.video_io import LoadedVideo, load_video
+from sglang.srt.multimodal.video_io import DecodedVideoCache, LoadedVideo, load_video
 from sglang.srt.multimodal.video_preprocess import VideoSettings, preprocess_frames
 
 LAYOUT_MEMO_SIZE = 4096
@@ -126,6 +126,7 @@ class MultimodalProcessor:
         self.allowed_local_dir = allowed_local_dir
         self.seen = DecodedImageCache()
         self.video_settings = VideoSettings.from_model_dir(model_path)
+        self.seen_videos = DecodedVideoCache()
         self.preprocessor = ImagePreprocessor(self.hf_processor, self.adapter, self.video_settings)
         # ((width, height), context key) -> layout learnt from preprocessing an image of that
         # size in that context: the layout depends on nothing else, so later such images are
@@ -137,7 +138,8 @@ class MultimodalProcessor:
         return [load_image(src, self.allowed_local_dir, self.seen) for src in image_data]
 
     def load_videos(self, video_data: Sequence[Any]) -> list[LoadedVideo]:
-        return [load_video(src, self.video_settings, self.allowed_local_dir) for src in video_data]
+        settings, local = self.video_settings, self.allowed_local_dir
+        return [load_video(src, settings, local, seen=self.seen_videos) for src in video_data]
 
     def process(
         self,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,14 +58,48 @@ class LoadedVideo:
     native_fps: float = 0.0  # of the stream (decoded frames: the sampling rate)
 
 
+class DecodedVideoCache:
+    """Encoded videos decoded before, by content hash, under a byte budget (least recently used
+    out): a chat client re-sends its clip with every turn. Entries are read-only frames."""
+
+    def __init__(self, capacity_bytes: int = 256 << 20) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._videos: OrderedDict[int, LoadedVideo] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: int) -> LoadedVideo | None:
+        with self._lock:
+            video = self._videos.get(key)
+            if video is not None:
+                self._videos.move_to_end(key)
+            return video
+
+    def put(self, video: LoadedVideo) -> None:
+        size = video.frames.nbytes
+        if size > self.capacity_bytes:
+            return
+        video.frames.flags.writeable = False
+        with self._lock:
+            if video.hash in self._videos:
+                return
+            self._videos[video.hash] = video
+            self._bytes += size
+            while self._bytes > self.capacity_bytes:
+                _, old = self._videos.popitem(last=False)
+                self._bytes -= old.frames.nbytes
+
+
 def load_video(
     source: Any,
     settings: VideoSettings,
     allowed_local_dir: str | None = "*",
     limits: VideoLimits | None = None,
+    seen: DecodedVideoCache | None = None,
 ) -> LoadedVideo:
     """Validate, sample and resize one video. Decoded frames ((n, H, W, 3) uint8 array or a
-    list of PIL images) are taken as already sampled at ``settings.fps``."""
+    list of PIL images) are taken as already sampled at ``settings.fps``. With ``seen``, an
+    encoded video decoded before is not decoded again."""
     if isinstance(source, LoadedVideo):
         return source
     limits = limits or VideoLimits()
@@ -75,9 +111,14 @@ def load_video(
         key = content_hash(repr(frames.shape).encode(), frames.tobytes())
         return _loaded(key, frames, settings.fps, settings, np.arange(len(frames)), settings.fps)
     data = _read_video_bytes(source, allowed_local_dir)
-    frames, sampled_fps, indices, native_fps = decode_video(data, settings, limits)
     key = content_hash(b"video", data)
-    return _loaded(key, frames, sampled_fps, settings, indices, native_fps)
+    video = seen.get(key) if seen is not None else None
+    if video is None:
+        frames, sampled_fps, indices, native_fps = decode_video(data, settings, limits)
+        video = _loaded(key, frames, sampled_fps, settings, indices, native_fps)
+        if seen is not None:
+            seen.put(video)
+    return video
 
 
 def _read_video_bytes(source: Any, allowed_local_dir: str | None) -> bytes:
