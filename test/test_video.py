@@ -1,4 +1,4 @@
-"""Video for Qwen2-VL, Qwen2.5-VL and Qwen3-VL: greedy outputs equal HF ``generate`` given the same
+"""Video for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5: greedy outputs equal HF ``generate`` given the same
 ``pixel_values_videos`` / ``video_grid_thw`` (and ``second_per_grid_ts``), float32, for the
 whole prompt, chunks that cut through frame groups, a cached prefix, a batch with an image
 request and a second turn about the same clip (which encodes nothing); swapping two frame
@@ -33,7 +33,7 @@ from sglang.srt.multimodal.video_preprocess import (
     sample_indices,
 )
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 MAX_NEW = 6
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"

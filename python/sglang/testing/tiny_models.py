@@ -63,6 +63,8 @@ VIDEO_FAMILIES = {
     "qwen2_vl": (14, "Qwen2VLVideoProcessor"),
     "qwen2_5_vl": (14, "Qwen2VLVideoProcessor"),
     "qwen3_vl": (16, "Qwen3VLVideoProcessor"),
+    "qwen3_5": (16, "Qwen3VLVideoProcessor"),
+    "qwen3_5_moe": (16, "Qwen3VLVideoProcessor"),
 }
 # Bump whenever the recipe changes so that stale cached folders are not reused.
 RECIPE_VERSION = 5  # 5: video_preprocessor_config.json and video parts in Qwen templates

@@ -36,7 +36,7 @@ def _grid_layout(resized: tuple[int, int], patch: int) -> Layout:
     return {"image_grid_thw": np.array([[1, resized[0] // patch, resized[1] // patch]])}
 
 
-_VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+_VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 
 class QwenVLAdapter(ModelAdapter):
