@@ -1,9 +1,10 @@
-"""Video for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5: greedy outputs equal HF ``generate`` given the same
-``pixel_values_videos`` / ``video_grid_thw`` (and ``second_per_grid_ts``), float32, for the
-whole prompt, chunks that cut through frame groups, a cached prefix, a batch with an image
-request and a second turn about the same clip (which encodes nothing); swapping two frame
-groups' cached embeddings is caught. Preprocessing is checked against HF's video processor
-where torchvision imports, and against itself group by group everywhere."""
+"""Video for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5: greedy outputs equal HF ``generate``
+given the same ``pixel_values_videos`` / ``video_grid_thw`` (and ``second_per_grid_ts``; Qwen3's
+timestamps in the prompt), float32, for the whole prompt, chunks that cut through frame groups,
+a cached prefix, a batch with an image request and a second turn about the same clip (which
+encodes nothing); swapping two frame groups' cached embeddings is caught. Preprocessing is
+checked against HF's video processor where torchvision imports, and against itself group by
+group everywhere."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from transformers.video_utils import VideoMetadata
 import sglang
 from sglang.srt.multimodal.embedder import EncoderStats
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.srt.multimodal.items import frame_groups
+from sglang.srt.multimodal.items import frame_groups, sub_spans
 from sglang.srt.multimodal.video_io import load_video
 from sglang.srt.multimodal.video_preprocess import (
     VideoSettings,
@@ -233,6 +234,35 @@ def test_group_encoding_equals_whole(family: str) -> None:
         torch.testing.assert_close(
             one.embedding, full.embedding[g * per_group : (g + 1) * per_group], atol=1e-5, rtol=0
         )
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=5),
+    gaps=st.lists(st.integers(0, 4), min_size=5, max_size=5),
+    rows=st.integers(1, 6),
+)
+def test_group_spans_partition_the_video(lengths: list[int], gaps: list[int], rows: int) -> None:
+    """Frame groups' spans, in order, are exactly the video's placeholder positions, each
+    group ``rows`` of them (however separator tokens break the video's runs)."""
+    spans, pos = [], 0
+    for length, gap in zip(lengths, gaps):
+        pos += gap
+        spans.append((pos, pos + length))
+        pos += length
+    total = sum(lengths) - sum(lengths) % rows
+    if total == 0:
+        return
+    positions = [p for start, end in spans for p in range(start, end)][:total]
+    groups = [sub_spans(spans, g, g + rows) for g in range(0, total, rows)]
+    assert [p for group in groups for s, e in group for p in range(s, e)] == positions
+    assert all(sum(e - s for s, e in group) == rows for group in groups)
+
+
+def test_families_without_video_refuse_it() -> None:
+    engine = sglang.Engine(model_path=model_dir("llava"))
+    with pytest.raises(ValueError, match="does not accept videos"):
+        engine.generate("USER: <image> hi", GREEDY, video_data=clip(0))
 
 
 # Parity with HF ------------------------------------------------------------------------------
