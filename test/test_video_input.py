@@ -32,9 +32,11 @@ GREEDY = {"temperature": 0, "max_new_tokens": 4}
 
 
 @functools.cache
-def _clip(seed: int = 0, frames: int = 20, fps: float = 10.0, container: str = "mp4") -> bytes:
+def _clip(
+    seed: int = 0, frames: int = 20, fps: float = 10.0, container: str = "mp4", gop: int = 10
+) -> bytes:
     codec = "libx264" if container == "mp4" else "libvpx-vp9"
-    return encode_clip(random_frames(seed, frames, 48, 64), fps, container, codec)
+    return encode_clip(random_frames(seed, frames, 48, 64), fps, container, codec, gop)
 
 
 def _expected(data: bytes, native_fps: float, settings: VideoSettings) -> np.ndarray:
@@ -43,10 +45,12 @@ def _expected(data: bytes, native_fps: float, settings: VideoSettings) -> np.nda
     return resize_frames(kept, resized_size(len(kept), *kept.shape[1:3], settings))
 
 
-@pytest.mark.parametrize("fps", [2.0, 0.25])  # 0.25: 40 frames apart, reached by seeking
-def test_decoding_keeps_the_sampled_frames(fps: float) -> None:
+# 0.25 fps: kept frames 4 s apart, reached by seeking; gop 100: keyframes 10 s apart, so a
+# seek lands far before its frame and decodes forward to it
+@pytest.mark.parametrize("fps, gop", [(2.0, 10), (0.25, 10), (0.25, 100)])
+def test_decoding_keeps_the_sampled_frames(fps: float, gop: int) -> None:
     settings = VideoSettings(min_pixels=56 * 56, max_pixels=112 * 112, fps=fps, max_frames=64)
-    data = _clip(1, frames=200)
+    data = _clip(1, frames=200, gop=gop)
     video = load_video(data, settings)
     np.testing.assert_array_equal(video.frames, _expected(data, 10.0, settings))
     assert video.sampled_fps == pytest.approx(len(video.frames) / 20.0)

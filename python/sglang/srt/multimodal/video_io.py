@@ -245,39 +245,39 @@ def _decode_frames(
     container: Any, stream: Any, header: _Header, indices: np.ndarray, limits: VideoLimits
 ) -> np.ndarray:
     """The frames at ``indices`` (sorted): a frame's index is its time times the frame rate
-    (its decode order where it has no time); seeks ahead to a keyframe before far-apart
-    frames."""
+    (its decode order where it has no time). Before a kept frame more than ``SEEK_GAP_S``
+    ahead, seeks to the keyframe before it, then decodes forward to it."""
     import av
 
     wanted = [int(i) for i in indices]
     out: list[np.ndarray] = []
     start = float(stream.start_time * stream.time_base) if stream.start_time else 0.0
+    gap = SEEK_GAP_S * header.fps
     counter, decoded = -1, 0
     try:
         while len(out) < len(wanted):
             target = wanted[len(out)]
-            if target - max(counter, 0) > SEEK_GAP_S * header.fps:
+            if target - max(counter, 0) > gap:
                 seconds = start + target / header.fps
                 container.seek(int(seconds / stream.time_base), stream=stream, backward=True)
                 counter = -1
-            progressed = False
+            found = len(out)
             for frame in container.decode(stream):
                 decoded += 1
                 if decoded > limits.max_frames:
                     raise VideoError("the video has more frames than its header declares")
-                counter = _frame_index(frame, start, header.fps, counter)
-                progressed = True
                 if (frame.width, frame.height) != (header.width, header.height):
                     raise VideoError("the video changes its frame size mid-stream")
+                counter = _frame_index(frame, start, header.fps, counter)
                 while len(out) < len(wanted) and wanted[len(out)] <= counter:
                     out.append(frame.to_ndarray(format="rgb24"))
-                if len(out) == len(wanted):
+                # seek again only after reaching the frame this pass was for
+                if len(out) == len(wanted) or (
+                    len(out) > found and wanted[len(out)] - counter > gap
+                ):
                     break
-                nxt = wanted[len(out)]
-                if nxt - counter > SEEK_GAP_S * header.fps:
-                    break  # seek to it
-            if not progressed:
-                break
+            if len(out) == found:
+                break  # the stream ended before the frame
     except av.FFmpegError as exc:
         raise VideoError("cannot decode video: the stream is corrupt or truncated") from exc
     if len(out) < len(wanted):
