@@ -12,6 +12,7 @@ message says what is wrong; no library message with addresses is shown.
 from __future__ import annotations
 
 import io
+import logging
 import math
 import threading
 from collections import OrderedDict
@@ -28,6 +29,8 @@ from sglang.srt.multimodal.video_preprocess import (
     resized_size,
     sample_indices,
 )
+
+logger = logging.getLogger(__name__)
 
 SEEK_GAP_S = 2.0  # seek when the next kept frame is further ahead than this
 
@@ -114,7 +117,7 @@ def load_video(
     key = content_hash(b"video", data)
     video = seen.get(key) if seen is not None else None
     if video is None:
-        frames, sampled_fps, indices, native_fps = decode_video(data, settings, limits)
+        frames, sampled_fps, indices, native_fps = _decode_checked(data, settings, limits)
         video = _loaded(key, frames, sampled_fps, settings, indices, native_fps)
         if seen is not None:
             seen.put(video)
@@ -181,6 +184,19 @@ class _Header:
     total_frames: int
 
 
+def _decode_checked(
+    data: bytes, settings: VideoSettings, limits: VideoLimits
+) -> tuple[np.ndarray, float, np.ndarray, float]:
+    """``decode_video``, where any failure inside the decoding library is the file's fault."""
+    try:
+        return decode_video(data, settings, limits)
+    except VideoError:
+        raise
+    except (ValueError, TypeError, OSError, RuntimeError, IndexError, AttributeError) as exc:
+        logger.info("video decoding failed: %r", exc)
+        raise VideoError("cannot decode video: the file is malformed") from None
+
+
 def decode_video(
     data: bytes, settings: VideoSettings, limits: VideoLimits
 ) -> tuple[np.ndarray, float, np.ndarray, float]:
@@ -217,6 +233,8 @@ def decode_video(
 
 def _header(container: Any, stream: Any, limits: VideoLimits) -> _Header:
     ctx = stream.codec_context
+    if ctx is None:
+        raise VideoError("cannot decode video: its video stream has no known codec")
     _check_frame_size(int(ctx.width or 0), int(ctx.height or 0), limits)
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     fps = float(rate) if rate else 0.0
@@ -257,7 +275,7 @@ def _decode_frames(
     try:
         while len(out) < len(wanted):
             target = wanted[len(out)]
-            if target - max(counter, 0) > gap:
+            if stream.time_base and target - max(counter, 0) > gap:
                 seconds = start + target / header.fps
                 container.seek(int(seconds / stream.time_base), stream=stream, backward=True)
                 counter = -1
