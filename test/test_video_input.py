@@ -188,6 +188,8 @@ def test_limits() -> None:
         "lasts": VideoLimits(max_duration_s=1.0),
         "frames, over": VideoLimits(max_frames=10),
         "frame rate": VideoLimits(max_fps=5.0),
+        "pixels of frames": VideoLimits(max_decoded_pixels=5 * 48 * 64),
+        "takes more than": VideoLimits(max_decode_seconds=-1.0),
     }
     for message, limits in cases.items():
         with pytest.raises(VideoError, match=message):

@@ -15,6 +15,7 @@ import io
 import logging
 import math
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,8 @@ class VideoLimits:
     max_fps: float = 240.0
     max_pixels_per_frame: int = 3840 * 2160
     max_decoded_bytes: int = 1 << 30  # kept frames at their native size, RGB
+    max_decoded_pixels: int = 1 << 34  # every frame the decoder outputs (seeking skips some)
+    max_decode_seconds: float = 120.0
 
 
 @dataclass
@@ -272,6 +275,7 @@ def _decode_frames(
     start = float(stream.start_time * stream.time_base) if stream.start_time else 0.0
     gap = SEEK_GAP_S * header.fps
     counter, decoded = -1, 0
+    budget = _DecodeBudget(limits, header.width * header.height)
     try:
         while len(out) < len(wanted):
             target = wanted[len(out)]
@@ -284,6 +288,7 @@ def _decode_frames(
                 decoded += 1
                 if decoded > limits.max_frames:
                     raise VideoError("the video has more frames than its header declares")
+                budget.spend()
                 if (frame.width, frame.height) != (header.width, header.height):
                     raise VideoError("the video changes its frame size mid-stream")
                 counter = _frame_index(frame, start, header.fps, counter)
@@ -304,6 +309,28 @@ def _decode_frames(
             "is truncated or its header overstates its length"
         )
     return np.stack(out)
+
+
+class _DecodeBudget:
+    """Pixels decoded and time spent on one video, against the limits."""
+
+    def __init__(self, limits: VideoLimits, frame_pixels: int) -> None:
+        self.limits = limits
+        self.frame_pixels = frame_pixels
+        self.pixels = 0
+        self.deadline = time.monotonic() + limits.max_decode_seconds
+
+    def spend(self) -> None:
+        self.pixels += self.frame_pixels
+        if self.pixels > self.limits.max_decoded_pixels:
+            raise VideoError(
+                f"decoding the video would take more than {self.limits.max_decoded_pixels} "
+                "pixels of frames"
+            )
+        if time.monotonic() > self.deadline:
+            raise VideoError(
+                f"decoding the video takes more than {self.limits.max_decode_seconds:g} s"
+            )
 
 
 def _frame_index(frame: Any, start: float, fps: float, previous: int) -> int:
