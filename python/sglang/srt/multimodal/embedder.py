@@ -258,8 +258,8 @@ class MultimodalEmbedder:
                 entry.embedding.to(self.dtype), [t.to(self.dtype) for t in entry.extras]
             ).owned()
         for item in items:
-            if item.group_rows and item.num_tokens == item.group_rows:
-                item.features = None  # a frame group's pixels: its embedding is what is kept
+            if item.modality == "video":
+                item.features = None  # remade from the frames if the embedding is ever missing
         elapsed = time.perf_counter() - start
         tokens = sum(item.num_tokens for item in items)
         self.stats.encoder_calls += 1
