@@ -4,11 +4,13 @@ videos get a clear error (Engine: ValueError; server: 400) while the server keep
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import json
 import os
 import re
+import threading
 
 import httpx
 import numpy as np
@@ -206,6 +208,42 @@ def test_per_request_video_limit_and_prompt_count() -> None:
     with pytest.raises(ValueError, match="video placeholder"):
         engine.generate("no placeholder here", GREEDY, video_data=clip)
     assert engine.generate(PROMPT, GREEDY, video_data=clip)["output_ids"]
+
+
+def test_http_video_fetch_follows_the_image_rules() -> None:
+    """An http(s) video is downloaded under the image bounds: refused at a private address by
+    default, fetched when private addresses are allowed, refused over the size limit."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from sglang.srt.multimodal.image_io import ImageError
+    from sglang.srt.multimodal.media_fetch import fetch_video_source
+    from sglang.srt.server_args import ServerArgs
+
+    clip = _clip(14)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(clip)))
+            self.end_headers()
+            self.wfile.write(clip)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/clip.mp4"
+    try:
+        with pytest.raises(ImageError, match="cannot fetch the video"):
+            asyncio.run(fetch_video_source(url, ServerArgs()))
+        allowed = ServerArgs(allow_private_media_urls=True)
+        assert asyncio.run(fetch_video_source(url, allowed)) == clip
+        tiny = ServerArgs(allow_private_media_urls=True, media_url_max_file_size_mb=0)
+        with pytest.raises(ImageError, match="cannot fetch the video"):
+            asyncio.run(fetch_video_source(url, tiny))
+    finally:
+        server.shutdown()
 
 
 # Server -----------------------------------------------------------------------------------------
