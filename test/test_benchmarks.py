@@ -100,6 +100,24 @@ def _load(path: Path) -> dict:
     return json.loads(path.with_suffix(".json").read_text())
 
 
+@needs_plots
+def test_video_chat_smoke(tiny_model: str, tmp_path: Path) -> None:
+    """Turn 2 onwards encodes nothing; with chunks of 16 tokens, per-group encoding keeps each
+    encoder call within a chunk's frame groups while whole-video encoding takes a clip at once."""
+    from benchmark.video_chat import main
+
+    out = tmp_path / "video"
+    main(["--model-path", tiny_model, "--rounds", "3", "--chat-seconds", "4",
+          "--lengths", "4,8", "--chunk", "16", "--out", str(out)])  # fmt: skip
+    data = _load(out)
+    assert [r["encoded_tokens"] > 0 for r in data["chat"]] == [True, False, False]
+    long = {(r["mode"], r["clip_s"]): r for r in data["long"]}
+    assert long[("whole", 8.0)]["max_call_tokens"] == long[("whole", 8.0)]["encoded_tokens"]
+    assert long[("per-group", 8.0)]["max_call_tokens"] <= 32  # two groups of 16 rows at most
+    assert long[("per-group", 8.0)]["encoded_tokens"] == long[("whole", 8.0)]["encoded_tokens"]
+    assert out.with_suffix(".png").is_file()
+
+
 @needs_server
 @needs_plots
 def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path) -> None:

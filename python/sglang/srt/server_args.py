@@ -140,8 +140,15 @@ class ServerArgs:
         default=None, metadata={"help": "Embedding cache budget (env SGLANG_VLM_CACHE_SIZE_MB)."}
     )
     mm_encoder_token_budget: int | None = None
+    mm_video_cache: str = field(
+        default="per-group",
+        metadata={
+            "help": "per-group (one cache entry per frame group where the vision tower allows "
+            "it, encoded when a chunk reaches it) or whole (one entry per video)."
+        },
+    )
     limit_mm_data_per_request: str | None = field(
-        default=None, metadata={"help": 'JSON, e.g. {"image": 8}.'}
+        default=None, metadata={"help": 'JSON, e.g. {"image": 8, "video": 1}.'}
     )
 
     # Structured outputs and tools
@@ -216,7 +223,9 @@ class ServerArgs:
         if self.max_request_body_mb <= 0:
             raise ValueError("max_request_body_mb must be positive")
         if self.limit_mm_data_per_request is not None:
-            self.image_limit  # noqa: B018  (validates the JSON)
+            self.mm_limit("image")  # validates the JSON
+        if self.mm_video_cache not in ("per-group", "whole"):
+            raise ValueError("mm_video_cache must be per-group or whole")
         self._check_quantization()
 
     def _check_quantization(self) -> None:
@@ -237,14 +246,22 @@ class ServerArgs:
 
     @property
     def image_limit(self) -> int | None:
+        return self.mm_limit("image")
+
+    @property
+    def video_limit(self) -> int | None:
+        return self.mm_limit("video")
+
+    def mm_limit(self, modality: str) -> int | None:
+        """The most items of ``modality`` one request may carry (None: no limit)."""
         if self.limit_mm_data_per_request is None:
             return None
         try:
             limits = json.loads(self.limit_mm_data_per_request)
-            return int(limits["image"]) if "image" in limits else None
-        except (ValueError, TypeError, KeyError) as exc:
+            return int(limits[modality]) if modality in limits else None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(
-                f"limit_mm_data_per_request must be JSON like '{{\"image\": 8}}': {exc}"
+                f'limit_mm_data_per_request must be JSON like \'{{"image": 8, "video": 1}}\': {exc}'
             ) from exc
 
     @property

@@ -83,6 +83,8 @@ _QWEN_TEMPLATE = (
     "{%- set image_count.value = image_count.value + 1 -%}"
     "{%- if add_vision_id -%}{{- 'Picture ' + image_count.value|string + ': ' -}}{%- endif -%}"
     "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] in ('video', 'video_url') or 'video' in part -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
     "{%- elif 'text' in part -%}{{- part['text'] -}}{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
     "{%- for call in message['tool_calls'] or [] -%}"
@@ -193,6 +195,38 @@ _QWEN3_ROPE = {
     "mrope_interleaved": True,
 }
 _QWEN_MIN_PIXELS, _QWEN_MAX_PIXELS = 128 * 128, 256 * 256
+
+
+_QWEN_VIDEO_MIN_PIXELS, _QWEN_VIDEO_MAX_PIXELS = 56 * 56, 112 * 112  # per frame, below images
+
+
+# Qwen3-VL's bounds are on a whole clip's pixels (frames x height x width).
+_QWEN3_VIDEO_MIN_PIXELS, _QWEN3_VIDEO_MAX_PIXELS = 32 * 32 * 2, 32 * 32 * 64
+
+
+def qwen_video_preprocessor(patch: int = 14, processor_type: str = "Qwen2VLVideoProcessor") -> dict:
+    """``video_preprocessor_config.json`` of a tiny Qwen-VL folder."""
+    mean, std = (_CLIP_MEAN, _CLIP_STD) if patch == 14 else ([0.5] * 3, [0.5] * 3)
+    qwen3 = processor_type.startswith("Qwen3")
+    low, high = (
+        (_QWEN3_VIDEO_MIN_PIXELS, _QWEN3_VIDEO_MAX_PIXELS)
+        if qwen3
+        else (_QWEN_VIDEO_MIN_PIXELS, _QWEN_VIDEO_MAX_PIXELS)
+    )
+    return {
+        "size": {"shortest_edge": low, "longest_edge": high},
+        "patch_size": patch,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": mean,
+        "image_std": std,
+        "fps": 2.0,
+        "min_frames": 4,
+        "max_frames": 768,
+        "do_sample_frames": False,
+        "cap_pixels_per_frame": False,
+        "video_processor_type": processor_type,
+    }
 
 
 def _qwen_preprocessor(patch: int, processor_class: str, image_type: str, legacy: bool) -> dict:

@@ -44,6 +44,8 @@ _QWEN3_5_TEMPLATE = (
     "{%- if add_vision_id -%}"
     "{%- set body.text = body.text + 'Picture ' + ns.images|string + ': ' -%}{%- endif -%}"
     "{%- set body.text = body.text + '<|vision_start|><|image_pad|><|vision_end|>' -%}"
+    "{%- elif part['type'] in ('video', 'video_url') or 'video' in part -%}"
+    "{%- set body.text = body.text + '<|vision_start|><|video_pad|><|vision_end|>' -%}"
     "{%- elif 'text' in part -%}{%- set body.text = body.text + part['text'] -%}{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
     "{%- if message['role'] == 'assistant' -%}"

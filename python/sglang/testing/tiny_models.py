@@ -46,6 +46,7 @@ from sglang.testing.tiny_common import (
     _qwen_text,
     _Recipe,
     _TokSpec,
+    qwen_video_preprocessor,
 )
 from sglang.testing.tiny_families import FAMILIES as _OTHER_FAMILIES
 from sglang.testing.tiny_hybrid import FAMILIES as _HYBRID_FAMILIES
@@ -57,8 +58,16 @@ HYBRID_VLM_FAMILIES = tuple(_HYBRID_FAMILIES)  # linear-attention layers: test_q
 VLM_FAMILIES = BASE_VLM_FAMILIES + EXTRA_VLM_FAMILIES + HYBRID_VLM_FAMILIES
 FAMILIES = (*VLM_FAMILIES, "qwen2", "llama")
 DEFAULT_FAMILY = "qwen2_5_vl"
+# video_preprocessor_config.json: (patch size, video processor class)
+VIDEO_FAMILIES = {
+    "qwen2_vl": (14, "Qwen2VLVideoProcessor"),
+    "qwen2_5_vl": (14, "Qwen2VLVideoProcessor"),
+    "qwen3_vl": (16, "Qwen3VLVideoProcessor"),
+    "qwen3_5": (16, "Qwen3VLVideoProcessor"),
+    "qwen3_5_moe": (16, "Qwen3VLVideoProcessor"),
+}
 # Bump whenever the recipe changes so that stale cached folders are not reused.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 5  # 5: video_preprocessor_config.json and video parts in Qwen templates
 
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_PLACEHOLDER: dict[str, str] = {
@@ -514,6 +523,9 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, size: str 
         _write_json(out / "preprocessor_config.json", recipe.preprocessor)
     if recipe.processor is not None:
         _write_json(out / "processor_config.json", recipe.processor)
+    if family in VIDEO_FAMILIES:
+        video = VIDEO_FAMILIES[family]
+        _write_json(out / "video_preprocessor_config.json", qwen_video_preprocessor(*video))
     return out
 
 

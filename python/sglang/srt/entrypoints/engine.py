@@ -10,7 +10,7 @@ import torch
 
 import sglang
 from sglang.srt.constrained.manager import MAX_TOP_LOGPROBS
-from sglang.srt.managers.inputs import split_generate_inputs, tokenize
+from sglang.srt.managers.inputs import check_mm_limits, split_generate_inputs, tokenize
 from sglang.srt.managers.io_struct import (
     TokenizedRequest,
     input_logprob_meta,
@@ -64,15 +64,19 @@ class Engine:
         top_logprobs_num: int = 0,
         logprob_start_len: int = -1,
         token_ids_logprob: list[int] | list[list[int]] | None = None,
+        video_data: Any = None,
     ) -> dict | list[dict]:
         """With ``n`` > 1 in a request's sampling params, its n outputs take its place in the
         returned list (which is then a list even for one prompt). With ``return_logprob``,
         ``logprob_start_len`` >= 0 also returns the prompt tokens' logprobs from there on, and
         ``token_ids_logprob`` (ids, or a list of ids per prompt) the logprobs of those ids at
-        every position."""
+        every position. ``video_data``: one video (or a list per prompt) as encoded bytes, a
+        path, base64 or a data URL, or decoded (n, height, width, 3) uint8 frames."""
         if not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
-        tokenized, batched = self.tokenize(prompt, sampling_params, input_ids, image_data, rid)
+        tokenized, batched = self.tokenize(
+            prompt, sampling_params, input_ids, image_data, rid, video_data
+        )
         token_ids = token_ids_per_request(token_ids_logprob, len(tokenized))
         for t, ids in zip(tokenized, token_ids):
             t.ask_logprobs(top_logprobs_num if return_logprob else None, logprob_start_len, ids)
@@ -103,18 +107,18 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None,
         image_data: Any,
         rid: str | list[str] | None = None,
+        video_data: Any = None,
     ) -> tuple[list[TokenizedRequest], bool]:
         """Validate and process inputs (all or nothing: raises ValueError)."""
-        inputs, batched = split_generate_inputs(prompt, sampling_params, input_ids, image_data, rid)
-        tokenized = [
-            tokenize(
-                self.processor,
-                self.server_args,
-                inp,
-                self.processor.load_images(inp.images),
-            )
-            for inp in inputs
-        ]
+        inputs, batched = split_generate_inputs(
+            prompt, sampling_params, input_ids, image_data, rid, video_data
+        )
+        tokenized = []
+        for inp in inputs:
+            check_mm_limits(self.server_args, len(inp.images), len(inp.videos))
+            images = self.processor.load_images(inp.images)
+            videos = self.processor.load_videos(inp.videos)
+            tokenized.append(tokenize(self.processor, self.server_args, inp, images, videos))
         for t in tokenized:
             self.scheduler.check_request(t)
         return tokenized, batched

@@ -175,7 +175,12 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         body = await _parse(request, GenerateRequest)
         reject_unimplemented(body, UNIMPLEMENTED_GENERATE_FIELDS)
         inputs, batched = split_generate_inputs(
-            body.text, body.sampling_params, body.input_ids, body.image_data, body.rid
+            body.text,
+            body.sampling_params,
+            body.input_ids,
+            body.image_data,
+            body.rid,
+            body.video_data,
         )
         token_ids = token_ids_per_request(body.token_ids_logprob, len(inputs))
         tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
@@ -250,7 +255,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         if max_new is None:
             sampling["max_new_tokens"] = manager.context_length
         tools = oai.active_tools(body)
-        prompt, images = _render_chat(manager, body, args, tools)
+        prompt, images, videos = _render_chat(manager, body, args, tools)
         sampling = oai.extra_sampling(body, sampling, tool_parser)
         bos = manager.tokenizer.bos_token
         inp = GenerateInput(
@@ -260,6 +265,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             images,
             _params(sampling),
             add_special_tokens=not (bos and prompt.startswith(bos)),
+            videos=videos,
         )
         tokenized = await manager.tokenize(inp)
         tokenized.ask_logprobs((body.top_logprobs or 0) if body.logprobs else None)
@@ -302,10 +308,11 @@ def _render_chat(
     body: ChatCompletionRequest,
     args: ServerArgs,
     tools: list[dict] | None = None,
-) -> tuple[str, list[str]]:
-    """Chat template over messages whose image parts become the template's image entries;
-    returns the prompt and the image references in order."""
+) -> tuple[str, list[str], list[str]]:
+    """Chat template over messages whose image and video parts become the template's image and
+    video entries; returns the prompt and the image and video references in order."""
     images: list[str] = []
+    videos: list[str] = []
     messages = []
     for msg in body.messages:
         content: Any = msg.content or ""
@@ -314,6 +321,9 @@ def _render_chat(
             for part in content:
                 if part.type == "text":
                     parts.append({"type": "text", "text": part.text})
+                elif part.type == "video_url":
+                    videos.append(part.video_url.url)
+                    parts.append({"type": "video"})
                 else:
                     images.append(part.image_url.url)
                     parts.append({"type": "image"})
@@ -336,7 +346,7 @@ def _render_chat(
         )
     except Exception as exc:  # the template's own checks (roles, tool messages) fail here
         raise RequestError(f"the chat template cannot render these messages: {exc}") from exc
-    return prompt, images
+    return prompt, images, videos
 
 
 _RESERVED_TEMPLATE_ARGS = {

@@ -27,7 +27,16 @@ class ImagePart(BaseModel):
     image_url: ImageURL
 
 
-ContentPart = TextPart | ImagePart
+class VideoURL(BaseModel):
+    url: str
+
+
+class VideoPart(BaseModel):
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+ContentPart = TextPart | ImagePart | VideoPart
 
 
 class FunctionCall(BaseModel):
@@ -142,6 +151,7 @@ class GenerateRequest(_Body):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     image_data: Any = None
+    video_data: Any = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     stream: bool = False
     return_logprob: bool = False
@@ -208,7 +218,6 @@ UNIMPLEMENTED_GENERATE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "lora_path": _used,
     "custom_logit_processor": _used,
     "input_embeds": _used,
-    "video_data": _used,
     "audio_data": _used,
     "session_params": _used,
 }

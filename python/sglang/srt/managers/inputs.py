@@ -4,12 +4,14 @@ by the offline engine and the HTTP server."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.multimodal.image_io import LoadedImage
 from sglang.srt.multimodal.processor import MultimodalProcessor
+from sglang.srt.multimodal.video_io import LoadedVideo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
@@ -24,6 +26,7 @@ class GenerateInput:
     images: list[Any]
     sampling_params: SamplingParams
     add_special_tokens: bool = True
+    videos: list[Any] = field(default_factory=list)
 
 
 def split_generate_inputs(
@@ -32,6 +35,7 @@ def split_generate_inputs(
     input_ids: list[int] | list[list[int]] | None,
     image_data: Any,
     rid: str | list[str] | None = None,
+    video_data: Any = None,
 ) -> tuple[list[GenerateInput], bool]:
     """Validate the shapes of a generate call; returns (one input per request, batched?)."""
     if (prompt is None) == (input_ids is None):
@@ -50,6 +54,7 @@ def split_generate_inputs(
     if n == 0:
         raise ValueError("the batch is empty")
     images = _per_request(_image_lists(image_data, n, batched), n, batched, "image_data")
+    videos = _per_request(_image_lists(video_data, n, batched), n, batched, "video_data")
     params = _per_request(sampling_params, n, batched, "sampling_params", allow_dict=True)
     rids = _per_request(rid, n, batched, "rid")
     if not all(r is None or isinstance(r, str) for r in rids):
@@ -61,6 +66,7 @@ def split_generate_inputs(
             input_ids=ids_list[i] if input_ids is not None else None,  # type: ignore[index]
             images=_as_list(images[i]),
             sampling_params=SamplingParams.from_dict(params[i]),
+            videos=_as_list(videos[i]),
         )
         for i in range(n)
     ], batched
@@ -71,16 +77,25 @@ def tokenize(
     args: ServerArgs,
     inp: GenerateInput,
     images: list[LoadedImage],
+    videos: Sequence[LoadedVideo] = (),
 ) -> TokenizedRequest:
-    limit = args.image_limit
-    if limit is not None and len(images) > limit:
-        raise ValueError(f"{len(images)} images in one request; the limit is {limit}")
+    check_mm_limits(args, len(images), len(videos))
     if inp.input_ids is not None:
         _check_ids(inp.input_ids, processor)  # before they are decoded for image expansion
-    ids, items = processor.process(inp.prompt, inp.input_ids, images, inp.add_special_tokens)
+    ids, items = processor.process(
+        inp.prompt, inp.input_ids, images, inp.add_special_tokens, videos=videos
+    )
     tokenized = TokenizedRequest(inp.rid, ids, inp.sampling_params, items)
-    tokenized.validate(*_vocab_and_image_token(processor))
+    tokenized.validate(*_vocab_and_image_token(processor), processor.adapter.video_token_id)
     return tokenized
+
+
+def check_mm_limits(args: ServerArgs, num_images: int, num_videos: int) -> None:
+    """--limit-mm-data-per-request, per modality."""
+    for name, count in (("image", num_images), ("video", num_videos)):
+        limit = args.mm_limit(name)
+        if limit is not None and count > limit:
+            raise ValueError(f"{count} {name}s in one request; the limit is {limit}")
 
 
 def _vocab_and_image_token(processor: MultimodalProcessor) -> tuple[int, int | None]:

@@ -55,30 +55,35 @@ class TokenizedRequest:
                 f"token_ids_logprob names {bad[0]!r}, outside the vocabulary [0, {vocab_size})"
             )
 
-    def validate(self, vocab_size: int, image_token_id: int | None) -> None:
-        """Raise ValueError unless every token id is in the vocabulary and the image
-        placeholder tokens are exactly the spans of the request's images."""
+    def validate(
+        self, vocab_size: int, image_token_id: int | None, video_token_id: int | None = None
+    ) -> None:
+        """Raise ValueError unless every token id is in the vocabulary and the image (video)
+        placeholder tokens are exactly the spans of the request's images (videos)."""
         self.validate_logprobs(vocab_size)
         ids = self.input_ids
         if ids and (min(ids) < 0 or max(ids) >= vocab_size):
             bad = next(t for t in ids if not 0 <= t < vocab_size)
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
-        if image_token_id is None:
-            return
-        found = ids.count(image_token_id)
-        expected = sum(item.num_tokens for item in self.mm_items)
+        for modality, token_id in (("image", image_token_id), ("video", video_token_id)):
+            if token_id is not None:
+                self._validate_placeholders(modality, token_id)
+
+    def _validate_placeholders(self, modality: str, token_id: int) -> None:
+        ids = self.input_ids
+        items = [item for item in self.mm_items if item.modality == modality]
+        found = ids.count(token_id)
+        expected = sum(item.num_tokens for item in items)
         if found != expected:
-            given = f"its images need {expected}" if self.mm_items else "no image was given"
+            given = f"its {modality}s need {expected}" if items else f"no {modality} was given"
             raise ValueError(
-                f"the prompt has {found} image placeholder token(s) but {given}: "
-                "image placeholders must come with their images"
+                f"the prompt has {found} {modality} placeholder token(s) but {given}: "
+                f"{modality} placeholders must come with their {modality}s"
             )
-        for item in self.mm_items:
+        for item in items:
             for start, end in item.spans:
-                if not (0 <= start < end <= len(ids)) or any(
-                    t != image_token_id for t in ids[start:end]
-                ):
-                    raise ValueError("image placeholder spans do not match the prompt")
+                if not (0 <= start < end <= len(ids)) or any(t != token_id for t in ids[start:end]):
+                    raise ValueError(f"{modality} placeholder spans do not match the prompt")
 
 
 @dataclass

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from sglang.srt.entrypoints.engine import decode_output
-from sglang.srt.managers.inputs import GenerateInput, tokenize
+from sglang.srt.managers.inputs import GenerateInput, check_mm_limits, tokenize
 from sglang.srt.managers.io_struct import (
     AbortRequest,
     BatchOutput,
@@ -28,7 +28,11 @@ from sglang.srt.managers.io_struct import (
     logprob_meta,
     output_logprob_meta,
 )
-from sglang.srt.multimodal.media_fetch import allowed_local_dir, fetch_image_source
+from sglang.srt.multimodal.media_fetch import (
+    allowed_local_dir,
+    fetch_image_source,
+    fetch_video_source,
+)
 from sglang.srt.multimodal.processor import MultimodalProcessor
 from sglang.srt.sampling.stop_strings import skipped_token_ids
 from sglang.srt.server_args import ServerArgs
@@ -156,14 +160,20 @@ class TokenizerManager:
     async def tokenize(self, inp: GenerateInput) -> TokenizedRequest:
         self._check_alive()
         self._check_length_cheaply(inp)
-        limit = self.args.image_limit
-        if limit is not None and len(inp.images) > limit:
-            raise RequestError(f"{len(inp.images)} images in one request; the limit is {limit}")
+        try:
+            check_mm_limits(self.args, len(inp.images), len(inp.videos))
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
         if inp.images and not self.is_multimodal:
             raise RequestError("this model does not accept images")
+        if inp.videos and not self.is_multimodal:
+            raise RequestError("this model does not accept videos")
         sources = [await fetch_image_source(ref, self.args) for ref in inp.images]
+        videos = [await fetch_video_source(ref, self.args) for ref in inp.videos]
         loop = asyncio.get_running_loop()
-        tokenized = await loop.run_in_executor(self._pool, self._tokenize_sync, inp, sources)
+        tokenized = await loop.run_in_executor(
+            self._pool, self._tokenize_sync, inp, sources, videos
+        )
         prompt_len = len(tokenized.input_ids)
         if prompt_len >= self.context_length:
             raise RequestError(
@@ -187,9 +197,11 @@ class TokenizerManager:
                 f"({self.context_length}, leaving room for at least one new token)"
             )
 
-    def _tokenize_sync(self, inp: GenerateInput, sources: list):
+    def _tokenize_sync(self, inp: GenerateInput, sources: list, video_sources: list):
+        """Decoding (videos too) and preprocessing, on the thread pool."""
         images = self.processor.load_images(sources)
-        tokenized = tokenize(self.processor, self.args, inp, images)
+        videos = self.processor.load_videos(video_sources)
+        tokenized = tokenize(self.processor, self.args, inp, images, videos)
         for item, img in zip(tokenized.mm_items, images):
             if img.data is not None:
                 item.source = img.data  # ship the encoded bytes, not decoded pixels

@@ -26,6 +26,7 @@ from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.processor import ImagePreprocessor
+from sglang.srt.multimodal.video_preprocess import VideoSettings
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -106,12 +107,15 @@ class ModelRunner:
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
         self.embedder = MultimodalEmbedder(
             self.adapter,
-            ImagePreprocessor(self.hf_processor, self.adapter),
+            ImagePreprocessor(
+                self.hf_processor, self.adapter, VideoSettings.from_model_dir(model_path)
+            ),
             MultimodalEmbeddingCache(args.mm_cache_bytes),
             self.device,
             self.dtype,
             args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
             args.mm_cache_mode,
+            video_groups=args.mm_video_cache == "per-group",
         )
 
     def _count_lm_work(self) -> None:

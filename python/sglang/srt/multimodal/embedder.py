@@ -1,4 +1,7 @@
-"""Merge image embeddings into a step's text embeddings, encoding only what the step needs."""
+"""Merge image and video embeddings into a step's text embeddings, encoding only what the step
+needs. A video whose adapter declares its frame groups separable is handled as its frame groups
+(``items.frame_groups``): each is an item of its own, cached under (video hash, group index) and
+encoded only when a chunk overlaps its rows."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import torch
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
 from sglang.srt.models.adapters.base import context_key
 from sglang.srt.multimodal.image_io import content_hash
+from sglang.srt.multimodal.items import frame_groups
 
 if TYPE_CHECKING:
     from sglang.srt.managers.req import Req
@@ -69,6 +73,7 @@ class MultimodalEmbedder:
         dtype: torch.dtype,
         encoder_token_budget: int,
         mode: str = "per-image",
+        video_groups: bool = True,
     ) -> None:
         self.adapter = adapter
         self.preprocess = preprocess
@@ -77,6 +82,7 @@ class MultimodalEmbedder:
         self.dtype = dtype
         self.encoder_token_budget = encoder_token_budget
         self.mode = mode
+        self.video_groups = video_groups  # False: a video is one item (one cache entry)
         self.stats = EncoderStats()
 
     def embed(
@@ -128,9 +134,10 @@ class MultimodalEmbedder:
         offset = 0
         for i, req in enumerate(reqs):
             lo, hi = prefix_lens[i], prefix_lens[i] + extend_lens[i]
-            for item in req.mm_items:
-                if item.overlaps(lo, hi):
-                    needed.append((offset - lo, req, item, lo, hi))
+            for whole in req.mm_items:
+                for item in self._units(whole):
+                    if item.overlaps(lo, hi):
+                        needed.append((offset - lo, req, item, lo, hi))
             offset += extend_lens[i]
         if not needed:
             return []
@@ -143,6 +150,19 @@ class MultimodalEmbedder:
             positions, rows = item.token_offsets(lo, hi)
             out.append((positions + shift, _take_rows(found[item.hash], rows)))
         return out
+
+    def _units(self, item: MultimodalItem) -> list[MultimodalItem]:
+        """The items the embedder caches and encodes for ``item``: a separable video's frame
+        groups (made once per item), else the item itself."""
+        if item.modality != "video" or not self._split_videos:
+            return [item]
+        if item.groups is None:
+            item.groups = frame_groups(item, self.preprocess.video_settings.temporal_patch_size)
+        return item.groups
+
+    @property
+    def _split_videos(self) -> bool:
+        return self.video_groups and self.adapter.separable_video_groups and self.mode != "combined"
 
     def _resolve_per_image(
         self, needed: list[tuple[int, Req, MultimodalItem, int, int]]
@@ -209,9 +229,9 @@ class MultimodalEmbedder:
         results: dict[int, CachedEmbedding] = {}
         batch: list[MultimodalItem] = []
         tokens = 0
-        for item in sorted(items, key=lambda item: context_key(item.context)):
+        for item in sorted(items, key=_encode_key):
             full = tokens + item.num_tokens > self.encoder_token_budget
-            if batch and (full or context_key(item.context) != context_key(batch[0].context)):
+            if batch and (full or _encode_key(item) != _encode_key(batch[0])):
                 results.update(self._encode_batch(batch))
                 batch, tokens = [], 0
             batch.append(item)
@@ -224,8 +244,9 @@ class MultimodalEmbedder:
         start = time.perf_counter()
         self.preprocess(items)
         features = _move_items_to_device(items, self.device, self.dtype)
+        encode = self.adapter.encode_videos if items[0].modality == "video" else self.adapter.encode
         with torch.no_grad():
-            entries = self.adapter.encode(features, [item.num_tokens for item in items])
+            entries = encode(features, [item.num_tokens for item in items])
         results = {}
         for item, entry in zip(items, entries):
             if entry.num_tokens != item.num_tokens:
@@ -236,6 +257,9 @@ class MultimodalEmbedder:
             results[item.hash] = CachedEmbedding(
                 entry.embedding.to(self.dtype), [t.to(self.dtype) for t in entry.extras]
             ).owned()
+        for item in items:
+            if item.modality == "video":
+                item.features = None  # remade from the frames if the embedding is ever missing
         elapsed = time.perf_counter() - start
         tokens = sum(item.num_tokens for item in items)
         self.stats.encoder_calls += 1
@@ -256,7 +280,13 @@ class MultimodalEmbedder:
                 self.cache.unpin(key)
                 del req.pins[key]
         if computed_len is None:
-            self.stats.preprocess_skipped += sum(item.features is None for item in req.mm_items)
+            self.stats.preprocess_skipped += sum(
+                item.features is None for item in req.mm_items if item.modality == "image"
+            )
+
+
+def _encode_key(item: MultimodalItem) -> tuple[str, bytes]:
+    return item.modality, context_key(item.context)
 
 
 def _take_rows(entry: CachedEmbedding, rows: np.ndarray) -> CachedEmbedding:

@@ -1,4 +1,4 @@
-"""One multimodal item per image: identity, placeholder spans and raw features."""
+"""One multimodal item per image or video: identity, placeholder spans and raw features."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ class MultimodalItem:
     embedding is cached is never preprocessed. ``context`` is what the image takes from the
     rest of its prompt (the adapter's ``item_context``; empty for most families): part of
     ``hash`` and ``layout``, and the preprocessing and encoding of the image follow it.
+
+    A video is an item of ``modality`` "video" whose ``source`` is its resized frames;
+    ``group_rows`` is the embedding rows of one frame group (0 for images). Where the vision
+    tower encodes frame groups independently, the embedder works on its ``frame_groups``.
     """
 
     hash: int
@@ -41,6 +45,10 @@ class MultimodalItem:
     source: Any = None
     features: dict[str, Any] | None = None
     context: dict[str, Any] = field(default_factory=dict)
+    modality: str = "image"
+    group_rows: int = 0
+    # A video's frame-group items, made once where the embedder works on them (scheduler side).
+    groups: list[MultimodalItem] | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -75,6 +83,41 @@ class MultimodalItem:
             empty = np.empty(0, dtype=np.int64)
             return empty, empty
         return np.concatenate(positions), np.concatenate(rows)
+
+
+def frame_groups(video: MultimodalItem, frames_per_group: int) -> list[MultimodalItem]:
+    """One item per frame group of ``video``: keyed by (video hash, group index), owning its
+    slice of the video's placeholder rows and its frames (features are made on a miss)."""
+    from sglang.srt.multimodal.image_io import content_hash
+
+    grid = np.asarray(video.layout["video_grid_thw"]).reshape(-1)
+    rows = video.group_rows
+    groups = []
+    for g in range(int(grid[0])):
+        frames = video.source[g * frames_per_group : (g + 1) * frames_per_group]
+        key = content_hash(video.hash.to_bytes(8, "little"), g.to_bytes(4, "little"))
+        groups.append(
+            MultimodalItem(
+                key,
+                sub_spans(video.spans, g * rows, (g + 1) * rows),
+                {"video_grid_thw": np.array([[1, grid[1], grid[2]]])},
+                frames,
+                modality="video",
+                group_rows=rows,
+            )
+        )
+    return groups
+
+
+def sub_spans(spans: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The sequence ranges of rows [lo, hi) of an item with ``spans``."""
+    out, row = [], 0
+    for start, end in spans:
+        a, b = max(lo - row, 0), min(hi - row, end - start)
+        if a < b:
+            out.append((start + a, start + b))
+        row += end - start
+    return out
 
 
 def radix_key(

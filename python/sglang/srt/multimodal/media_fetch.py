@@ -81,38 +81,44 @@ class _PublicOnlyBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def fetch_error(url: str, args: ServerArgs) -> ImageError:
+def fetch_error(url: str, args: ServerArgs, kind: str = "image") -> ImageError:
     where = "" if args.allow_private_media_urls else "public "
     return ImageError(
-        f"cannot fetch the image at {url[:200]!r}: image URLs must be {where}http(s) addresses "
+        f"cannot fetch the {kind} at {url[:200]!r}: {kind} URLs must be {where}http(s) addresses "
         f"that answer 200 with at most {args.media_url_max_file_size_mb} MB within "
         f"{args.media_url_timeout} s"
     )
 
 
-async def fetch_image_source(ref: Any, args: ServerArgs) -> Any:
+async def fetch_image_source(ref: Any, args: ServerArgs, kind: str = "image") -> Any:
     """Download http(s) images (bounded in size and time, public addresses only unless
     allowed); pass other forms through to ``load_image``, which checks local paths."""
     if not isinstance(ref, str):
-        raise ImageError("an image must be given as a string (URL, data URL, path or base64)")
+        raise ImageError(f"a {kind} must be given as a string (URL, data URL, path or base64)")
     if ref.startswith(("http://", "https://")):
         try:
-            return await asyncio.wait_for(_download(ref, args), args.media_url_timeout)
+            return await asyncio.wait_for(_download(ref, args, kind), args.media_url_timeout)
         except Exception as exc:  # refused, unreachable, too slow, too large: one answer
-            logger.info("image fetch of %s failed: %r", ref[:200], exc)
-        raise fetch_error(ref, args)
+            logger.info("%s fetch of %s failed: %r", kind, ref[:200], exc)
+        raise fetch_error(ref, args, kind)
     scheme = ref.split("://", 1)[0] if "://" in ref[:16] else None
     if scheme not in (None, "file"):
-        raise ImageError(f"unsupported image URL scheme {scheme!r}")
+        raise ImageError(f"unsupported {kind} URL scheme {scheme!r}")
     return ref
 
 
-async def _download(url: str, args: ServerArgs) -> bytes:
+async def fetch_video_source(ref: Any, args: ServerArgs) -> Any:
+    """``fetch_image_source`` for videos: the same bounds and address rules."""
+    return await fetch_image_source(ref, args, "video")
+
+
+async def _download(url: str, args: ServerArgs, kind: str = "image") -> bytes:
     limit = args.media_url_max_file_size_mb * 1024 * 1024
     backend = None if args.allow_private_media_urls else _PublicOnlyBackend()
     async with httpcore.AsyncConnectionPool(network_backend=backend) as pool:
         for _ in range(MAX_REDIRECTS + 1):
-            async with pool.stream("GET", url, headers=[(b"Accept", b"image/*")]) as resp:
+            accept = f"{kind}/*".encode()
+            async with pool.stream("GET", url, headers=[(b"Accept", accept)]) as resp:
                 if resp.status in _REDIRECTS:
                     url = _redirect_target(url, resp.headers)
                     continue

@@ -29,6 +29,8 @@ from sglang.srt.multimodal.image_io import (
     load_image,
 )
 from sglang.srt.multimodal.items import MultimodalItem, spans_of
+from sglang.srt.multimodal.video_io import DecodedVideoCache, LoadedVideo, load_video
+from sglang.srt.multimodal.video_preprocess import VideoSettings, preprocess_frames
 
 LAYOUT_MEMO_SIZE = 4096
 
@@ -38,7 +40,10 @@ class ImagePreprocessor:
     defaults, not the bare image processor: several processors switch on tiling options the
     image processor lacks) on one image at a time."""
 
-    def __init__(self, hf_processor: Any, adapter: ModelAdapter) -> None:
+    def __init__(
+        self, hf_processor: Any, adapter: ModelAdapter, video_settings: VideoSettings | None = None
+    ) -> None:
+        self.video_settings = video_settings or VideoSettings()
         has_images = hasattr(hf_processor, "image_processor")
         self.processor = hf_processor if has_images else None
         self.image_processor = hf_processor.image_processor if has_images else None
@@ -80,6 +85,10 @@ class ImagePreprocessor:
 
     def __call__(self, items: Sequence[MultimodalItem]) -> None:
         """Preprocess the items that lack features (cache misses)."""
+        for item in items:
+            if item.features is None and item.modality == "video":
+                item.features = self._video_features(item)
+        items = [item for item in items if item.modality != "video"]
         plain = [item for item in items if item.features is None and not item.context]
         in_context = [item for item in items if item.features is None and item.context]
         done = self.features([_pil(item.source) for item in plain])
@@ -90,6 +99,16 @@ class ImagePreprocessor:
                     f"image layout {layout_of(features)} differs from the expected {item.layout}"
                 )
             item.features = features
+
+    def _video_features(self, item: MultimodalItem) -> dict[str, Any]:
+        features = preprocess_frames(item.source, self.video_settings)
+        if not same_layout({"video_grid_thw": item.layout["video_grid_thw"]}, features):
+            raise ValueError(
+                f"video grid {features['video_grid_thw']} differs from the expected "
+                f"{item.layout['video_grid_thw']}"
+            )
+        self.num_preprocessed += 1
+        return features
 
 
 class MultimodalProcessor:
@@ -106,7 +125,9 @@ class MultimodalProcessor:
         self.is_multimodal = hasattr(hf_config, "vision_config")
         self.allowed_local_dir = allowed_local_dir
         self.seen = DecodedImageCache()
-        self.preprocessor = ImagePreprocessor(self.hf_processor, self.adapter)
+        self.video_settings = VideoSettings.from_model_dir(model_path)
+        self.seen_videos = DecodedVideoCache()
+        self.preprocessor = ImagePreprocessor(self.hf_processor, self.adapter, self.video_settings)
         # ((width, height), context key) -> layout learnt from preprocessing an image of that
         # size in that context: the layout depends on nothing else, so later such images are
         # expanded without pixels.
@@ -116,20 +137,25 @@ class MultimodalProcessor:
     def load_images(self, image_data: Sequence[Any]) -> list[LoadedImage]:
         return [load_image(src, self.allowed_local_dir, self.seen) for src in image_data]
 
+    def load_videos(self, video_data: Sequence[Any]) -> list[LoadedVideo]:
+        settings, local = self.video_settings, self.allowed_local_dir
+        return [load_video(src, settings, local, seen=self.seen_videos) for src in video_data]
+
     def process(
         self,
         prompt: str | None,
         input_ids: list[int] | None,
         images: Sequence[LoadedImage],
         add_special_tokens: bool = True,
+        videos: Sequence[LoadedVideo] = (),
     ) -> tuple[list[int], list[MultimodalItem]]:
         """``add_special_tokens=False`` for text that already carries them (a rendered chat
-        template that starts with BOS would otherwise get a second one). Prompt text is laid out
-        as the model's processor lays it out (``ModelAdapter.format_prompt``); given input ids
-        are taken as they are."""
+        template that starts with BOS would otherwise get a second one). Items come in prompt
+        order. Prompt text is laid out as the model's processor lays it out
+        (``ModelAdapter.format_prompt``); given input ids are taken as they are."""
         if prompt is not None:
             prompt = self.adapter.format_prompt(self.hf_processor, prompt)
-        if not images:
+        if not images and not videos:
             if input_ids is None:
                 input_ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens)[
                     "input_ids"
@@ -141,7 +167,7 @@ class MultimodalProcessor:
             assert input_ids is not None
             prompt = self.tokenizer.decode(input_ids)
         proc = self.hf_processor
-        found = prompt.count(proc.image_token)
+        found = prompt.count(proc.image_token) if images else 0
         if found != len(images):
             raise ValueError(
                 f"the prompt has {found} image placeholder(s) ({proc.image_token!r}) but "
@@ -153,11 +179,58 @@ class MultimodalProcessor:
             item, replacement = self._item(img, context)
             items.append(item)
             replacements.append(replacement)
-        (text,), _ = proc.get_text_with_replacements([prompt], replacements)
+        videos_items, video_texts = self._video_items(prompt, videos)
+        (text,), _ = proc.get_text_with_replacements([prompt], replacements, video_texts)
         encoded = self.tokenizer(text, add_special_tokens=add_special_tokens)
         ids = [int(t) for t in encoded["input_ids"]]
-        self._assign_spans(ids, items, replacements)
-        return ids, items
+        if items:
+            self._assign_spans(ids, items, replacements)
+        self._assign_video_spans(ids, videos_items)
+        return ids, sorted(items + videos_items, key=lambda item: item.start)
+
+    def _video_items(
+        self, prompt: str, videos: Sequence[LoadedVideo]
+    ) -> tuple[list[MultimodalItem], list[str]]:
+        """One item per video (layout from its frames' count and size) and its placeholder
+        text."""
+        if not videos:
+            return [], []
+        token = getattr(self.hf_processor, "video_token", None)
+        if token is None or self.adapter.video_token_id is None:
+            raise ValueError("this model does not accept videos")
+        found = prompt.count(token)
+        if found != len(videos):
+            raise ValueError(
+                f"the prompt has {found} video placeholder(s) ({token!r}) but "
+                f"{len(videos)} video(s) were given"
+            )
+        settings = self.video_settings
+        items, texts = [], []
+        for video in videos:
+            layout = self.adapter.video_layout(video, settings)
+            key = content_hash(video.hash.to_bytes(8, "little"), settings.digest())
+            rows = self.adapter.video_group_rows(layout, settings)
+            items.append(
+                MultimodalItem(key, [], layout, video.frames, modality="video", group_rows=rows)
+            )
+            texts.append(self.adapter.video_replacement(self.hf_processor, layout, settings))
+        return items, texts
+
+    def _assign_video_spans(self, ids: list[int], items: list[MultimodalItem]) -> None:
+        """Each video owns the next ``rows`` video-token positions, in prompt order."""
+        if not items:
+            return
+        positions = np.nonzero(np.asarray(ids) == self.adapter.video_token_id)[0]
+        counts = [int(np.prod(item.layout["video_grid_thw"])) for item in items]
+        counts = [c // self.video_settings.merge_size**2 for c in counts]
+        if sum(counts) != len(positions):
+            raise ValueError(
+                f"prompt has {len(positions)} video tokens but its {len(items)} video(s) need "
+                f"{sum(counts)}: use one video placeholder per video"
+            )
+        bounds = np.cumsum([0, *counts])
+        for i, item in enumerate(items):
+            item.spans = spans_of(positions[bounds[i] : bounds[i + 1]])
 
     def _item(self, img: LoadedImage, context: Layout) -> tuple[MultimodalItem, str]:
         """The item of one image in its prompt ``context`` and its placeholder text;

@@ -49,6 +49,9 @@ class ModelAdapter:
     window_bounds_spans = True
     #: added to every rotary position (PaliGemma counts from 1)
     position_offset = 0
+    #: the vision tower encodes a video's frame groups independently of each other, so a video
+    #: may be encoded (and cached) group by group with the same result
+    separable_video_groups = False
 
     def __init__(self, model: nn.Module | None, config: Any) -> None:
         self.model = model
@@ -58,6 +61,7 @@ class ModelAdapter:
         self.image_token_id: int | None = (
             token_id if token_id is not None else getattr(config, "image_token_index", None)
         )
+        self.video_token_id: int | None = getattr(config, "video_token_id", None)
 
     # Language model -------------------------------------------------------------------------
     @property
@@ -164,15 +168,58 @@ class ModelAdapter:
             CachedEmbedding(embeds[i], [layer[i] for layer in layers]) for i in range(len(rows))
         ]
 
+    # Video (processor side for the layout and text; encoder side for ``encode_videos``) -----
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        """The layout of a ``LoadedVideo`` (its resized frames) under video ``settings``."""
+        raise ValueError("this model does not accept videos")
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        """Embedding rows of one frame group of a video with ``layout``."""
+        raise ValueError("this model does not accept videos")
+
+    def video_replacement(self, processor: Any, layout: Layout, settings: Any) -> str:
+        """The text that replaces one video placeholder."""
+        raise ValueError("this model does not accept videos")
+
+    @property
+    def video_features_fn(self) -> Callable[..., Any]:
+        return getattr(self.inner, "get_video_features", None) or self.model.get_video_features
+
+    def encode_videos(
+        self, features: list[dict[str, Any]], rows: Sequence[int]
+    ) -> list[CachedEmbedding]:
+        """``encode`` for videos (or frame groups of videos)."""
+        fn = self.video_features_fn
+        out = fn(**batch_features(features, accepted_kwargs(fn)))
+        embeds = split_rows(_pooled(out), rows)
+        deepstack = getattr(out, "deepstack_features", None) or []
+        layers = [split_rows(layer, rows) for layer in deepstack]
+        return [
+            CachedEmbedding(embeds[i], [layer[i] for layer in layers]) for i in range(len(rows))
+        ]
+
     def mrope(self, input_ids: list[int], layouts: list[Layout]) -> tuple[torch.Tensor, int]:
-        """(3, L) M-RoPE positions of a prompt and the decode position delta."""
+        """(3, L) M-RoPE positions of a prompt and the decode position delta; ``layouts`` are
+        the prompt's items in order (images and videos)."""
         fn = self.inner.get_rope_index
         ids = torch.tensor([input_ids])
+        accepted = accepted_kwargs(fn)
         kwargs: dict[str, Any] = {}
-        if layouts and "image_grid_thw" in accepted_kwargs(fn):
-            grids = [torch.as_tensor(layout["image_grid_thw"]) for layout in layouts]
+        images = [layout for layout in layouts if "image_grid_thw" in layout]
+        videos = [layout for layout in layouts if "video_grid_thw" in layout]
+        if images and "image_grid_thw" in accepted:
+            grids = [torch.as_tensor(layout["image_grid_thw"]) for layout in images]
             kwargs["image_grid_thw"] = torch.cat(grids)
+        if videos and "video_grid_thw" in accepted:
+            kwargs["video_grid_thw"] = torch.cat(
+                [torch.as_tensor(layout["video_grid_thw"]) for layout in videos]
+            )
+            if "second_per_grid_ts" in accepted:
+                seconds = [float(layout["second_per_grid_ts"]) for layout in videos]
+                kwargs["second_per_grid_ts"] = torch.tensor(seconds)
         mm_types = (ids == self.image_token_id).int()
+        if self.video_token_id is not None:
+            mm_types[ids == self.video_token_id] = 2
         positions, delta = fn(ids, mm_token_type_ids=mm_types, **kwargs)
         return positions[:, 0], int(delta.reshape(-1)[0])
 

@@ -36,6 +36,9 @@ def _grid_layout(resized: tuple[int, int], patch: int) -> Layout:
     return {"image_grid_thw": np.array([[1, resized[0] // patch, resized[1] // patch]])}
 
 
+_VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+
+
 class QwenVLAdapter(ModelAdapter):
     """Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE): ``image_grid_thw`` from Qwen's
     ``smart_resize`` (M-RoPE and deepstack features come with the generic adapter)."""
@@ -54,6 +57,44 @@ class QwenVLAdapter(ModelAdapter):
             max_pixels=size["longest_edge"],
         )
         return _grid_layout(resized, patch)
+
+    # Qwen's vision towers attend within a frame group only (``cu_seqlens`` and Qwen2.5-VL's
+    # windows are built per group of ``temporal_patch_size`` frames).
+    separable_video_groups = True
+
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        """``video_grid_thw``; Qwen2.5-VL's ``second_per_grid_ts`` (frame group length in
+        seconds, for M-RoPE); Qwen3-VL's ``timestamps`` (seconds of each frame group, written
+        into the prompt)."""
+        if self.config.model_type not in _VIDEO_TYPES:
+            raise ValueError(f"videos are not supported for {self.config.model_type} yet")
+        frames, height, width = video.frames.shape[:3]
+        temporal, patch = settings.temporal_patch_size, settings.patch_size
+        layout: Layout = {
+            "video_grid_thw": np.array([[-(-frames // temporal), height // patch, width // patch]])
+        }
+        if self.config.model_type.startswith("qwen3"):
+            from sglang.srt.multimodal.video_preprocess import frame_timestamps
+
+            times = frame_timestamps(video.indices, video.native_fps, temporal)
+            layout["timestamps"] = np.array(times)
+        else:
+            layout["second_per_grid_ts"] = np.float64(temporal / video.sampled_fps)
+        return layout
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        _, grid_h, grid_w = np.asarray(layout["video_grid_thw"]).reshape(-1)
+        return int(grid_h * grid_w) // settings.merge_size**2
+
+    def video_replacement(self, processor: Any, layout: Layout, settings: Any) -> str:
+        """HF's text for one video: its pads, or for Qwen3-VL each frame group's pads wrapped
+        in vision start / end after its ``<t seconds>``."""
+        rows = self.video_group_rows(layout, settings)
+        if "timestamps" not in layout:
+            return processor.video_token * rows * int(layout["video_grid_thw"][0][0])
+        group = processor.vision_start_token + processor.video_token * rows
+        group += processor.vision_end_token
+        return "".join(f"<{t:.1f} seconds>" + group for t in layout["timestamps"])
 
 
 class LlavaAdapter(ModelAdapter):

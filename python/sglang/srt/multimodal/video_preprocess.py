@@ -1,0 +1,251 @@
+"""Qwen-VL video preprocessing without torchvision, equal to HF's ``Qwen2VLVideoProcessor``
+(Qwen2-VL, Qwen2.5-VL) and ``Qwen3VLVideoProcessor`` (Qwen3-VL).
+
+HF's Qwen2-VL transform, for one video of n frames (uint8, channels first):
+
+1. frame sampling (when asked): ``n = total / native_fps * fps``, clamped to
+   [min_frames, min(max_frames, total)] and floored to a multiple of ``temporal_patch_size``;
+   indices ``arange(0, total, total / n)`` truncated;
+2. ``smart_resize`` of every frame to one size (the video's pixel bounds; with
+   ``cap_pixels_per_frame`` the upper bound shares a token budget between the frames);
+3. torchvision's bicubic antialiased resize, which on a CPU uint8 tensor is torch's own
+   ``interpolate(..., mode="bicubic", antialias=True)`` on uint8 (no float round trip);
+4. float32, minus ``mean / rescale_factor``, divided by ``std / rescale_factor``;
+5. the last frame repeated up to a multiple of ``temporal_patch_size``, then one row per
+   (frame group, merged block, patch) with channel x time x patch pixels.
+
+Qwen3-VL differs in steps 1-2 only: it keeps ``round(linspace(0, total - 1, n))`` with
+``n = int(total / native_fps * fps)`` clamped to [min_frames, min(max_frames, total)] (not
+floored: step 5 pads), and its ``smart_resize`` bounds the pixels of a frame group (t x h x w),
+scaling frames smaller than a patch block up first.
+
+Every step before 5 is per frame, and step 5 cuts the video into independent frame groups, so
+a frame group can be preprocessed alone from its frames: that is what per-group encoding uses.
+The resize (steps 2-3) runs where the video is decoded; ``preprocess_frames`` does 4-5.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+DEFAULT_FPS = 2.0  # Qwen's sampling rate (qwen-vl-utils) when the folder names none
+QWEN3_RULE = "qwen3_vl"
+# Qwen3VLVideoProcessor's class defaults where they differ from Qwen2-VL's.
+_QWEN3_DEFAULTS: dict[str, Any] = {
+    "min_pixels": 128 * 32 * 32,
+    "max_pixels": 32 * 32 * 768,
+    "patch_size": 16,
+    "image_mean": (0.5, 0.5, 0.5),
+    "image_std": (0.5, 0.5, 0.5),
+    "max_video_tokens": 768,
+}
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """A Qwen2-VL video processor's options (its class defaults, then the folder's config)."""
+
+    min_pixels: int = 128 * 28 * 28
+    max_pixels: int = 28 * 28 * 768
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    image_mean: tuple[float, ...] = _CLIP_MEAN
+    image_std: tuple[float, ...] = _CLIP_STD
+    rescale_factor: float = 1 / 255
+    do_resize: bool = True
+    do_rescale: bool = True
+    do_normalize: bool = True
+    fps: float = DEFAULT_FPS
+    min_frames: int = 4
+    max_frames: int = 768
+    cap_pixels_per_frame: bool = False
+    max_video_tokens: int = 128000
+    rule: str = "qwen2_vl"  # which processor's sampling and resize rules apply
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> VideoSettings:
+        size = config.get("size") or {}
+        qwen3 = str(config.get("video_processor_type", "")).startswith("Qwen3VL")
+        values: dict[str, Any] = {
+            **(_QWEN3_DEFAULTS if qwen3 else {}),
+            "min_pixels": size.get("shortest_edge", config.get("min_pixels")),
+            "max_pixels": size.get("longest_edge", config.get("max_pixels")),
+            "rule": QWEN3_RULE if qwen3 else "qwen2_vl",
+        }
+        for name in cls.__dataclass_fields__:
+            if values.get(name) is None and config.get(name) is not None:
+                values[name] = config[name]
+        values = {k: v for k, v in values.items() if v is not None}
+        for name in ("image_mean", "image_std"):
+            if name in values:
+                values[name] = tuple(float(x) for x in _per_channel(values[name]))
+        return cls(**values)
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> VideoSettings:
+        """``video_preprocessor_config.json``, else the image processor's config (which HF's
+        video processor falls back to)."""
+        folder = Path(path)
+        for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+            file = folder / name
+            if file.is_file():
+                return cls.from_dict(json.loads(file.read_text()))
+        return cls()
+
+    def digest(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @property
+    def factor(self) -> int:
+        return self.patch_size * self.merge_size
+
+
+def _per_channel(value: Any) -> list[float]:
+    return list(value) if isinstance(value, (list, tuple)) else [float(value)] * 3
+
+
+def sample_indices(total_frames: int, native_fps: float, settings: VideoSettings) -> np.ndarray:
+    """The frame indices HF's ``sample_frames`` keeps when sampling at ``settings.fps``; empty
+    when the video has too few frames for one frame group."""
+    if settings.rule == QWEN3_RULE:
+        return _qwen3_indices(total_frames, native_fps, settings)
+    temporal = settings.temporal_patch_size
+    max_frames = math.floor(min(settings.max_frames, total_frames) / temporal) * temporal
+    wanted = total_frames / native_fps * settings.fps
+    wanted = min(max(wanted, settings.min_frames), max_frames, total_frames)
+    count = math.floor(wanted / temporal) * temporal
+    if count <= 0:
+        return np.empty(0, dtype=np.int64)
+    return torch.arange(0, total_frames, total_frames / count).int().numpy().astype(np.int64)
+
+
+def _qwen3_indices(total_frames: int, native_fps: float, s: VideoSettings) -> np.ndarray:
+    count = int(total_frames / native_fps * s.fps)
+    count = min(max(count, s.min_frames), s.max_frames, total_frames)
+    if total_frames < s.temporal_patch_size or count <= 0:
+        return np.empty(0, dtype=np.int64)
+    return np.linspace(0, total_frames - 1, count).round().astype(np.int64)
+
+
+def resized_size(num_frames: int, height: int, width: int, s: VideoSettings) -> tuple[int, int]:
+    """(height, width) every frame of the video is resized to."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    if not s.do_resize:
+        return height, width
+    if s.rule == QWEN3_RULE:
+        return _qwen3_resized_size(num_frames, height, width, s)
+    max_pixels = s.max_pixels
+    if s.cap_pixels_per_frame:
+        total_pixels = int(s.max_video_tokens * s.factor * s.factor * 0.9)
+        budget = total_pixels * s.temporal_patch_size // num_frames
+        max_pixels = max(min(max_pixels, budget), int(s.min_pixels * 1.05))
+    return smart_resize(height, width, s.factor, min_pixels=s.min_pixels, max_pixels=max_pixels)
+
+
+def _qwen3_resized_size(
+    num_frames: int, height: int, width: int, s: VideoSettings
+) -> tuple[int, int]:
+    """Qwen3-VL's size rule: the pixels of ``num_frames`` frames (rounded to whole groups)
+    within [min_pixels, max_pixels]; frames narrower than a patch block are scaled up first."""
+    factor, temporal = s.factor, s.temporal_patch_size
+    max_pixels = s.max_pixels
+    if s.cap_pixels_per_frame:
+        frame_cap = s.max_video_tokens * factor * factor
+        per_frame = max(min(frame_cap, s.max_pixels // num_frames), int(s.min_pixels * 1.05))
+        max_pixels = per_frame * num_frames
+    if num_frames < temporal:
+        raise ValueError(f"{num_frames} frame(s) are fewer than a frame group ({temporal})")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError("the video's aspect ratio is over 200")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(num_frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt(num_frames * height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < s.min_pixels:
+        beta = math.sqrt(s.min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def frame_timestamps(indices: np.ndarray, native_fps: float, temporal: int) -> list[float]:
+    """Qwen3-VL's time of each frame group: the mean time of its first and last frame (the last
+    index repeated up to whole groups)."""
+    times = [int(i) / native_fps for i in indices]
+    times += [times[-1]] * (-len(times) % temporal)
+    return [(times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal)]
+
+
+def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(n, H, W, 3) uint8 frames resized to ``size`` as torchvision resizes a uint8 video on
+    the CPU (bicubic, antialiased, no float round trip); unchanged when the size is theirs."""
+    if frames.shape[1:3] == tuple(size):
+        return frames
+    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
+    out = torch.nn.functional.interpolate(
+        video, size=list(size), mode="bicubic", align_corners=False, antialias=True
+    )
+    return out.permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def preprocess_frames(frames: np.ndarray, s: VideoSettings) -> dict[str, np.ndarray]:
+    """``{"pixel_values_videos", "video_grid_thw"}`` of resized (n, h, w, 3) uint8 frames, as
+    HF's processor gives them for a video of these frames (or for one frame group of it).
+    Element-wise float32 numpy (the same IEEE operations as torch's, without a thread pool
+    wake-up per small frame group)."""
+    video = _rescale_and_normalize(np.asarray(frames).transpose(0, 3, 1, 2), s)
+    num_frames, channel, height, width = video.shape
+    temporal, patch, merge = s.temporal_patch_size, s.patch_size, s.merge_size
+    if pad := -num_frames % temporal:
+        video = np.concatenate([video, np.repeat(video[-1:], pad, axis=0)])
+        num_frames += pad
+    grid_t, grid_h, grid_w = num_frames // temporal, height // patch, width // patch
+    patches = video.reshape(
+        grid_t, temporal, channel, grid_h // merge, merge, patch, grid_w // merge, merge, patch
+    )
+    patches = patches.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    flat = patches.reshape(grid_t * grid_h * grid_w, channel * temporal * patch * patch)
+    return {
+        "pixel_values_videos": np.ascontiguousarray(flat),
+        "video_grid_thw": np.array([[grid_t, grid_h, grid_w]], dtype=np.int64),
+    }
+
+
+def _rescale_and_normalize(video: np.ndarray, s: VideoSettings) -> np.ndarray:
+    """HF's fused rescale + normalize: mean and std divided by the rescale factor in float32
+    (as torch computes them), then ``(x - mean) / std`` on the float32 values."""
+    video = video.astype(np.float32)
+    if s.do_normalize:
+        mean, std = _scaled_mean_std(s.image_mean, s.image_std, s.rescale_factor, s.do_rescale)
+        video -= mean
+        video /= std
+        return video
+    if s.do_rescale:
+        return (torch.from_numpy(video) * s.rescale_factor).numpy()
+    return video
+
+
+@functools.lru_cache(maxsize=16)
+def _scaled_mean_std(
+    mean: tuple[float, ...], std: tuple[float, ...], rescale_factor: float, do_rescale: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    scale = 1.0 / rescale_factor if do_rescale else 1.0
+    scaled = [(torch.tensor(v) * scale).numpy().reshape(-1, 1, 1) for v in (mean, std)]
+    return scaled[0], scaled[1]
