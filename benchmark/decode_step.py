@@ -1,5 +1,6 @@
-"""Decode step time against memory bandwidth, per batch size, with and without the native decode
-attention kernel, on a checkpoint with a real model's per-layer dims (random weights).
+"""Decode step time against memory bandwidth, per batch size, with and without the native CPU
+kernels (decode attention; bfloat16 linears of decode-sized inputs), on a checkpoint with a real
+model's per-layer dims (random weights).
 
 A decode step must read the language model's weights once plus every request's KV, so its floor
 is (weight bytes + KV bytes) / bandwidth (a copy probe at start). For each batch size the
@@ -36,10 +37,7 @@ def _step(engine: Any, batch: int, prompt_len: int, new_tokens: int, path: str) 
     """One measured decode run: ``batch`` prompts of ``prompt_len`` tokens, ``new_tokens``
     each; returns ms per decode step and bytes per step."""
     runner = engine.runner
-    backend = runner.attn_backend
-    kernel = getattr(engine, "_decode_kernel", backend.decode_kernel)
-    engine._decode_kernel = kernel
-    backend.decode_kernel = kernel if path == "kernel" else None
+    _use_kernels(runner, path == "kernel")
     engine.flush_cache()
     ids = [[(7 * i + 13 * t) % 1000 + 10 for t in range(prompt_len)] for i in range(batch)]
     params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
@@ -50,6 +48,18 @@ def _step(engine: Any, batch: int, prompt_len: int, new_tokens: int, path: str) 
     seconds = after["decode_forward_seconds"] - before["decode_forward_seconds"]
     moved = after["decode_bytes"] - before["decode_bytes"]
     return {"ms_per_step": seconds / steps * 1e3, "bytes_per_step": moved / steps, "steps": steps}
+
+
+def _use_kernels(runner: Any, on: bool) -> None:
+    """Switch the native decode attention and decode linears on or off (torch paths)."""
+    saved = runner.__dict__.setdefault("_bench_kernels", {})
+    backend = runner.attn_backend
+    saved.setdefault(backend, backend.decode_kernel)
+    backend.decode_kernel = saved[backend] if on else None
+    for module in runner.model.modules():
+        if hasattr(module, "_decode_kernel"):
+            saved.setdefault(module, module._decode_kernel)
+            module._decode_kernel = saved[module] if on else None
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -113,8 +123,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     batches = [r["batch"] for r in result["rows"]]
-    for key, label in (("floor_ms", "bytes / bandwidth"), ("kernel_ms", "native decode kernel"),
-                       ("torch_ms", "per-request torch path")):  # fmt: skip
+    for key, label in (("floor_ms", "bytes / bandwidth"), ("kernel_ms", "native kernels"),
+                       ("torch_ms", "torch paths")):  # fmt: skip
         ax.plot(batches, [r[key] for r in result["rows"]], marker="o", label=label)
     ax.set_xlabel("batch size")
     ax.set_ylabel("ms per decode step")

@@ -9,6 +9,7 @@ import torch
 import transformers
 from transformers import AutoConfig
 
+from sglang.srt.layers import decode_linear
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.managers.req import Pairs, Req, logprob_alternatives
 from sglang.srt.mem_cache.kv_layout import KVLayout
@@ -87,6 +88,10 @@ class ModelRunner:
             if self.quantization is not None:
                 copy_out_of_checkpoint(self.model)
         self._count_lm_work()
+        if self.device == "cpu" and self.dtype == torch.bfloat16:
+            head = self.model.get_output_embeddings()
+            routed = decode_linear.install([*self.adapter.language_model.modules(), head])
+            logger.info("decode-sized bfloat16 linears on the native kernel: %d", routed)
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )
@@ -126,9 +131,12 @@ class ModelRunner:
         self.lm_linear_macs = sum(m.in_features * m.out_features for m in linears)
         head = self.model.get_output_embeddings()
         self.lm_head_macs = head.in_features * head.out_features
+        # A step reads the head whole but one embedding row per request.
+        embed = self.model.get_input_embeddings()
         in_lm = {id(p) for p in language_model.parameters()}
-        head_bytes = 0 if id(head.weight) in in_lm else memory.module_bytes(head)
-        self.lm_weight_bytes = memory.module_bytes(language_model) + head_bytes
+        embed_bytes = memory.module_bytes(embed) if id(embed.weight) in in_lm else 0
+        lm_bytes = memory.module_bytes(language_model) - embed_bytes
+        self.lm_weight_bytes = lm_bytes + memory.module_bytes(head)
 
     def _load(self, model_path: str) -> torch.nn.Module:
         if self.is_multimodal:

@@ -9,7 +9,8 @@
   forward, and the LM head's 2 x rows x hidden x vocab (MoE experts, stored as 3-D tensors, are
   not counted: MFU is a lower bound for MoE models).
 - Forward and sampling seconds (prefill and decode forwards apart), and per decode step the
-  bytes it must read: the LM's weights once plus every request's KV.
+  bytes it must read: the LM's weights and head once (one embedding row per request) plus
+  every request's KV.
 
 Counts are analytic (multiply-adds x 2), so GFLOP/s compares directly with a GEMM peak.
 """

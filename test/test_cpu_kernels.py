@@ -1,6 +1,8 @@
-"""The native decode-attention kernel equals attention over the gathered keys (SDPA in float64)
-on random shapes: batch, GQA ratios, head dims 64/80/128, sequence lengths, scattered slots,
-sliding windows, soft-capping, float32 and bfloat16; the engine uses it for decode steps."""
+"""The native CPU kernels against float64 references on random shapes. Decode attention: batch,
+GQA ratios, head dims 64/80/128, sequence lengths, scattered slots, sliding windows,
+soft-capping, float32 and bfloat16. bfloat16 linears of decode-sized inputs: rows, in / out
+features that are and are not multiples of the vector width, bias or none. The engine uses both
+for decode steps."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from hypothesis import strategies as st
 from sglang.srt import kernels
 
 KERNEL = kernels.load("decode_attention")
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain to build the kernel")
+LINEAR = kernels.load("linear_bf16")
+needs_kernel = pytest.mark.skipif(
+    KERNEL is None or LINEAR is None, reason="no C++ toolchain to build the kernels"
+)
 
 
 def _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap) -> torch.Tensor:
@@ -103,4 +108,64 @@ def test_engine_decodes_through_the_kernel(monkeypatch) -> None:
     monkeypatch.setattr(backend, "decode_kernel", None)
     engine.flush_cache()
     without = engine.generate(prompts, params, image_data=images)
+    assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 12),
+    in_features=st.sampled_from([1, 31, 32, 33, 64, 200, 1536]),
+    out_features=st.sampled_from([1, 15, 16, 17, 100, 513]),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_bf16_linear_matches_float64_product(
+    rows, in_features, out_features, with_bias, seed
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=gen).bfloat16()
+    weight = torch.randn(out_features, in_features, generator=gen).bfloat16()
+    bias = torch.randn(out_features, generator=gen).bfloat16() if with_bias else None
+    got = LINEAR.linear_bf16(x, weight, bias)
+    want = x.double() @ weight.double().t() + (bias.double() if with_bias else 0)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+    # float32 accumulation, then one bfloat16 rounding of the result (2^-8 relative)
+    scale = x.double().abs() @ weight.double().abs().t() + 1
+    scale += bias.double().abs() if with_bias else 0
+    assert ((got.double() - want).abs() / scale).max() < 2**-8
+
+
+@needs_kernel
+def test_bf16_engine_routes_decode_linears_and_keeps_prefill_on_torch(monkeypatch) -> None:
+    """In bfloat16 every plain linear of the language model and the head runs decode-sized
+    inputs on the kernel, larger ones on torch; output equals the torch-only run's."""
+    from conftest import model_dir
+
+    import sglang
+    from sglang.srt.layers import decode_linear
+
+    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"), dtype="bfloat16")
+    routed = [m for m in engine.runner.model.modules() if hasattr(m, "_decode_kernel")]
+    lm = engine.runner.adapter.language_model
+    lm_linears = [m for m in lm.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(routed) == len(lm_linears) + 1  # and the head
+    rows_seen = []
+    real = routed[0]._decode_kernel
+
+    class Counting:
+        def linear_bf16(self, x, *args):
+            rows_seen.append(x.shape[0])
+            return real.linear_bf16(x, *args)
+
+    for module in routed:
+        monkeypatch.setattr(module, "_decode_kernel", Counting())
+    params = {"temperature": 0, "max_new_tokens": 6}
+    prompts = ["Tell me about the weather today.", "Another request in the same batch."]
+    with_kernel = engine.generate(prompts, params)
+    assert rows_seen and max(rows_seen) <= decode_linear.MAX_ROWS
+    for module in routed:
+        monkeypatch.setattr(module, "_decode_kernel", None)
+    engine.flush_cache()
+    without = engine.generate(prompts, params)
     assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]

@@ -1,0 +1,122 @@
+// y = x W^T (+ b) for a few rows of bfloat16 x (decode steps: one row per request) and bfloat16
+// W of shape (out, in): a matrix-vector product whose cost is reading W once, so it is written
+// to stream W at memory bandwidth. Each weight row is read once per block of up to 8 rows of x
+// and dotted with all of them; products accumulate in float32.
+//
+// With AVX512-BF16 (compiled for the machine that loads it: -march=native) the dot products use
+// vdpbf16ps, 32 bfloat16 pairs per instruction; elsewhere a portable loop that the compiler
+// vectorizes for the ISA present.
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define SGLANG_AVX512_BF16 1
+#endif
+
+namespace {
+
+constexpr int kBlock = 8;  // rows of x per pass over W
+
+#ifdef SGLANG_AVX512_BF16
+template <int M>
+void dot_rows(const uint16_t* w, const uint16_t* x, int64_t x_stride, int64_t k, float* out) {
+  __m512 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i);
+    for (int m = 0; m < M; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * x_stride + i);
+      acc[m] = _mm512_dpbf16_ps(acc[m], wv, xv);
+    }
+  }
+  if (i < k) {
+    const __mmask32 mask = (__mmask32)((1ull << (k - i)) - 1);
+    const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + i);
+    for (int m = 0; m < M; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * x_stride + i);
+      acc[m] = _mm512_dpbf16_ps(acc[m], wv, xv);
+    }
+  }
+  for (int m = 0; m < M; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
+}
+#else
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <int M>
+void dot_rows(const uint16_t* w, const uint16_t* x, int64_t x_stride, int64_t k, float* out) {
+  constexpr int kLanes = 16;
+  float acc[M][kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= k; i += kLanes)
+    for (int m = 0; m < M; ++m)
+      for (int l = 0; l < kLanes; ++l)
+        acc[m][l] += bf16_to_float(w[i + l]) * bf16_to_float(x[m * x_stride + i + l]);
+  for (int m = 0; m < M; ++m) {
+    float sum = 0.f;
+    for (int l = 0; l < kLanes; ++l) sum += acc[m][l];
+    for (int64_t j = i; j < k; ++j) sum += bf16_to_float(w[j]) * bf16_to_float(x[m * x_stride + j]);
+    out[m] = sum;
+  }
+}
+#endif
+
+using DotFn = void (*)(const uint16_t*, const uint16_t*, int64_t, int64_t, float*);
+
+DotFn dot_for(int rows) {
+  static const DotFn table[kBlock] = {dot_rows<1>, dot_rows<2>, dot_rows<3>, dot_rows<4>,
+                                      dot_rows<5>, dot_rows<6>, dot_rows<7>, dot_rows<8>};
+  return table[rows - 1];
+}
+
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "x (rows, in), weight (out, in)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
+              "linear_bf16 takes bfloat16 x and weight");
+  TORCH_CHECK(x.is_contiguous() && weight.is_contiguous(), "x and weight must be contiguous");
+  TORCH_CHECK(x.size(1) == weight.size(1), "in_features differ");
+  const int64_t rows = x.size(0), k = x.size(1), n = weight.size(0);
+  auto out = at::empty({rows, n}, x.options());
+  const float* bias_ptr = nullptr;
+  at::Tensor bias_f;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
+    bias_f = bias->to(at::kFloat).contiguous();
+    bias_ptr = bias_f.data_ptr<float>();
+  }
+  const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>());
+  const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  auto* y = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    float partial[kBlock];
+    for (int64_t m0 = 0; m0 < rows; m0 += kBlock) {
+      const int block = static_cast<int>(std::min<int64_t>(kBlock, rows - m0));
+      const DotFn dot = dot_for(block);
+      for (int64_t j = begin; j < end; ++j) {
+        dot(w + j * k, xs + m0 * k, k, k, partial);
+        const float b = bias_ptr ? bias_ptr[j] : 0.f;
+        for (int m = 0; m < block; ++m) y[(m0 + m) * n + j] = c10::BFloat16(partial[m] + b);
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear_bf16", &linear_bf16, "x W^T (+ b) for a few bfloat16 rows, at memory bandwidth",
+        py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+}

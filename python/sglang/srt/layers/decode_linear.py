@@ -1,0 +1,55 @@
+"""bfloat16 linears of decode-sized inputs on the native CPU kernel.
+
+A decode step multiplies a few rows (one per request) by every weight matrix of the language
+model and its head: its cost is reading the weights. torch's bfloat16 matrix product reads them
+well below memory bandwidth on CPUs without AMX, so linears whose input has at most
+``MAX_ROWS`` rows run on ``kernels/csrc/linear_bf16.cpp`` (AVX512-BF16 dot products where the
+CPU has them); larger inputs (prefill) keep torch's GEMM. Weights stay where they are: the
+kernel reads the module's own (out, in) bfloat16 weight.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MAX_ROWS = 4
+
+
+def install(modules: Iterable[nn.Module]) -> int:
+    """Route the decode-sized calls of every plain bfloat16 ``nn.Linear`` among ``modules``
+    through the native kernel; returns how many were routed (0 where it cannot be built)."""
+    from sglang.srt import kernels
+
+    kernel = kernels.load("linear_bf16")
+    if kernel is None:
+        return 0
+    count = 0
+    for module in modules:
+        if _eligible(module):
+            module._decode_kernel = kernel
+            module.forward = types.MethodType(_forward, module)
+            count += 1
+    return count
+
+
+def _eligible(module: nn.Module) -> bool:
+    if not isinstance(module, nn.Linear):
+        return False
+    weight = module.weight
+    plain = type(weight.data) is torch.Tensor  # not a quantized tensor subclass
+    return plain and weight.dtype == torch.bfloat16 and weight.is_contiguous()
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    kernel = self._decode_kernel  # None: torch's product (set so to compare the two)
+    if kernel is not None and 0 < rows <= MAX_ROWS and x.dtype == torch.bfloat16:
+        flat = x.reshape(rows, x.shape[-1]).contiguous()
+        out = kernel.linear_bf16(flat, self.weight, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+    return F.linear(x, self.weight, self.bias)
