@@ -170,6 +170,39 @@ def test_paligemma_prefix_mask_is_needed(mutation: str, monkeypatch) -> None:
     assert not _same_as_hf(_run(engine, "paligemma"), _ref("paligemma"))
 
 
+def test_paligemma_1_with_a_gemma_lm_matches_hf(tmp_path: Path) -> None:
+    """PaliGemma 1: a Gemma (1) language model, no sliding window and no soft-capping; the
+    whole prompt still attends both ways, chunks never split it."""
+    folder = tmp_path / "paligemma1"
+    shutil.copytree(model_dir("paligemma"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    text = config["text_config"]
+    gemma2_only = (
+        "layer_types",
+        "sliding_window",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+        "query_pre_attn_scalar",
+        "cache_implementation",
+    )
+    for key in gemma2_only:
+        text.pop(key, None)
+    text["model_type"] = "gemma"
+    (folder / "config.json").write_text(json.dumps(config))
+    model = load_hf_model(transformers.AutoModelForImageTextToText, str(folder), torch.float32)
+    assert type(model.model.language_model).__name__ == "GemmaModel"
+    processor = load_hf_processor(folder)
+    prompt, images = _case("paligemma")
+    inputs = processor(text=[prompt], images=[images], return_tensors="pt")
+    with torch.no_grad():
+        ref = model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
+    ref_ids = ref[0, inputs["input_ids"].shape[1] :].tolist()
+    for chunk in (-1, 5):
+        engine = sglang.Engine(model_path=str(folder), chunked_prefill_size=chunk)
+        assert _run(engine, "paligemma")[0] == ref_ids
+        engine.scheduler.check_integrity()
+
+
 def test_paligemma_kv_is_reused_only_by_the_same_prompt() -> None:
     engine = sglang.Engine(model_path=model_dir("paligemma"), chunked_prefill_size=-1)
     ph, image = placeholder("paligemma"), make_image(5, 64, 64)
