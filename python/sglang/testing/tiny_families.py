@@ -54,14 +54,22 @@ def _chatml(image_text: str, system: str | None = _QWEN_SYSTEM) -> str:
     return _qwen_template(system).replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
 
 
-def _content(image_text: str) -> str:
+def _content(image_text: str, video_text: str | None = None) -> str:
     """Jinja writing a message's content: a string, or OpenAI-style parts where every image part
-    becomes ``image_text``."""
+    becomes ``image_text`` (and every video part ``video_text``)."""
+    video = (
+        "{%- elif part['type'] in ('video', 'video_url') -%}{{- '" + video_text + "' -}}"
+        if video_text is not None
+        else ""
+    )
     return (
         "{%- if message['content'] is string -%}{{- message['content'] -}}"
         "{%- else -%}{%- for part in message['content'] -%}"
-        "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + image_text + "' -}}"
-        "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- if part['type'] in ('image', 'image_url') -%}{{- '"
+        + image_text
+        + "' -}}"
+        + video
+        + "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
         "{%- endfor -%}{%- endif -%}"
     )
 
@@ -489,10 +497,11 @@ _GLM_SPECIALS = (
     "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>",
 )  # fmt: skip
 _GLM_IMAGE = "<|begin_of_image|><|image|><|end_of_image|>"
+_GLM_VIDEO = "<|begin_of_video|><|video|><|end_of_video|>"
 _GLM_TEMPLATE = (
     "[gMASK]<sop>"
     "{%- for message in messages -%}"
-    "{{- '<|' + message['role'] + '|>\\n' -}}" + _content(_GLM_IMAGE) + "{%- endfor -%}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}" + _content(_GLM_IMAGE, _GLM_VIDEO) + "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )
 
@@ -550,7 +559,17 @@ def _recipe_glm4v(tok: Any, vocab: int) -> _Recipe:
         "temporal_patch_size": 2,
     }
     gen = {"eos_token_id": eos, "pad_token_id": t("<|endoftext|>")}
-    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+    # Glm4vVideoProcessor's layout; bounds on frames x height x width, as its size rule reads
+    video = {
+        key: pre[key]
+        for key in ("image_mean", "image_std", "merge_size", "patch_size", "temporal_patch_size")
+    }
+    video.update(
+        size={"shortest_edge": 56 * 56 * 2, "longest_edge": 56 * 56 * 8},
+        fps=2,
+        video_processor_type="Glm4vVideoProcessor",
+    )
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, video_preprocessor=video)
 
 
 # DeepSeek-VL (deepseek-community/deepseek-vl-*-chat): 576 (here 4) image tokens per image; the

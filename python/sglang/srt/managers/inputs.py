@@ -86,7 +86,7 @@ def tokenize(
         inp.prompt, inp.input_ids, images, inp.add_special_tokens, videos=videos
     )
     tokenized = TokenizedRequest(inp.rid, ids, inp.sampling_params, items)
-    tokenized.validate(*_vocab_and_image_token(processor), processor.adapter.video_token_id)
+    tokenized.validate(*_vocab_and_image_token(processor), processor.adapter.video_placeholder_id)
     return tokenized
 
 

@@ -24,7 +24,6 @@ import numpy as np
 
 from sglang.srt.multimodal.image_io import ImageError, _read_bytes, content_hash
 from sglang.srt.multimodal.video_preprocess import (
-    QWEN3_RULE,
     VideoSettings,
     resize_frames,
     resized_size,
@@ -144,7 +143,7 @@ def _loaded(
     indices: np.ndarray,
     native_fps: float,
 ) -> LoadedVideo:
-    if len(frames) < (s.temporal_patch_size if s.rule == QWEN3_RULE else 1):
+    if len(frames) < s.min_frames_kept:
         raise VideoError(f"the video has {len(frames)} frame(s): too few for the model")
     height, width = frames.shape[1:3]
     try:
@@ -220,7 +219,7 @@ def decode_video(
         if len(indices) == 0:
             raise VideoError(
                 f"the video has {header.total_frames} frame(s): too few for the model "
-                f"(at least {settings.temporal_patch_size})"
+                f"(at least {settings.min_frames_kept})"
             )
         kept_bytes = len(indices) * header.width * header.height * 3
         if kept_bytes > limits.max_decoded_bytes:

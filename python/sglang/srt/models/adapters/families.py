@@ -157,7 +157,18 @@ class PixtralAdapter(ModelAdapter):
 
 
 class Glm4vAdapter(ModelAdapter):
-    """GLM-4.1V: ``image_grid_thw`` from GLM's own ``smart_resize`` (M-RoPE is generic)."""
+    """GLM-4.1V: ``image_grid_thw`` from GLM's own ``smart_resize`` (M-RoPE is generic).
+
+    Videos: each frame group (two frames) is written as an image, ``<|begin_of_image|>``, its
+    ``<|image|>`` rows, ``<|end_of_image|>`` and its whole second, between
+    ``<|begin_of_video|>`` and ``<|end_of_video|>``; image tokens inside those are video rows
+    (HF's ``create_mm_token_type_ids``) and ``get_rope_index`` gives each group its own grid.
+    Frame groups are separable: ``get_video_features`` hands the tower one ``(1, h, w)`` grid
+    per group, and the tower's attention (``cu_seqlens`` per grid), rotary and interpolated
+    position embeddings (per grid) and its downsample / merger (per 2x2 block) never mix two
+    grids."""
+
+    separable_video_groups = True
 
     def layout_from_size(
         self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
@@ -177,6 +188,39 @@ class Glm4vAdapter(ModelAdapter):
             max_pixels=size["longest_edge"],
         )
         return _grid_layout(resized, patch)
+
+    @property
+    def video_placeholder_id(self) -> int | None:
+        return self.image_token_id
+
+    def mm_token_types(self, ids: np.ndarray) -> np.ndarray:
+        """Image tokens between a video's start and end tokens are video rows."""
+        starts = np.cumsum(ids == self.config.video_start_token_id)
+        ends = np.cumsum(ids == self.config.video_end_token_id)
+        image = ids == self.image_token_id
+        return np.where(image, np.where(starts > ends, 2, 1), 0).astype(np.int64)
+
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        """``video_grid_thw`` and ``timestamps``: the seconds of every kept frame (the prompt
+        writes each group's first, truncated)."""
+        frames, height, width = video.frames.shape[:3]
+        temporal, patch = settings.temporal_patch_size, settings.patch_size
+        indices = video.indices if video.indices is not None else np.arange(frames)
+        return {
+            "video_grid_thw": np.array([[-(-frames // temporal), height // patch, width // patch]]),
+            "timestamps": np.asarray(indices, dtype=np.float64) / video.native_fps,
+        }
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        _, grid_h, grid_w = np.asarray(layout["video_grid_thw"]).reshape(-1)
+        return int(grid_h * grid_w) // settings.merge_size**2
+
+    def video_inputs(self, layout: Layout) -> dict[str, Any]:
+        from transformers.video_utils import VideoMetadata
+
+        seconds = [float(t) for t in layout["timestamps"]]
+        metadata = VideoMetadata(total_num_frames=len(seconds), fps=1.0, frames_indices=seconds)
+        return {"video_grid_thw": layout["video_grid_thw"], "video_metadata": [metadata]}
 
 
 class FixedCountAdapter(ModelAdapter):
