@@ -52,6 +52,15 @@ SPECS = {
         4,
         16,
     ),
+    # one pooled row per 28x28 frame (2x2 patches), one cache entry per frame, the newline
+    "llava_onevision": Spec(
+        "<video>\n",
+        "<image>\n",
+        "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_end|>\n",
+        7,
+        8,
+    ),
 }
 FAMILIES = tuple(SPECS)
 GLM_START = "[gMASK]<sop>"
@@ -210,6 +219,41 @@ def test_glm4v_preprocess_is_qwen3_transform() -> None:
     got = preprocess_frames(pair, settings)
     np.testing.assert_array_equal(got["video_grid_thw"], want["image_grid_thw"])
     np.testing.assert_allclose(got["pixel_values_videos"], want["pixel_values"], atol=1e-6)
+
+
+FIXED_SIZE = ("llava_onevision", "internvl")
+
+
+@pytest.mark.parametrize("family", [f for f in FIXED_SIZE if f in SPECS])
+@pytest.mark.parametrize("size", [(28, 28), (50, 70)])
+def test_frames_equal_the_image_transform_per_frame(family: str, size) -> None:
+    """HF's video processor for these families is its base transform applied to every frame
+    (resize to one fixed size, rescale, normalise): the family's image processor's own resize,
+    rescale and normalise per frame give the same pixels. Equal up to float rounding where no
+    resize happens; PIL's bicubic (the image processor) and torchvision's (the video
+    processor, reproduced here) differ by at most a few uint8 steps where one does."""
+    from transformers.image_processing_utils import SizeDict
+
+    settings = _settings(family)
+    image_processor = load_hf_processor(model_dir(family)).image_processor
+    frames = clip(7, 5, *size)
+    got = preprocess_frames(load_video(frames, settings).frames, settings)
+    got = got["pixel_values_videos"][0]
+    target = SizeDict(height=settings.height, width=settings.width)
+    want = []
+    for frame in frames:
+        chw = frame.transpose(2, 0, 1)
+        chw = image_processor.resize(chw, target, resample=settings.resample)
+        chw = image_processor.rescale(chw, settings.rescale_factor)
+        want.append(image_processor.normalize(chw, settings.image_mean, settings.image_std))
+    want = np.stack(want)
+    assert got.shape == want.shape == (5, 3, settings.height, settings.width)
+    step = settings.rescale_factor / min(settings.image_std)  # one uint8 step, normalised
+    if size == (settings.height, settings.width):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    else:
+        assert np.abs(got - want).max() <= 4 * step
+        assert np.abs(got - want).mean() <= 0.5 * step
 
 
 def test_glm4v_sampling_rule() -> None:

@@ -49,9 +49,16 @@ class Family:
     image_token: str  # the token whose embedding rows are the image's
 
 
-def _chatml(image_text: str, system: str | None = _QWEN_SYSTEM) -> str:
-    """A Qwen-style ChatML template that writes ``image_text`` for every image part."""
-    return _qwen_template(system).replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
+def _chatml(
+    image_text: str, system: str | None = _QWEN_SYSTEM, video_text: str | None = None
+) -> str:
+    """A Qwen-style ChatML template that writes ``image_text`` for every image part (and
+    ``video_text`` for every video part)."""
+    template = _qwen_template(system)
+    template = template.replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
+    if video_text is not None:
+        template = template.replace("<|vision_start|><|video_pad|><|vision_end|>", video_text)
+    return template
 
 
 def _content(image_text: str, video_text: str | None = None) -> str:
@@ -302,7 +309,16 @@ def _recipe_llava_onevision(tok: Any, vocab: int) -> _Recipe:
         "vision_aspect_ratio": "anyres_max_9",
         "vision_feature_select_strategy": "full",
     }
-    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+    # LlavaOnevisionVideoProcessor: every frame resized to the tower's view
+    video = {
+        "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3,
+        "resample": 3,
+        "size": {"height": 28, "width": 28},
+        "video_processor_type": "LlavaOnevisionVideoProcessor",
+    }
+    gen = _qwen_generation(tok)
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc, video)
 
 
 # Mistral3 (Mistral-Small-3.1): Pixtral tower, [IMG] runs broken by [IMG_BREAK] per row ------------
@@ -1113,7 +1129,7 @@ FAMILIES: dict[str, Family] = {
             (),
             (*_QWEN_SPECIALS, "<image>", "<video>"),
             {**_QWEN_ROLES, "image_token": "<image>", "video_token": "<video>"},
-            _chatml("<image>\n"),
+            _chatml("<image>\n", video_text="<video>\n"),
         ),
         _recipe_llava_onevision,
         "<image>",

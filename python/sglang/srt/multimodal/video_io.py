@@ -150,7 +150,7 @@ def _loaded(
         size = resized_size(len(frames), height, width, s)
     except ValueError as exc:
         raise VideoError(f"cannot resize the video: {exc}") from None
-    resized = resize_frames(frames, size)
+    resized = resize_frames(frames, size, s.resample)
     return LoadedVideo(key, resized, fps, (width, height), indices, native_fps)
 
 

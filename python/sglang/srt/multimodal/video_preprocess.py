@@ -115,6 +115,7 @@ class VideoSettings:
     width: int = 0
     num_frames: int | None = None  # fixed-size rules: frames kept (else ``fps``)
     initial_shift: bool | float = True  # InternVL: offset of the first kept frame
+    resample: int = 3  # PIL's numbering: 2 bilinear, 3 bicubic
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], model_type: str | None = None) -> VideoSettings:
@@ -137,6 +138,8 @@ class VideoSettings:
         for name in ("image_mean", "image_std"):
             if name in values:
                 values[name] = tuple(float(x) for x in _per_channel(values[name]))
+        if values.get("resample", 3) not in _RESAMPLE:
+            raise ValueError(f"video resample {values['resample']} is not bilinear or bicubic")
         return cls(**values)
 
     @classmethod
@@ -295,14 +298,18 @@ def frame_timestamps(indices: np.ndarray, native_fps: float, temporal: int) -> l
     return [(times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal)]
 
 
-def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+_RESAMPLE = {2: "bilinear", 3: "bicubic"}
+
+
+def resize_frames(frames: np.ndarray, size: tuple[int, int], resample: int = 3) -> np.ndarray:
     """(n, H, W, 3) uint8 frames resized to ``size`` as torchvision resizes a uint8 video on
-    the CPU (bicubic, antialiased, no float round trip); unchanged when the size is theirs."""
+    the CPU (bicubic or bilinear, antialiased, no float round trip); unchanged when the size is
+    theirs."""
     if frames.shape[1:3] == tuple(size):
         return frames
     video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
     out = torch.nn.functional.interpolate(
-        video, size=list(size), mode="bicubic", align_corners=False, antialias=True
+        video, size=list(size), mode=_RESAMPLE[resample], align_corners=False, antialias=True
     )
     return out.permute(0, 2, 3, 1).contiguous().numpy()
 

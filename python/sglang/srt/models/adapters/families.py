@@ -7,6 +7,7 @@ never preprocessed, not even the first time its size is seen).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -291,7 +292,16 @@ class LlavaOnevisionAdapter(ModelAdapter):
     processor and ``get_image_features``). The context is single vs several, written as HF's
     ``batch_num_images`` of 1 or 2: the processor and the encoder only test ``n == 1``, and
     an encoder call of k images of one context gets k entries (k x 2 tiling flags for k images
-    of several: the flags past the k-th are never read)."""
+    of several: the flags past the k-th are never read).
+
+    Videos: every frame becomes the tower's fixed-size view, and its features are pooled 2x2
+    (bilinear) to ``ceil(side / 2)^2`` rows; the video ends with one learned newline row.
+    Frames are separable (a frame group is one frame): ``get_video_features`` runs the SigLIP
+    tower on the frames as a batch (attention within a frame), the projector per token and the
+    pooling per frame (``interpolate`` over each frame's own map); the newline does not depend
+    on the pixels, and is the last group's last row."""
+
+    separable_video_groups = True
 
     def item_context(self, num_items: int) -> Layout:
         return {"batch_num_images": np.array([1 if num_items == 1 else 2])}
@@ -310,6 +320,40 @@ class LlavaOnevisionAdapter(ModelAdapter):
             "batch_num_images": np.array([2]),
         }
         return features, replacements[0]
+
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        frames, height, width = video.frames.shape[:3]
+        return {"pixel_values_videos": PixelShape((1, frames, 3, height, width))}
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        vision = self.config.vision_config
+        return math.ceil(vision.image_size // vision.patch_size / 2) ** 2
+
+    def video_rows(self, layout: Layout, settings: Any) -> int:
+        return super().video_rows(layout, settings) + 1  # the newline
+
+    @property
+    def video_features_fn(self) -> Any:
+        return self.model.get_video_features  # the outer model fills the config's defaults
+
+    def encode_videos(
+        self, features: list[dict[str, Any]], rows: Sequence[int]
+    ) -> list[CachedEmbedding]:
+        """Every item's frames in one batch; an item asking for one row more than its frames
+        give (a whole video, or its last frame group) ends with the newline."""
+        frames = [f["pixel_values_videos"] for f in features]
+        out = self.video_features_fn(pixel_values_videos=torch.cat(frames, dim=1))
+        pooled = out.pooler_output[0]
+        per_frame = self.video_group_rows({}, None)
+        newline, start = pooled[-1:], 0
+        entries = []
+        for count, want in zip((f.shape[1] for f in frames), rows):
+            part = pooled[start : start + count * per_frame]
+            start += count * per_frame
+            if want == part.shape[0] + 1:
+                part = torch.cat([part, newline])
+            entries.append(CachedEmbedding(part, []))
+        return entries
 
 
 class Gemma4Adapter(ModelAdapter):
