@@ -61,6 +61,15 @@ SPECS = {
         7,
         8,
     ),
+    # four rows per 56x56 frame tile, one cache entry per frame
+    "internvl": Spec(
+        "<video>\n",
+        "<IMG_CONTEXT>\n",
+        "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_end|>\n",
+        7,
+        28,
+    ),
 }
 FAMILIES = tuple(SPECS)
 GLM_START = "[gMASK]<sop>"
@@ -102,11 +111,14 @@ def _settings(family: str) -> VideoSettings:
     return VideoSettings.from_model_dir(model_dir(family))
 
 
-def _hf_inputs(family: str, prompt: str, frames: np.ndarray) -> dict[str, torch.Tensor]:
-    """HF's model inputs for ``prompt`` with one video of already sampled ``frames``: the
-    prompt expanded by HF's own ``replace_video_token`` (its video processor stood in for by
-    the settings it reads), the video's pixels from ``preprocess_frames`` (checked against HF's
-    video processor in the preprocessing tests)."""
+def _hf_inputs(
+    family: str, prompt: str, frames: np.ndarray, images: tuple = ()
+) -> dict[str, torch.Tensor]:
+    """HF's model inputs for ``prompt`` with one video of already sampled ``frames`` (and
+    ``images`` before it, expanded by HF's processor): the video placeholder expanded by HF's
+    own ``replace_video_token`` (its video processor stood in for by the settings it reads),
+    the video's pixels from ``preprocess_frames`` (checked against HF's video processor in the
+    preprocessing tests)."""
     settings = _settings(family)
     video = load_video(frames, settings)
     features = preprocess_frames(video.frames, settings)
@@ -118,18 +130,33 @@ def _hf_inputs(family: str, prompt: str, frames: np.ndarray) -> dict[str, torch.
             total_num_frames=len(frames), fps=settings.fps, frames_indices=list(range(len(frames)))
         )
         inputs["video_metadata"] = [metadata]
+    tokenizer = processor.tokenizer
+    # HF's processor expands the images before the video; the rest is tokenized on its own
+    # (the video placeholder sits between special tokens or after a word: the same tokens)
+    before, after = prompt.split(processor.video_token)
+    out: dict = {}
+    if images:
+        out = dict(processor(text=[before], images=[list(images)], return_tensors="pt"))
+        ids = out.pop("input_ids")[0].tolist()
+        for key in ("attention_mask", "mm_token_type_ids", "token_type_ids"):
+            out.pop(key, None)
+    else:
+        ids = tokenizer(before)["input_ids"]
     replacement = processor.replace_video_token(inputs, 0)
-    text = prompt.replace(processor.video_token, replacement)
-    ids = torch.tensor([processor.tokenizer(text)["input_ids"]])
-    out = {"input_ids": ids, **{k: v for k, v in inputs.items() if k != "video_metadata"}}
+    ids += tokenizer(replacement + after, add_special_tokens=False)["input_ids"]
+    out["input_ids"] = torch.tensor([ids])
+    out.update({k: v for k, v in inputs.items() if k != "video_metadata"})
     if family == "glm4v":
-        out["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids(ids.tolist()))
+        out["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids([ids]))
+    if family == "internvl":  # InternVL's processor hands video frames over as image tiles
+        tiles = [out["pixel_values"]] if images else []
+        out["pixel_values"] = torch.cat([*tiles, out.pop("pixel_values_videos")[0]])
     return out
 
 
-def hf_video_greedy(family: str, prompt: str, frames: np.ndarray) -> tuple:
+def hf_video_greedy(family: str, prompt: str, frames: np.ndarray, images: tuple = ()) -> tuple:
     """(HF greedy output ids, their log-probs, prompt ids)."""
-    inputs = _hf_inputs(family, prompt, frames)
+    inputs = _hf_inputs(family, prompt, frames, images)
     ids = inputs["input_ids"]
     with torch.no_grad():
         out = _hf_model(family).generate(
@@ -270,6 +297,50 @@ def test_glm4v_sampling_rule() -> None:
         np.testing.assert_array_equal(sample_indices(total, fps, settings), want)
 
 
+def test_uniform_sampling_rules() -> None:
+    """LLaVA-OneVision: HF's ``default_sample_indices_fn`` (``arange(n) * total // n``);
+    InternVL: its ``sample_frames`` (``arange(total / n / 2, total, total / n)``; its module
+    imports torchvision, so its formula stands in where that is missing); ``num_frames`` else
+    ``fps``, at most every frame (HF refuses more)."""
+    from transformers.video_utils import default_sample_indices_fn
+
+    def internvl_indices(metadata: VideoMetadata, count: int) -> np.ndarray:
+        if HAS_TORCHVISION:
+            from transformers.models.internvl.video_processing_internvl import (
+                InternVLVideoProcessor,
+            )
+
+            shim = SimpleNamespace(num_frames=count, initial_shift=True)
+            return InternVLVideoProcessor.sample_frames(shim, metadata).numpy()
+        total = metadata.total_num_frames
+        return torch.arange(total / count / 2, total, total / count).int().numpy()
+
+    from sglang.srt.multimodal.video_preprocess import sample_indices
+
+    llava, internvl = _settings("llava_onevision"), _settings("internvl")
+    assert (llava.rule, llava.num_frames, internvl.rule, internvl.num_frames) == (
+        "llava_onevision",
+        32,
+        "internvl",
+        8,
+    )
+    for total, fps in [(300, 30.0), (33, 10.0), (9, 24.0), (1000, 25.0)]:
+        metadata = VideoMetadata(total_num_frames=total, fps=fps)
+        for count in (llava.num_frames, 8, 5):
+            if count > total:
+                continue
+            s = VideoSettings(rule="llava_onevision", num_frames=count)
+            want = default_sample_indices_fn(metadata, num_frames=count)
+            np.testing.assert_array_equal(sample_indices(total, fps, s), want)
+            s = VideoSettings(rule="internvl", num_frames=count)
+            want = internvl_indices(metadata, count)
+            np.testing.assert_array_equal(sample_indices(total, fps, s), want)
+        s = VideoSettings(rule="llava_onevision", fps=1.0)
+        want = default_sample_indices_fn(metadata, fps=1.0)
+        np.testing.assert_array_equal(sample_indices(total, fps, s), want)
+    assert len(sample_indices(5, 30.0, llava)) == 5  # 32 asked, 5 there
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_group_encoding_equals_whole(family: str) -> None:
     """Where the adapter declares frame groups separable, the tower's output for a group alone
@@ -365,6 +436,31 @@ def test_batched_with_image_request_matches_hf(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("chunk", [-1, 7])
+def test_image_and_video_in_one_prompt_match_hf(family: str, chunk: int) -> None:
+    """An image, then a video, in one prompt: each owns its own rows (GLM-4.1V and InternVL
+    write both with the image token; InternVL's pixels are the image's tiles then the
+    frames)."""
+    if family == "glm4v":
+        pytest.skip(
+            "HF's Glm4vModel.get_placeholder_mask takes every image token as both an image and "
+            "a video row: HF cannot run both in one prompt (spans: test_glm4v_image_and_video_*)"
+        )
+    engine = _engine(family)
+    _reset(engine, chunk)
+    spec = SPECS[family]
+    prompt = prompt_of(family, spec.image + "and" + spec.video + "What changed?")
+    image = make_image(6, 64, 48)
+    ref = hf_video_greedy(family, prompt, clip(5), (image,))
+    (tokenized,), _ = engine.tokenize(prompt, GREEDY, None, [image], None, clip(5))
+    assert tokenized.input_ids == ref[2]
+    assert [item.modality for item in tokenized.mm_items] == ["image", "video"]
+    out = _generate(engine, prompt, image_data=[image], video_data=clip(5))
+    assert _matches(out, ref)
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_second_turn_encodes_nothing(family: str) -> None:
     engine = _engine(family)
     _reset(engine, 16)
@@ -437,3 +533,21 @@ def test_glm4v_image_and_video_share_the_image_token() -> None:
         for start, end in item.spans:
             assert set(types[start:end]) == {2 if item.modality == "video" else 1}
     assert sum(item.num_tokens for item in tokenized.mm_items) == int((types > 0).sum())
+
+
+@pytest.mark.parametrize("family", [f for f in FIXED_SIZE if f in SPECS])
+def test_encoded_clip_keeps_num_frames(family: str) -> None:
+    """An encoded 3 s clip at 10 fps: InternVL keeps its 8 frames (``Frame1:`` ..
+    ``Frame8:``), LLaVA-OneVision every one of the 30 (32 asked)."""
+    from sglang.testing.video_clips import encode_clip, random_frames
+
+    engine = _engine(family)
+    data = encode_clip(random_frames(0, 30, 64, 64), fps=10.0)
+    (tokenized,), _ = engine.tokenize(video_prompt(family), GREEDY, None, None, None, data)
+    item = tokenized.mm_items[0]
+    kept = 8 if family == "internvl" else 30
+    assert item.layout["pixel_values_videos"][1] == kept
+    if family == "internvl":
+        text = engine.scheduler.runner.tokenizer.decode(tokenized.input_ids)
+        assert "Frame8: <img>" in text and "Frame9" not in text
+    assert item.num_tokens == SPECS[family].rows // 7 * kept + (family == "llava_onevision")

@@ -120,7 +120,17 @@ def _recipe_internvl(tok: Any, vocab: int) -> _Recipe:
         "size": {"height": 56, "width": 56},
     }
     proc = {"image_seq_length": 4, "processor_class": "InternVLProcessor"}
-    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+    # InternVLVideoProcessor: every frame resized to one tile
+    video = {
+        "image_mean": _IMAGENET_MEAN,
+        "image_std": _IMAGENET_STD,
+        "initial_shift": True,
+        "resample": 3,
+        "size": {"height": 56, "width": 56},
+        "video_processor_type": "InternVLVideoProcessor",
+    }
+    gen = _qwen_generation(tok)
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc, video)
 
 
 # LLaVA-NeXT (llava-v1.6-mistral-7b-hf layout): anyres tiles at 336 (here 28) -------------------
@@ -1100,7 +1110,7 @@ FAMILIES: dict[str, Family] = {
             (),
             (*_QWEN_SPECIALS, "<img>", "</img>", "<IMG_CONTEXT>", "<video>"),
             _INTERNVL_ROLES,
-            _chatml("<IMG_CONTEXT>\n"),
+            _chatml("<IMG_CONTEXT>\n", video_text="<video>\n"),
         ),
         _recipe_internvl,
         "<IMG_CONTEXT>",

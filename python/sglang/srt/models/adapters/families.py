@@ -137,6 +137,37 @@ class TiledAdapter(ModelAdapter):
         return {"num_patches": np.array([tiles])}
 
 
+class InternVLAdapter(TiledAdapter):
+    """InternVL: images as GotOCR2 tiles (``TiledAdapter``); a video's frames are tiles too,
+    written ``Frame{i}: <img>`` + ``image_seq_length`` image tokens + ``</img>`` one per line
+    (HF's ``replace_video_token``), and encoded by ``get_image_features``.
+
+    Frames are separable (a frame group is one frame): the tower attends within a tile, and
+    the pixel shuffle and projector work on one tile's own features."""
+
+    separable_video_groups = True
+
+    @property
+    def video_placeholder_id(self) -> int | None:
+        return self.image_token_id
+
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        frames, height, width = video.frames.shape[:3]
+        return {"pixel_values_videos": PixelShape((1, frames, 3, height, width))}
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        vision = self.config.vision_config
+        side = [size // patch for size, patch in zip(vision.image_size, vision.patch_size)]
+        return int(side[0] * side[1] * self.config.downsample_ratio**2)
+
+    def encode_videos(
+        self, features: list[dict[str, Any]], rows: Sequence[int]
+    ) -> list[CachedEmbedding]:
+        frames = torch.cat([f["pixel_values_videos"][0] for f in features])
+        out = self.image_features_fn(pixel_values=frames)
+        return [CachedEmbedding(e, []) for e in split_rows(out.pooler_output, rows)]
+
+
 class PixtralAdapter(ModelAdapter):
     """Mistral3 (Pixtral tower): the replacement reads the resized size, which Pixtral's resize
     rule gives from the size (rows of ``[IMG]`` tokens broken by ``[IMG_BREAK]``)."""
