@@ -402,6 +402,22 @@ def test_chunks_through_the_video_match_hf(family: str, chunk: int) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_whole_video_mode_matches_hf(family: str) -> None:
+    """``--mm-video-cache whole``: one entry per video (LLaVA-OneVision's newline included),
+    encoded at once by the first chunk that touches it."""
+    engine = sglang.Engine(
+        model_path=model_dir(family), chunked_prefill_size=5, mm_video_cache="whole"
+    )
+    prompt = video_prompt(family)
+    assert _matches(_generate(engine, prompt, video_data=clip(1)), _ref(family, prompt, 1))
+    rows = SPECS[family].rows
+    stats = _stats(engine)
+    assert (stats.encoder_calls, stats.encoded_tokens, stats.max_call_tokens) == (1, rows, rows)
+    assert len(engine.scheduler.runner.embedder.cache) == 1
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_cached_prefix_matches_hf(family: str) -> None:
     engine = _engine(family)
     _reset(engine, 16)
