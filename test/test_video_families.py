@@ -567,3 +567,30 @@ def test_encoded_clip_keeps_num_frames(family: str) -> None:
         text = engine.scheduler.runner.tokenizer.decode(tokenized.input_ids)
         assert "Frame8: <img>" in text and "Frame9" not in text
     assert item.num_tokens == SPECS[family].rows // 7 * kept + (family == "llava_onevision")
+
+
+@pytest.mark.parametrize(
+    "family, options, kept",
+    [
+        ("internvl", {"num_frames": 4}, 4),
+        ("internvl", {"fps": 5.0}, 15),  # fps replaces the default frame count
+        ("internvl", {"fps": 5.0, "max_frames": 6}, 6),
+        ("llava_onevision", {"num_frames": 12}, 12),
+        ("glm4v", {"fps": 1.0}, 4),  # seconds 0, 1, 2; the last repeated to an even count
+    ],
+)
+def test_request_sampling_options(family: str, options: dict, kept: int) -> None:
+    """``mm_processor_kwargs`` per request, by the family's sampling rule (3 s at 10 fps)."""
+    from sglang.testing.video_clips import encode_clip, random_frames
+
+    engine = _engine(family)
+    data = encode_clip(random_frames(0, 30, 64, 64), fps=10.0)
+    (tokenized,), _ = engine.tokenize(
+        video_prompt(family), GREEDY, None, None, None, data, mm_processor_kwargs=options
+    )
+    layout = tokenized.mm_items[0].layout
+    frames = layout["video_grid_thw"][0][0] * 2 if family == "glm4v" else None
+    assert (frames or layout["pixel_values_videos"][1]) == kept
+    if family == "glm4v":
+        with pytest.raises(ValueError, match="takes fps"):
+            engine.tokenize(video_prompt(family), GREEDY, None, None, None, data, {"max_frames": 4})

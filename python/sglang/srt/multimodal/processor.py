@@ -137,9 +137,16 @@ class MultimodalProcessor:
     def load_images(self, image_data: Sequence[Any]) -> list[LoadedImage]:
         return [load_image(src, self.allowed_local_dir, self.seen) for src in image_data]
 
-    def load_videos(self, video_data: Sequence[Any]) -> list[LoadedVideo]:
-        settings, local = self.video_settings, self.allowed_local_dir
-        return [load_video(src, settings, local, seen=self.seen_videos) for src in video_data]
+    def load_videos(
+        self, video_data: Sequence[Any], options: Sequence[dict[str, Any]] = ()
+    ) -> list[LoadedVideo]:
+        """``options``: each video's sampling options (``VideoSettings.with_options``)."""
+        options = list(options) or [{}] * len(video_data)
+        local = self.allowed_local_dir
+        return [
+            load_video(src, self.video_settings.with_options(opts), local, seen=self.seen_videos)
+            for src, opts in zip(video_data, options)
+        ]
 
     def process(
         self,
@@ -220,7 +227,8 @@ class MultimodalProcessor:
         items, texts = [], []
         for video in videos:
             layout = self.adapter.video_layout(video, settings)
-            key = content_hash(video.hash.to_bytes(8, "little"), settings.digest())
+            sampled = video.settings or settings  # a request's options change the frames
+            key = content_hash(video.hash.to_bytes(8, "little"), sampled.digest())
             rows = self.adapter.video_group_rows(layout, settings)
             items.append(
                 MultimodalItem(key, [], layout, video.frames, modality="video", group_rows=rows)

@@ -61,11 +61,13 @@ class LoadedVideo:
     native_size: tuple[int, int]  # (width, height)
     indices: np.ndarray | None = None  # of the kept frames in the stream (None: 0..n-1)
     native_fps: float = 0.0  # of the stream (decoded frames: the sampling rate)
+    settings: VideoSettings | None = None  # the sampling it was loaded with
 
 
 class DecodedVideoCache:
-    """Encoded videos decoded before, by content hash, under a byte budget (least recently used
-    out): a chat client re-sends its clip with every turn. Entries are read-only frames."""
+    """Encoded videos decoded before, by content hash and sampling settings, under a byte
+    budget (least recently used out): a chat client re-sends its clip with every turn. Entries
+    are read-only frames."""
 
     def __init__(self, capacity_bytes: int = 256 << 20) -> None:
         self.capacity_bytes = capacity_bytes
@@ -74,21 +76,22 @@ class DecodedVideoCache:
         self._lock = threading.Lock()
 
     def get(self, key: int) -> LoadedVideo | None:
+        """``key``: the input's hash with the settings it is sampled under (``cache_key``)."""
         with self._lock:
             video = self._videos.get(key)
             if video is not None:
                 self._videos.move_to_end(key)
             return video
 
-    def put(self, video: LoadedVideo) -> None:
+    def put(self, key: int, video: LoadedVideo) -> None:
         size = video.frames.nbytes
         if size > self.capacity_bytes:
             return
         video.frames.flags.writeable = False
         with self._lock:
-            if video.hash in self._videos:
+            if key in self._videos:
                 return
-            self._videos[video.hash] = video
+            self._videos[key] = video
             self._bytes += size
             while self._bytes > self.capacity_bytes:
                 _, old = self._videos.popitem(last=False)
@@ -117,12 +120,13 @@ def load_video(
         return _loaded(key, frames, settings.fps, settings, np.arange(len(frames)), settings.fps)
     data = _read_video_bytes(source, allowed_local_dir)
     key = content_hash(b"video", data)
-    video = seen.get(key) if seen is not None else None
+    cache_key = content_hash(key.to_bytes(8, "little"), settings.digest())
+    video = seen.get(cache_key) if seen is not None else None
     if video is None:
         frames, sampled_fps, indices, native_fps = _decode_checked(data, settings, limits)
         video = _loaded(key, frames, sampled_fps, settings, indices, native_fps)
         if seen is not None:
-            seen.put(video)
+            seen.put(cache_key, video)
     return video
 
 
@@ -151,7 +155,7 @@ def _loaded(
     except ValueError as exc:
         raise VideoError(f"cannot resize the video: {exc}") from None
     resized = resize_frames(frames, size, s.resample)
-    return LoadedVideo(key, resized, fps, (width, height), indices, native_fps)
+    return LoadedVideo(key, resized, fps, (width, height), indices, native_fps, s)
 
 
 def _as_frames(source: Any) -> np.ndarray:

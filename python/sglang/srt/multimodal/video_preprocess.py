@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,27 @@ class VideoSettings:
                 return cls.from_dict(json.loads(file.read_text()), model_type)
         return cls.from_dict({}, model_type)
 
+    def with_options(self, options: dict[str, Any] | None) -> VideoSettings:
+        """These settings with a request's sampling options (``fps``, ``max_frames``, and
+        ``num_frames`` where the rule samples a frame count), bounded; ValueError naming the
+        option otherwise. ``fps`` replaces a default ``num_frames``."""
+        if not options:
+            return self
+        if not isinstance(options, dict):
+            raise ValueError("video options (mm_processor_kwargs) must be an object")
+        allowed = REQUEST_OPTIONS.get(self.rule, ("fps", "max_frames"))
+        changes: dict[str, Any] = {}
+        for name, value in options.items():
+            if name not in allowed:
+                raise ValueError(
+                    f"unknown video option {name!r}: this model's video sampling takes "
+                    f"{', '.join(allowed)}"
+                )
+            changes[name] = _bounded_option(name, value)
+        if "fps" in changes and "num_frames" not in changes and not self.grid:
+            changes["num_frames"] = None
+        return replace(self, **changes)
+
     def digest(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
@@ -175,6 +196,29 @@ class VideoSettings:
     def min_frames_kept(self) -> int:
         """Frames a video needs: a whole frame group where the size rule counts frames."""
         return self.temporal_patch_size if self.rule in (QWEN3_RULE, GLM4V_RULE) else 1
+
+
+# Per-request sampling options, by rule (GLM-4.1V's sampling has no frame cap), and bounds.
+REQUEST_OPTIONS = {
+    GLM4V_RULE: ("fps",),
+    LLAVA_ONEVISION_RULE: ("fps", "num_frames", "max_frames"),
+    INTERNVL_RULE: ("fps", "num_frames", "max_frames"),
+}
+MAX_REQUEST_FPS = 60.0
+MAX_REQUEST_FRAMES = 2048
+
+
+def _bounded_option(name: str, value: Any) -> float | int:
+    if name == "fps":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (ok and math.isfinite(value) and 0 < value <= MAX_REQUEST_FPS):
+            raise ValueError(f"video option fps must be a number in (0, {MAX_REQUEST_FPS:g}]")
+        return float(value)
+    if not (isinstance(value, int) and not isinstance(value, bool)):
+        raise ValueError(f"video option {name} must be an integer")
+    if not 1 <= value <= MAX_REQUEST_FRAMES:
+        raise ValueError(f"video option {name} must be in [1, {MAX_REQUEST_FRAMES}]")
+    return value
 
 
 def _per_channel(value: Any) -> list[float]:
@@ -230,10 +274,10 @@ def _glm4v_indices(total_frames: int, native_fps: float, s: VideoSettings) -> np
 
 def _uniform_indices(total_frames: int, native_fps: float, s: VideoSettings) -> np.ndarray:
     """HF's uniform sampling of ``num_frames`` (else ``fps`` frames per second) frames, at most
-    every frame: the base video processor's ``arange(n) * total // n``, InternVL's
-    ``arange(shift, total, total / n)`` with a shift of half a step."""
+    every frame and ``max_frames``: the base video processor's ``arange(n) * total // n``,
+    InternVL's ``arange(shift, total, total / n)`` with a shift of half a step."""
     count = s.num_frames if s.num_frames else int(total_frames / native_fps * s.fps)
-    count = min(max(count, 1), total_frames)
+    count = min(max(count, 1), total_frames, s.max_frames)
     if s.rule != INTERNVL_RULE:
         return np.arange(count, dtype=np.int64) * total_frames // count
     shift = total_frames / count / 2 if s.initial_shift is True else float(s.initial_shift)
