@@ -138,8 +138,6 @@ class VideoSettings:
         for name in ("image_mean", "image_std"):
             if name in values:
                 values[name] = tuple(float(x) for x in _per_channel(values[name]))
-        if values.get("resample", 3) not in _RESAMPLE:
-            raise ValueError(f"video resample {values['resample']} is not bilinear or bicubic")
         return cls(**values)
 
     @classmethod
@@ -351,6 +349,8 @@ def resize_frames(frames: np.ndarray, size: tuple[int, int], resample: int = 3) 
     theirs."""
     if frames.shape[1:3] == tuple(size):
         return frames
+    if resample not in _RESAMPLE:
+        raise ValueError(f"video resample {resample} is not bilinear (2) or bicubic (3)")
     video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
     out = torch.nn.functional.interpolate(
         video, size=list(size), mode=_RESAMPLE[resample], align_corners=False, antialias=True
