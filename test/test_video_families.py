@@ -594,3 +594,25 @@ def test_request_sampling_options(family: str, options: dict, kept: int) -> None
     if family == "glm4v":
         with pytest.raises(ValueError, match="takes fps"):
             engine.tokenize(video_prompt(family), GREEDY, None, None, None, data, {"max_frames": 4})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chat_video_part_renders_the_family_placeholder(family: str) -> None:
+    """An OpenAI ``video_url`` part goes through the model's chat template to the family's
+    video placeholder, and its options to the video's sampling."""
+    from sglang.srt.entrypoints.http_server import _render_chat
+    from sglang.srt.entrypoints.protocol import ChatCompletionRequest
+    from sglang.srt.server_args import ServerArgs
+
+    engine = _engine(family)
+    part = {"type": "video_url", "video_url": {"url": "clip.mp4", "fps": 1.0}}
+    content = [part, {"type": "text", "text": "What happens?"}]
+    body = ChatCompletionRequest(
+        messages=[{"role": "user", "content": content}], mm_processor_kwargs={"fps": 2.0}
+    )
+    manager = SimpleNamespace(tokenizer=engine.tokenizer)
+    prompt, images, videos, options = _render_chat(manager, body, ServerArgs())
+    assert SPECS[family].video in prompt and (images, videos) == ([], ["clip.mp4"])
+    assert options == [{"fps": 1.0}]
+    (tokenized,), _ = engine.tokenize(prompt, GREEDY, None, None, None, clip(1))
+    assert [item.modality for item in tokenized.mm_items] == ["video"]
