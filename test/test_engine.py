@@ -279,7 +279,9 @@ def test_rendered_chat_prompt_keeps_a_single_bos() -> None:
             }
         ]
     )
-    prompt, images, _ = _render_chat(SimpleNamespace(tokenizer=eng.tokenizer), body, ServerArgs())
+    prompt, images, _, _ = _render_chat(
+        SimpleNamespace(tokenizer=eng.tokenizer), body, ServerArgs()
+    )
     assert prompt.startswith(bos) and images == ["unused"]
     loaded = eng.processor.load_images([make_image(1)])
     doubled, _ = eng.processor.process(prompt, None, loaded)

@@ -111,6 +111,47 @@ def test_a_resent_clip_is_not_decoded_again(monkeypatch) -> None:
     assert not first.frames.flags.writeable
 
 
+def test_request_sampling_options() -> None:
+    """``mm_processor_kwargs`` (``fps``, ``max_frames``) change which frames a request keeps
+    and so its item key; a clip decoded under other options is decoded again; options are
+    bounded and named."""
+    engine = _engine()
+    clip = _clip(13, frames=50)  # 5 s at 10 fps
+    counts = {}
+    keys = set()
+    for options in (None, {"fps": 1.0}, {"max_frames": 4}, {"fps": 4.0, "max_frames": 12}):
+        (tokenized,), _ = engine.tokenize(
+            PROMPT, GREEDY, None, None, None, clip, mm_processor_kwargs=options
+        )
+        item = tokenized.mm_items[0]
+        counts[json.dumps(options)] = int(item.layout["video_grid_thw"][0][0]) * 2
+        keys.add(item.hash)
+    # 2 fps: 10 frames; 1 fps: 5, floored to whole groups; at most 4; 4 fps capped at 12
+    assert list(counts.values()) == [10, 4, 4, 12]
+    assert len(keys) == 4
+    out = engine.generate(PROMPT, GREEDY, video_data=clip, mm_processor_kwargs={"fps": 1.0})
+    assert (
+        out["meta_info"]["prompt_tokens"]
+        < engine.generate(PROMPT, GREEDY, video_data=clip)["meta_info"]["prompt_tokens"]
+    )
+    bad = [
+        {"fps": 0},
+        {"fps": 61},
+        {"fps": float("nan")},
+        {"fps": "2"},
+        {"max_frames": 0},
+        {"max_frames": 4096},
+        {"max_frames": True},
+        {"num_frames": 8},  # Qwen samples by rate, not by count
+        {"bogus": 1},
+    ]
+    for options in bad:
+        with pytest.raises(ValueError, match="video option|mm_processor_kwargs"):
+            engine.generate(PROMPT, GREEDY, video_data=clip, mm_processor_kwargs=options)
+    with pytest.raises(ValueError, match="mm_processor_kwargs must be an object"):
+        engine.generate(PROMPT, GREEDY, video_data=clip, mm_processor_kwargs=[1])
+
+
 def _bad_videos() -> dict[str, bytes]:
     """Malformed or abusive videos, each with its own reason to be refused."""
     good = _clip(3)
@@ -280,6 +321,46 @@ def test_server_accepts_videos(server) -> None:
     body = {"text": PROMPT, "video_data": _data_url(_clip(9)), "sampling_params": GREEDY}
     generated = httpx.post(f"{url}/generate", json=body, timeout=60)
     assert generated.status_code == 200, generated.text
+
+
+def test_server_takes_video_sampling_options(server) -> None:
+    """``mm_processor_kwargs`` on chat and /generate and ``fps`` / ``max_frames`` in a
+    ``video_url`` part (over the request's) change the frames kept; bad options are 400s."""
+    url, _ = server
+    data = _data_url(_clip(9))  # 2 s at 10 fps: 4 frames at the default 2 fps
+
+    def chat_tokens(video_url: dict, **extra) -> int:
+        content = [{"type": "video_url", "video_url": video_url}, {"type": "text", "text": "?"}]
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 1, **extra}
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens"]
+
+    default = chat_tokens({"url": data})
+    assert chat_tokens({"url": data, "fps": 5.0}) > default
+    more = chat_tokens({"url": data}, mm_processor_kwargs={"fps": 5.0})
+    assert chat_tokens({"url": data, "max_frames": 4}, mm_processor_kwargs={"fps": 5.0}) == default
+    assert more > default
+    body = {"text": PROMPT, "video_data": data, "sampling_params": {"max_new_tokens": 1}}
+    generated = httpx.post(
+        f"{url}/generate", json={**body, "mm_processor_kwargs": {"fps": 5.0}}, timeout=60
+    )
+    assert (
+        generated.status_code == 200
+        and generated.json()["meta_info"]["prompt_tokens"]
+        > (
+            httpx.post(f"{url}/generate", json=body, timeout=60).json()["meta_info"][
+                "prompt_tokens"
+            ]
+        )
+    )
+    for extra in ({"mm_processor_kwargs": {"fps": -1}}, {"mm_processor_kwargs": {"bogus": 1}}):
+        content = [{"type": "video_url", "video_url": {"url": data}}]
+        body = {"messages": [{"role": "user", "content": content}], **extra}
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 400 and "video option" in response.text, response.text
+    bad = {"text": PROMPT, "video_data": data, "mm_processor_kwargs": {"max_frames": 0}}
+    assert httpx.post(f"{url}/generate", json=bad, timeout=60).status_code == 400
 
 
 def test_server_refuses_malformed_videos_and_keeps_serving(server) -> None:

@@ -148,6 +148,7 @@ class _Recipe:
     generation: dict[str, Any]
     preprocessor: dict[str, Any] | None = None
     processor: dict[str, Any] | None = None
+    video_preprocessor: dict[str, Any] | None = None  # video_preprocessor_config.json
 
 
 def _qwen_ids(tok: Any) -> dict[str, int]:

@@ -49,19 +49,34 @@ class Family:
     image_token: str  # the token whose embedding rows are the image's
 
 
-def _chatml(image_text: str, system: str | None = _QWEN_SYSTEM) -> str:
-    """A Qwen-style ChatML template that writes ``image_text`` for every image part."""
-    return _qwen_template(system).replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
+def _chatml(
+    image_text: str, system: str | None = _QWEN_SYSTEM, video_text: str | None = None
+) -> str:
+    """A Qwen-style ChatML template that writes ``image_text`` for every image part (and
+    ``video_text`` for every video part)."""
+    template = _qwen_template(system)
+    template = template.replace("<|vision_start|><|image_pad|><|vision_end|>", image_text)
+    if video_text is not None:
+        template = template.replace("<|vision_start|><|video_pad|><|vision_end|>", video_text)
+    return template
 
 
-def _content(image_text: str) -> str:
+def _content(image_text: str, video_text: str | None = None) -> str:
     """Jinja writing a message's content: a string, or OpenAI-style parts where every image part
-    becomes ``image_text``."""
+    becomes ``image_text`` (and every video part ``video_text``)."""
+    video = (
+        "{%- elif part['type'] in ('video', 'video_url') -%}{{- '" + video_text + "' -}}"
+        if video_text is not None
+        else ""
+    )
     return (
         "{%- if message['content'] is string -%}{{- message['content'] -}}"
         "{%- else -%}{%- for part in message['content'] -%}"
-        "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + image_text + "' -}}"
-        "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+        "{%- if part['type'] in ('image', 'image_url') -%}{{- '"
+        + image_text
+        + "' -}}"
+        + video
+        + "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
         "{%- endfor -%}{%- endif -%}"
     )
 
@@ -105,7 +120,17 @@ def _recipe_internvl(tok: Any, vocab: int) -> _Recipe:
         "size": {"height": 56, "width": 56},
     }
     proc = {"image_seq_length": 4, "processor_class": "InternVLProcessor"}
-    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+    # InternVLVideoProcessor: every frame resized to one tile
+    video = {
+        "image_mean": _IMAGENET_MEAN,
+        "image_std": _IMAGENET_STD,
+        "initial_shift": True,
+        "resample": 3,
+        "size": {"height": 56, "width": 56},
+        "video_processor_type": "InternVLVideoProcessor",
+    }
+    gen = _qwen_generation(tok)
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc, video)
 
 
 # LLaVA-NeXT (llava-v1.6-mistral-7b-hf layout): anyres tiles at 336 (here 28) -------------------
@@ -294,7 +319,16 @@ def _recipe_llava_onevision(tok: Any, vocab: int) -> _Recipe:
         "vision_aspect_ratio": "anyres_max_9",
         "vision_feature_select_strategy": "full",
     }
-    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+    # LlavaOnevisionVideoProcessor: every frame resized to the tower's view
+    video = {
+        "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3,
+        "resample": 3,
+        "size": {"height": 28, "width": 28},
+        "video_processor_type": "LlavaOnevisionVideoProcessor",
+    }
+    gen = _qwen_generation(tok)
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc, video)
 
 
 # Mistral3 (Mistral-Small-3.1): Pixtral tower, [IMG] runs broken by [IMG_BREAK] per row ------------
@@ -489,10 +523,11 @@ _GLM_SPECIALS = (
     "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>",
 )  # fmt: skip
 _GLM_IMAGE = "<|begin_of_image|><|image|><|end_of_image|>"
+_GLM_VIDEO = "<|begin_of_video|><|video|><|end_of_video|>"
 _GLM_TEMPLATE = (
     "[gMASK]<sop>"
     "{%- for message in messages -%}"
-    "{{- '<|' + message['role'] + '|>\\n' -}}" + _content(_GLM_IMAGE) + "{%- endfor -%}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}" + _content(_GLM_IMAGE, _GLM_VIDEO) + "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )
 
@@ -550,7 +585,17 @@ def _recipe_glm4v(tok: Any, vocab: int) -> _Recipe:
         "temporal_patch_size": 2,
     }
     gen = {"eos_token_id": eos, "pad_token_id": t("<|endoftext|>")}
-    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+    # Glm4vVideoProcessor's layout; bounds on frames x height x width, as its size rule reads
+    video = {
+        key: pre[key]
+        for key in ("image_mean", "image_std", "merge_size", "patch_size", "temporal_patch_size")
+    }
+    video.update(
+        size={"shortest_edge": 56 * 56 * 2, "longest_edge": 56 * 56 * 8},
+        fps=2,
+        video_processor_type="Glm4vVideoProcessor",
+    )
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, video_preprocessor=video)
 
 
 # DeepSeek-VL (deepseek-community/deepseek-vl-*-chat): 576 (here 4) image tokens per image; the
@@ -1065,7 +1110,7 @@ FAMILIES: dict[str, Family] = {
             (),
             (*_QWEN_SPECIALS, "<img>", "</img>", "<IMG_CONTEXT>", "<video>"),
             _INTERNVL_ROLES,
-            _chatml("<IMG_CONTEXT>\n"),
+            _chatml("<IMG_CONTEXT>\n", video_text="<video>\n"),
         ),
         _recipe_internvl,
         "<IMG_CONTEXT>",
@@ -1094,7 +1139,7 @@ FAMILIES: dict[str, Family] = {
             (),
             (*_QWEN_SPECIALS, "<image>", "<video>"),
             {**_QWEN_ROLES, "image_token": "<image>", "video_token": "<video>"},
-            _chatml("<image>\n"),
+            _chatml("<image>\n", video_text="<video>\n"),
         ),
         _recipe_llava_onevision,
         "<image>",

@@ -67,7 +67,9 @@ VIDEO_FAMILIES = {
     "qwen3_5_moe": (16, "Qwen3VLVideoProcessor"),
 }
 # Bump whenever the recipe changes so that stale cached folders are not reused.
-RECIPE_VERSION = 5  # 5: video_preprocessor_config.json and video parts in Qwen templates
+# 5: video_preprocessor_config.json and video parts in Qwen templates; 6: GLM-4.1V,
+# LLaVA-OneVision and InternVL video processors and video parts
+RECIPE_VERSION = 6
 
 _QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 IMAGE_PLACEHOLDER: dict[str, str] = {
@@ -526,6 +528,8 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, size: str 
     if family in VIDEO_FAMILIES:
         video = VIDEO_FAMILIES[family]
         _write_json(out / "video_preprocessor_config.json", qwen_video_preprocessor(*video))
+    if recipe.video_preprocessor is not None:
+        _write_json(out / "video_preprocessor_config.json", recipe.video_preprocessor)
     return out
 
 

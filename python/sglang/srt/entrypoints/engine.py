@@ -65,17 +65,19 @@ class Engine:
         logprob_start_len: int = -1,
         token_ids_logprob: list[int] | list[list[int]] | None = None,
         video_data: Any = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> dict | list[dict]:
         """With ``n`` > 1 in a request's sampling params, its n outputs take its place in the
         returned list (which is then a list even for one prompt). With ``return_logprob``,
         ``logprob_start_len`` >= 0 also returns the prompt tokens' logprobs from there on, and
         ``token_ids_logprob`` (ids, or a list of ids per prompt) the logprobs of those ids at
         every position. ``video_data``: one video (or a list per prompt) as encoded bytes, a
-        path, base64 or a data URL, or decoded (n, height, width, 3) uint8 frames."""
+        path, base64 or a data URL, or decoded (n, height, width, 3) uint8 frames;
+        ``mm_processor_kwargs`` their sampling options (``fps``, ``max_frames``, ...)."""
         if not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS}]")
         tokenized, batched = self.tokenize(
-            prompt, sampling_params, input_ids, image_data, rid, video_data
+            prompt, sampling_params, input_ids, image_data, rid, video_data, mm_processor_kwargs
         )
         token_ids = token_ids_per_request(token_ids_logprob, len(tokenized))
         for t, ids in zip(tokenized, token_ids):
@@ -108,16 +110,17 @@ class Engine:
         image_data: Any,
         rid: str | list[str] | None = None,
         video_data: Any = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> tuple[list[TokenizedRequest], bool]:
         """Validate and process inputs (all or nothing: raises ValueError)."""
         inputs, batched = split_generate_inputs(
-            prompt, sampling_params, input_ids, image_data, rid, video_data
+            prompt, sampling_params, input_ids, image_data, rid, video_data, mm_processor_kwargs
         )
         tokenized = []
         for inp in inputs:
             check_mm_limits(self.server_args, len(inp.images), len(inp.videos))
             images = self.processor.load_images(inp.images)
-            videos = self.processor.load_videos(inp.videos)
+            videos = self.processor.load_videos(inp.videos, inp.video_options)
             tokenized.append(tokenize(self.processor, self.server_args, inp, images, videos))
         for t in tokenized:
             self.scheduler.check_request(t)

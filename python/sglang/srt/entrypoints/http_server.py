@@ -181,6 +181,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             body.image_data,
             body.rid,
             body.video_data,
+            body.mm_processor_kwargs,
         )
         token_ids = token_ids_per_request(body.token_ids_logprob, len(inputs))
         tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
@@ -255,7 +256,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         if max_new is None:
             sampling["max_new_tokens"] = manager.context_length
         tools = oai.active_tools(body)
-        prompt, images, videos = _render_chat(manager, body, args, tools)
+        prompt, images, videos, video_options = _render_chat(manager, body, args, tools)
         sampling = oai.extra_sampling(body, sampling, tool_parser)
         bos = manager.tokenizer.bos_token
         inp = GenerateInput(
@@ -266,6 +267,7 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
             _params(sampling),
             add_special_tokens=not (bos and prompt.startswith(bos)),
             videos=videos,
+            video_options=video_options,
         )
         tokenized = await manager.tokenize(inp)
         tokenized.ask_logprobs((body.top_logprobs or 0) if body.logprobs else None)
@@ -308,11 +310,15 @@ def _render_chat(
     body: ChatCompletionRequest,
     args: ServerArgs,
     tools: list[dict] | None = None,
-) -> tuple[str, list[str], list[str]]:
+) -> tuple[str, list[str], list[str], list[dict[str, Any]]]:
     """Chat template over messages whose image and video parts become the template's image and
-    video entries; returns the prompt and the image and video references in order."""
+    video entries; returns the prompt, the image and video references in order and each
+    video's sampling options (the request's ``mm_processor_kwargs``, then the part's own)."""
     images: list[str] = []
     videos: list[str] = []
+    video_options: list[dict[str, Any]] = []
+    if body.mm_processor_kwargs is not None and not isinstance(body.mm_processor_kwargs, dict):
+        raise RequestError("mm_processor_kwargs must be an object")
     messages = []
     for msg in body.messages:
         content: Any = msg.content or ""
@@ -323,6 +329,9 @@ def _render_chat(
                     parts.append({"type": "text", "text": part.text})
                 elif part.type == "video_url":
                     videos.append(part.video_url.url)
+                    video_options.append(
+                        {**(body.mm_processor_kwargs or {}), **part.video_url.options()}
+                    )
                     parts.append({"type": "video"})
                 else:
                     images.append(part.image_url.url)
@@ -346,7 +355,7 @@ def _render_chat(
         )
     except Exception as exc:  # the template's own checks (roles, tool messages) fail here
         raise RequestError(f"the chat template cannot render these messages: {exc}") from exc
-    return prompt, images, videos
+    return prompt, images, videos, video_options
 
 
 _RESERVED_TEMPLATE_ARGS = {

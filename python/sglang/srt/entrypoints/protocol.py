@@ -29,6 +29,14 @@ class ImagePart(BaseModel):
 
 class VideoURL(BaseModel):
     url: str
+    # this video's sampling (over the request's mm_processor_kwargs)
+    fps: float | None = None
+    max_frames: int | None = None
+    num_frames: int | None = None
+
+    def options(self) -> dict[str, Any]:
+        fields = {"fps": self.fps, "max_frames": self.max_frames, "num_frames": self.num_frames}
+        return {k: v for k, v in fields.items() if v is not None}
 
 
 class VideoPart(BaseModel):
@@ -137,6 +145,7 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool = True
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    mm_processor_kwargs: dict[str, Any] | None = None  # video sampling: fps, max_frames, ...
 
 
 class CompletionRequest(_Sampling):
@@ -160,6 +169,7 @@ class GenerateRequest(_Body):
     return_text_in_logprobs: bool = False
     token_ids_logprob: list[int] | list[list[int]] | None = None
     rid: str | list[str] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # video sampling: fps, max_frames, ...
 
 
 def sampling_dict(req: _Sampling, max_new_tokens: int | None) -> dict[str, Any]:

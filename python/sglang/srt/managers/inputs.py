@@ -27,6 +27,7 @@ class GenerateInput:
     sampling_params: SamplingParams
     add_special_tokens: bool = True
     videos: list[Any] = field(default_factory=list)
+    video_options: list[dict[str, Any]] = field(default_factory=list)  # one per video
 
 
 def split_generate_inputs(
@@ -36,8 +37,12 @@ def split_generate_inputs(
     image_data: Any,
     rid: str | list[str] | None = None,
     video_data: Any = None,
+    mm_processor_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[GenerateInput], bool]:
-    """Validate the shapes of a generate call; returns (one input per request, batched?)."""
+    """Validate the shapes of a generate call; returns (one input per request, batched?).
+    ``mm_processor_kwargs``: sampling options for every video of the call."""
+    if mm_processor_kwargs is not None and not isinstance(mm_processor_kwargs, dict):
+        raise ValueError("mm_processor_kwargs must be an object")
     if (prompt is None) == (input_ids is None):
         raise ValueError("give exactly one of text/prompt and input_ids")
     batched = isinstance(prompt, list) or bool(input_ids and isinstance(input_ids[0], list))
@@ -67,6 +72,7 @@ def split_generate_inputs(
             images=_as_list(images[i]),
             sampling_params=SamplingParams.from_dict(params[i]),
             videos=_as_list(videos[i]),
+            video_options=[dict(mm_processor_kwargs or {})] * len(_as_list(videos[i])),
         )
         for i in range(n)
     ], batched
@@ -86,7 +92,7 @@ def tokenize(
         inp.prompt, inp.input_ids, images, inp.add_special_tokens, videos=videos
     )
     tokenized = TokenizedRequest(inp.rid, ids, inp.sampling_params, items)
-    tokenized.validate(*_vocab_and_image_token(processor), processor.adapter.video_token_id)
+    tokenized.validate(*_vocab_and_image_token(processor), processor.adapter.video_placeholder_id)
     return tokenized
 
 

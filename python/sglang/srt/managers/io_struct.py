@@ -65,25 +65,31 @@ class TokenizedRequest:
         if ids and (min(ids) < 0 or max(ids) >= vocab_size):
             bad = next(t for t in ids if not 0 <= t < vocab_size)
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+        tokens: dict[int, list[str]] = {}
         for modality, token_id in (("image", image_token_id), ("video", video_token_id)):
             if token_id is not None:
-                self._validate_placeholders(modality, token_id)
+                tokens.setdefault(token_id, []).append(modality)
+        for token_id, modalities in tokens.items():
+            self._validate_placeholders(modalities, token_id)
 
-    def _validate_placeholders(self, modality: str, token_id: int) -> None:
+    def _validate_placeholders(self, modalities: list[str], token_id: int) -> None:
+        """``modalities`` share the placeholder token ``token_id`` (GLM-4.1V and InternVL write
+        video frames with the image token)."""
         ids = self.input_ids
-        items = [item for item in self.mm_items if item.modality == modality]
+        items = [item for item in self.mm_items if item.modality in modalities]
         found = ids.count(token_id)
         expected = sum(item.num_tokens for item in items)
+        name = " / ".join(modalities)
         if found != expected:
-            given = f"its {modality}s need {expected}" if items else f"no {modality} was given"
+            given = f"its {name}s need {expected}" if items else f"no {name} was given"
             raise ValueError(
-                f"the prompt has {found} {modality} placeholder token(s) but {given}: "
-                f"{modality} placeholders must come with their {modality}s"
+                f"the prompt has {found} {name} placeholder token(s) but {given}: "
+                f"{name} placeholders must come with their {name}s"
             )
         for item in items:
             for start, end in item.spans:
                 if not (0 <= start < end <= len(ids)) or any(t != token_id for t in ids[start:end]):
-                    raise ValueError(f"{modality} placeholder spans do not match the prompt")
+                    raise ValueError(f"{item.modality} placeholder spans do not match the prompt")
 
 
 @dataclass

@@ -101,7 +101,10 @@ class Scheduler:
                 f"the prompt has {prompt_len} tokens, more than the context length allows "
                 f"({limit}, leaving room for at least one new token)"
             )
-        tokenized.validate(self.runner.vocab_size, self.runner.adapter.image_token_id)
+        adapter = self.runner.adapter
+        tokenized.validate(
+            self.runner.vocab_size, adapter.image_token_id, adapter.video_placeholder_id
+        )
         max_new = min(tokenized.sampling_params.max_new_tokens, limit - prompt_len)
         if prompt_len + max_new > self.kv_pool.size:
             raise ValueError(

@@ -168,6 +168,11 @@ class TokenizerManager:
             raise RequestError("this model does not accept images")
         if inp.videos and not self.is_multimodal:
             raise RequestError("this model does not accept videos")
+        try:  # before any video is fetched
+            for options in inp.video_options:
+                self.processor.video_settings.with_options(options)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
         sources = [await fetch_image_source(ref, self.args) for ref in inp.images]
         videos = [await fetch_video_source(ref, self.args) for ref in inp.videos]
         loop = asyncio.get_running_loop()
@@ -200,7 +205,7 @@ class TokenizerManager:
     def _tokenize_sync(self, inp: GenerateInput, sources: list, video_sources: list):
         """Decoding (videos too) and preprocessing, on the thread pool."""
         images = self.processor.load_images(sources)
-        videos = self.processor.load_videos(video_sources)
+        videos = self.processor.load_videos(video_sources, inp.video_options)
         tokenized = tokenize(self.processor, self.args, inp, images, videos)
         for item, img in zip(tokenized.mm_items, images):
             if img.data is not None:

@@ -157,7 +157,7 @@ class MultimodalEmbedder:
         if item.modality != "video" or not self._split_videos:
             return [item]
         if item.groups is None:
-            item.groups = frame_groups(item, self.preprocess.video_settings.temporal_patch_size)
+            item.groups = frame_groups(item, self.preprocess.video_settings.frames_per_group)
         return item.groups
 
     @property

@@ -102,10 +102,10 @@ class ImagePreprocessor:
 
     def _video_features(self, item: MultimodalItem) -> dict[str, Any]:
         features = preprocess_frames(item.source, self.video_settings)
-        if not same_layout({"video_grid_thw": item.layout["video_grid_thw"]}, features):
+        expected = {k: v for k, v in item.layout.items() if k == "video_grid_thw"}
+        if not same_layout(expected, layout_of(features)):
             raise ValueError(
-                f"video grid {features['video_grid_thw']} differs from the expected "
-                f"{item.layout['video_grid_thw']}"
+                f"video layout {layout_of(features)} differs from the expected {item.layout}"
             )
         self.num_preprocessed += 1
         return features
@@ -137,9 +137,16 @@ class MultimodalProcessor:
     def load_images(self, image_data: Sequence[Any]) -> list[LoadedImage]:
         return [load_image(src, self.allowed_local_dir, self.seen) for src in image_data]
 
-    def load_videos(self, video_data: Sequence[Any]) -> list[LoadedVideo]:
-        settings, local = self.video_settings, self.allowed_local_dir
-        return [load_video(src, settings, local, seen=self.seen_videos) for src in video_data]
+    def load_videos(
+        self, video_data: Sequence[Any], options: Sequence[dict[str, Any]] = ()
+    ) -> list[LoadedVideo]:
+        """``options``: each video's sampling options (``VideoSettings.with_options``)."""
+        options = list(options) or [{}] * len(video_data)
+        local = self.allowed_local_dir
+        return [
+            load_video(src, self.video_settings.with_options(opts), local, seen=self.seen_videos)
+            for src, opts in zip(video_data, options)
+        ]
 
     def process(
         self,
@@ -180,13 +187,25 @@ class MultimodalProcessor:
             items.append(item)
             replacements.append(replacement)
         videos_items, video_texts = self._video_items(prompt, videos)
-        (text,), _ = proc.get_text_with_replacements([prompt], replacements, video_texts)
+        (text,), offsets = proc.get_text_with_replacements([prompt], replacements, video_texts)
         encoded = self.tokenizer(text, add_special_tokens=add_special_tokens)
         ids = [int(t) for t in encoded["input_ids"]]
-        if items:
-            self._assign_spans(ids, items, replacements)
-        self._assign_video_spans(ids, videos_items)
-        return ids, sorted(items + videos_items, key=lambda item: item.start)
+        placed = sorted(offsets[0] if offsets else [], key=lambda o: o["new_span"][0])
+        order = [o["type"] for o in placed]
+        if len(order) != len(items) + len(videos_items):
+            raise ValueError("the processor did not place every image and video placeholder")
+        counts = {
+            "image": [(self._image_tokens(r), self.adapter.image_token_id) for r in replacements],
+            "video": [
+                (self.adapter.video_rows(item.layout, self.video_settings), self._video_id)
+                for item in videos_items
+            ],
+        }
+        by_modality = {"image": iter(items), "video": iter(videos_items)}
+        in_order = [next(by_modality[kind]) for kind in order if kind in by_modality]
+        sizes = [counts[item.modality].pop(0) for item in in_order]
+        self._assign_spans(ids, in_order, sizes)
+        return ids, in_order
 
     def _video_items(
         self, prompt: str, videos: Sequence[LoadedVideo]
@@ -196,7 +215,7 @@ class MultimodalProcessor:
         if not videos:
             return [], []
         token = getattr(self.hf_processor, "video_token", None)
-        if token is None or self.adapter.video_token_id is None:
+        if token is None or self._video_id is None:
             raise ValueError("this model does not accept videos")
         found = prompt.count(token)
         if found != len(videos):
@@ -208,29 +227,14 @@ class MultimodalProcessor:
         items, texts = [], []
         for video in videos:
             layout = self.adapter.video_layout(video, settings)
-            key = content_hash(video.hash.to_bytes(8, "little"), settings.digest())
+            sampled = video.settings or settings  # a request's options change the frames
+            key = content_hash(video.hash.to_bytes(8, "little"), sampled.digest())
             rows = self.adapter.video_group_rows(layout, settings)
             items.append(
                 MultimodalItem(key, [], layout, video.frames, modality="video", group_rows=rows)
             )
             texts.append(self.adapter.video_replacement(self.hf_processor, layout, settings))
         return items, texts
-
-    def _assign_video_spans(self, ids: list[int], items: list[MultimodalItem]) -> None:
-        """Each video owns the next ``rows`` video-token positions, in prompt order."""
-        if not items:
-            return
-        positions = np.nonzero(np.asarray(ids) == self.adapter.video_token_id)[0]
-        counts = [int(np.prod(item.layout["video_grid_thw"])) for item in items]
-        counts = [c // self.video_settings.merge_size**2 for c in counts]
-        if sum(counts) != len(positions):
-            raise ValueError(
-                f"prompt has {len(positions)} video tokens but its {len(items)} video(s) need "
-                f"{sum(counts)}: use one video placeholder per video"
-            )
-        bounds = np.cumsum([0, *counts])
-        for i, item in enumerate(items):
-            item.spans = spans_of(positions[bounds[i] : bounds[i + 1]])
 
     def _item(self, img: LoadedImage, context: Layout) -> tuple[MultimodalItem, str]:
         """The item of one image in its prompt ``context`` and its placeholder text;
@@ -270,21 +274,29 @@ class MultimodalProcessor:
             self._image_token_counts[replacement] = count
         return count
 
+    @property
+    def _video_id(self) -> int | None:
+        return self.adapter.video_placeholder_id
+
     def _assign_spans(
-        self, ids: list[int], items: list[MultimodalItem], replacements: list[str]
+        self, ids: list[int], items: list[MultimodalItem], sizes: list[tuple[int, int]]
     ) -> None:
-        """Each image owns the image-token positions of its own replacement, in prompt order:
-        one span for a contiguous run, several when break or tile tokens interleave."""
-        positions = np.nonzero(np.asarray(ids) == self.adapter.image_token_id)[0]
-        counts = [self._image_tokens(r) for r in replacements]
-        if sum(counts) != len(positions):
-            raise ValueError(
-                f"prompt has {len(positions)} image tokens but its {len(items)} image(s) need "
-                f"{sum(counts)}: use one image placeholder per image"
-            )
-        bounds = np.cumsum([0, *counts])
-        for i, item in enumerate(items):
-            item.spans = spans_of(positions[bounds[i] : bounds[i + 1]])
+        """Items in prompt order, each with (rows, placeholder token): each owns the next
+        ``rows`` positions of its token, one span for a contiguous run, several when break,
+        tile or frame tokens interleave (images and videos may share a token: GLM, InternVL)."""
+        array = np.asarray(ids)
+        positions = {token: np.nonzero(array == token)[0] for _, token in sizes}
+        used = dict.fromkeys(positions, 0)
+        for item, (rows, token) in zip(items, sizes):
+            item.spans = spans_of(positions[token][used[token] : used[token] + rows])
+            used[token] += rows
+        for token, found in positions.items():
+            if used[token] != len(found):
+                kinds = sorted({item.modality for item, (_, t) in zip(items, sizes) if t == token})
+                raise ValueError(
+                    f"prompt has {len(found)} {' / '.join(kinds)} tokens but its {len(items)} "
+                    f"item(s) need {used[token]}: use one placeholder per image or video"
+                )
 
 
 def images_kwargs_of(hf_processor: Any) -> dict[str, Any]:

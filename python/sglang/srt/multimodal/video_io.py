@@ -24,7 +24,6 @@ import numpy as np
 
 from sglang.srt.multimodal.image_io import ImageError, _read_bytes, content_hash
 from sglang.srt.multimodal.video_preprocess import (
-    QWEN3_RULE,
     VideoSettings,
     resize_frames,
     resized_size,
@@ -62,11 +61,13 @@ class LoadedVideo:
     native_size: tuple[int, int]  # (width, height)
     indices: np.ndarray | None = None  # of the kept frames in the stream (None: 0..n-1)
     native_fps: float = 0.0  # of the stream (decoded frames: the sampling rate)
+    settings: VideoSettings | None = None  # the sampling it was loaded with
 
 
 class DecodedVideoCache:
-    """Encoded videos decoded before, by content hash, under a byte budget (least recently used
-    out): a chat client re-sends its clip with every turn. Entries are read-only frames."""
+    """Encoded videos decoded before, by content hash and sampling settings, under a byte
+    budget (least recently used out): a chat client re-sends its clip with every turn. Entries
+    are read-only frames."""
 
     def __init__(self, capacity_bytes: int = 256 << 20) -> None:
         self.capacity_bytes = capacity_bytes
@@ -75,21 +76,22 @@ class DecodedVideoCache:
         self._lock = threading.Lock()
 
     def get(self, key: int) -> LoadedVideo | None:
+        """``key``: the input's hash with the settings it is sampled under (``cache_key``)."""
         with self._lock:
             video = self._videos.get(key)
             if video is not None:
                 self._videos.move_to_end(key)
             return video
 
-    def put(self, video: LoadedVideo) -> None:
+    def put(self, key: int, video: LoadedVideo) -> None:
         size = video.frames.nbytes
         if size > self.capacity_bytes:
             return
         video.frames.flags.writeable = False
         with self._lock:
-            if video.hash in self._videos:
+            if key in self._videos:
                 return
-            self._videos[video.hash] = video
+            self._videos[key] = video
             self._bytes += size
             while self._bytes > self.capacity_bytes:
                 _, old = self._videos.popitem(last=False)
@@ -118,12 +120,13 @@ def load_video(
         return _loaded(key, frames, settings.fps, settings, np.arange(len(frames)), settings.fps)
     data = _read_video_bytes(source, allowed_local_dir)
     key = content_hash(b"video", data)
-    video = seen.get(key) if seen is not None else None
+    cache_key = content_hash(key.to_bytes(8, "little"), settings.digest())
+    video = seen.get(cache_key) if seen is not None else None
     if video is None:
         frames, sampled_fps, indices, native_fps = _decode_checked(data, settings, limits)
         video = _loaded(key, frames, sampled_fps, settings, indices, native_fps)
         if seen is not None:
-            seen.put(video)
+            seen.put(cache_key, video)
     return video
 
 
@@ -144,15 +147,15 @@ def _loaded(
     indices: np.ndarray,
     native_fps: float,
 ) -> LoadedVideo:
-    if len(frames) < (s.temporal_patch_size if s.rule == QWEN3_RULE else 1):
+    if len(frames) < s.min_frames_kept:
         raise VideoError(f"the video has {len(frames)} frame(s): too few for the model")
     height, width = frames.shape[1:3]
     try:
         size = resized_size(len(frames), height, width, s)
     except ValueError as exc:
         raise VideoError(f"cannot resize the video: {exc}") from None
-    resized = resize_frames(frames, size)
-    return LoadedVideo(key, resized, fps, (width, height), indices, native_fps)
+    resized = resize_frames(frames, size, s.resample)
+    return LoadedVideo(key, resized, fps, (width, height), indices, native_fps, s)
 
 
 def _as_frames(source: Any) -> np.ndarray:
@@ -220,7 +223,7 @@ def decode_video(
         if len(indices) == 0:
             raise VideoError(
                 f"the video has {header.total_frames} frame(s): too few for the model "
-                f"(at least {settings.temporal_patch_size})"
+                f"(at least {settings.min_frames_kept})"
             )
         kept_bytes = len(indices) * header.width * header.height * 3
         if kept_bytes > limits.max_decoded_bytes:

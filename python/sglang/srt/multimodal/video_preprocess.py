@@ -22,6 +22,14 @@ scaling frames smaller than a patch block up first.
 Every step before 5 is per frame, and step 5 cuts the video into independent frame groups, so
 a frame group can be preprocessed alone from its frames: that is what per-group encoding uses.
 The resize (steps 2-3) runs where the video is decoded; ``preprocess_frames`` does 4-5.
+
+GLM-4.1V's ``Glm4vVideoProcessor`` is Qwen3-VL's transform with its own sampling (``fps`` frames
+per second of the first ``max_duration`` seconds, each index ``ceil(i * native_fps / fps)``,
+deduplicated, the last repeated to an even count). LLaVA-OneVision's and InternVL's video
+processors are HF's base transform: every frame resized to one fixed ``height`` x ``width``
+(the same torchvision resize), rescaled and normalised, with no patch layout; their sampling is
+HF's uniform ``num_frames`` (InternVL's shifted by half a step). Those frames are independent of
+each other: a "frame group" is one frame.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +48,28 @@ _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 DEFAULT_FPS = 2.0  # Qwen's sampling rate (qwen-vl-utils) when the folder names none
 QWEN3_RULE = "qwen3_vl"
+GLM4V_RULE = "glm4v"
+LLAVA_ONEVISION_RULE = "llava_onevision"
+INTERNVL_RULE = "internvl"
+# Rules whose frames become a grid of patches (Qwen's layout); the others resize every frame to
+# one fixed size.
+GRID_RULES = ("qwen2_vl", QWEN3_RULE, GLM4V_RULE)
+# model_type -> rule, for folders whose video processor config does not name its class
+_RULE_OF_MODEL = {
+    "qwen3_vl": QWEN3_RULE,
+    "qwen3_vl_moe": QWEN3_RULE,
+    "qwen3_5": QWEN3_RULE,
+    "qwen3_5_moe": QWEN3_RULE,
+    "glm4v": GLM4V_RULE,
+    "llava_onevision": LLAVA_ONEVISION_RULE,
+    "internvl": INTERNVL_RULE,
+}
+_RULE_OF_PROCESSOR = {
+    "Qwen3VL": QWEN3_RULE,
+    "Glm4v": GLM4V_RULE,
+    "LlavaOnevision": LLAVA_ONEVISION_RULE,
+    "InternVL": INTERNVL_RULE,
+}
 # Qwen3VLVideoProcessor's class defaults where they differ from Qwen2-VL's.
 _QWEN3_DEFAULTS: dict[str, Any] = {
     "min_pixels": 128 * 32 * 32,
@@ -48,6 +78,14 @@ _QWEN3_DEFAULTS: dict[str, Any] = {
     "image_mean": (0.5, 0.5, 0.5),
     "image_std": (0.5, 0.5, 0.5),
     "max_video_tokens": 768,
+}
+# Class defaults of the other video processors where they differ from Qwen2-VL's; ``num_frames``
+# where HF's class has none (it would keep every frame): the frame counts their model cards use.
+_RULE_DEFAULTS: dict[str, dict[str, Any]] = {
+    QWEN3_RULE: _QWEN3_DEFAULTS,
+    GLM4V_RULE: {"min_pixels": 112 * 112, "max_pixels": 28 * 28 * 2 * 30000},
+    LLAVA_ONEVISION_RULE: {"height": 384, "width": 384, "num_frames": 32},
+    INTERNVL_RULE: {"height": 384, "width": 384, "num_frames": 8},
 }
 
 
@@ -72,21 +110,31 @@ class VideoSettings:
     cap_pixels_per_frame: bool = False
     max_video_tokens: int = 128000
     rule: str = "qwen2_vl"  # which processor's sampling and resize rules apply
+    max_duration: float = 300.0  # GLM-4.1V: seconds sampled at ``fps``, then spread
+    height: int = 0  # fixed-size rules: every frame's size
+    width: int = 0
+    num_frames: int | None = None  # fixed-size rules: frames kept (else ``fps``)
+    initial_shift: bool | float = True  # InternVL: offset of the first kept frame
+    resample: int = 3  # PIL's numbering: 2 bilinear, 3 bicubic
 
     @classmethod
-    def from_dict(cls, config: dict[str, Any]) -> VideoSettings:
+    def from_dict(cls, config: dict[str, Any], model_type: str | None = None) -> VideoSettings:
         size = config.get("size") or {}
-        qwen3 = str(config.get("video_processor_type", "")).startswith("Qwen3VL")
-        values: dict[str, Any] = {
-            **(_QWEN3_DEFAULTS if qwen3 else {}),
-            "min_pixels": size.get("shortest_edge", config.get("min_pixels")),
-            "max_pixels": size.get("longest_edge", config.get("max_pixels")),
-            "rule": QWEN3_RULE if qwen3 else "qwen2_vl",
+        kind = str(config.get("video_processor_type", ""))
+        rule = next((r for k, r in _RULE_OF_PROCESSOR.items() if kind.startswith(k)), None)
+        rule = rule or _RULE_OF_MODEL.get(model_type or "", "qwen2_vl")
+        sized = {
+            "min_pixels": size.get("shortest_edge"),
+            "max_pixels": size.get("longest_edge"),
+            "height": size.get("height"),
+            "width": size.get("width"),
         }
-        for name in cls.__dataclass_fields__:
-            if values.get(name) is None and config.get(name) is not None:
-                values[name] = config[name]
-        values = {k: v for k, v in values.items() if v is not None}
+        given = {name: config.get(name) for name in cls.__dataclass_fields__} | sized
+        values: dict[str, Any] = {
+            **_RULE_DEFAULTS.get(rule, {}),
+            **{k: v for k, v in given.items() if v is not None},
+            "rule": rule,
+        }
         for name in ("image_mean", "image_std"):
             if name in values:
                 values[name] = tuple(float(x) for x in _per_channel(values[name]))
@@ -97,11 +145,34 @@ class VideoSettings:
         """``video_preprocessor_config.json``, else the image processor's config (which HF's
         video processor falls back to)."""
         folder = Path(path)
+        model = folder / "config.json"
+        model_type = json.loads(model.read_text()).get("model_type") if model.is_file() else None
         for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
             file = folder / name
             if file.is_file():
-                return cls.from_dict(json.loads(file.read_text()))
-        return cls()
+                return cls.from_dict(json.loads(file.read_text()), model_type)
+        return cls.from_dict({}, model_type)
+
+    def with_options(self, options: dict[str, Any] | None) -> VideoSettings:
+        """These settings with a request's sampling options (``fps``, ``max_frames``, and
+        ``num_frames`` where the rule samples a frame count), bounded; ValueError naming the
+        option otherwise. ``fps`` replaces a default ``num_frames``."""
+        if not options:
+            return self
+        if not isinstance(options, dict):
+            raise ValueError("video options (mm_processor_kwargs) must be an object")
+        allowed = REQUEST_OPTIONS.get(self.rule, ("fps", "max_frames"))
+        changes: dict[str, Any] = {}
+        for name, value in options.items():
+            if name not in allowed:
+                raise ValueError(
+                    f"unknown video option {name!r}: this model's video sampling takes "
+                    f"{', '.join(allowed)}"
+                )
+            changes[name] = _bounded_option(name, value)
+        if "fps" in changes and "num_frames" not in changes and not self.grid:
+            changes["num_frames"] = None
+        return replace(self, **changes)
 
     def digest(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -109,6 +180,43 @@ class VideoSettings:
     @property
     def factor(self) -> int:
         return self.patch_size * self.merge_size
+
+    @property
+    def grid(self) -> bool:
+        """Frames become a patch grid in groups of ``temporal_patch_size`` (Qwen, GLM)."""
+        return self.rule in GRID_RULES
+
+    @property
+    def frames_per_group(self) -> int:
+        return self.temporal_patch_size if self.grid else 1
+
+    @property
+    def min_frames_kept(self) -> int:
+        """Frames a video needs: a whole frame group where the size rule counts frames."""
+        return self.temporal_patch_size if self.rule in (QWEN3_RULE, GLM4V_RULE) else 1
+
+
+# Per-request sampling options, by rule (GLM-4.1V's sampling has no frame cap), and bounds.
+REQUEST_OPTIONS = {
+    GLM4V_RULE: ("fps",),
+    LLAVA_ONEVISION_RULE: ("fps", "num_frames", "max_frames"),
+    INTERNVL_RULE: ("fps", "num_frames", "max_frames"),
+}
+MAX_REQUEST_FPS = 60.0
+MAX_REQUEST_FRAMES = 2048
+
+
+def _bounded_option(name: str, value: Any) -> float | int:
+    if name == "fps":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (ok and math.isfinite(value) and 0 < value <= MAX_REQUEST_FPS):
+            raise ValueError(f"video option fps must be a number in (0, {MAX_REQUEST_FPS:g}]")
+        return float(value)
+    if not (isinstance(value, int) and not isinstance(value, bool)):
+        raise ValueError(f"video option {name} must be an integer")
+    if not 1 <= value <= MAX_REQUEST_FRAMES:
+        raise ValueError(f"video option {name} must be in [1, {MAX_REQUEST_FRAMES}]")
+    return value
 
 
 def _per_channel(value: Any) -> list[float]:
@@ -120,6 +228,10 @@ def sample_indices(total_frames: int, native_fps: float, settings: VideoSettings
     when the video has too few frames for one frame group."""
     if settings.rule == QWEN3_RULE:
         return _qwen3_indices(total_frames, native_fps, settings)
+    if settings.rule == GLM4V_RULE:
+        return _glm4v_indices(total_frames, native_fps, settings)
+    if not settings.grid:
+        return _uniform_indices(total_frames, native_fps, settings)
     temporal = settings.temporal_patch_size
     max_frames = math.floor(min(settings.max_frames, total_frames) / temporal) * temporal
     wanted = total_frames / native_fps * settings.fps
@@ -138,13 +250,47 @@ def _qwen3_indices(total_frames: int, native_fps: float, s: VideoSettings) -> np
     return np.linspace(0, total_frames - 1, count).round().astype(np.int64)
 
 
+def _glm4v_indices(total_frames: int, native_fps: float, s: VideoSettings) -> np.ndarray:
+    """``Glm4vVideoProcessor.sample_frames`` (its duration: frames over the frame rate)."""
+    last = total_frames - 1
+    duration = total_frames / native_fps
+    if duration <= s.max_duration:
+        count = max(math.floor(duration * s.fps), 1)
+        indices = [min(last, math.ceil(i * native_fps / s.fps)) for i in range(count)]
+    else:
+        count = int(s.max_duration * s.fps)
+        if count >= total_frames:
+            indices = list(range(total_frames))
+        else:
+            seconds = np.linspace(0, duration, count, endpoint=True)
+            indices = [min(last, math.ceil(t * native_fps)) for t in seconds]
+    kept = list(dict.fromkeys(indices))
+    if len(kept) % 2:
+        kept.append(kept[-1])
+    return np.array(kept, dtype=np.int64)
+
+
+def _uniform_indices(total_frames: int, native_fps: float, s: VideoSettings) -> np.ndarray:
+    """HF's uniform sampling of ``num_frames`` (else ``fps`` frames per second) frames, at most
+    every frame and ``max_frames``: the base video processor's ``arange(n) * total // n``,
+    InternVL's ``arange(shift, total, total / n)`` with a shift of half a step."""
+    count = s.num_frames if s.num_frames else int(total_frames / native_fps * s.fps)
+    count = min(max(count, 1), total_frames, s.max_frames)
+    if s.rule != INTERNVL_RULE:
+        return np.arange(count, dtype=np.int64) * total_frames // count
+    shift = total_frames / count / 2 if s.initial_shift is True else float(s.initial_shift)
+    return torch.arange(shift, total_frames, total_frames / count).int().numpy().astype(np.int64)
+
+
 def resized_size(num_frames: int, height: int, width: int, s: VideoSettings) -> tuple[int, int]:
     """(height, width) every frame of the video is resized to."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     if not s.do_resize:
         return height, width
-    if s.rule == QWEN3_RULE:
+    if not s.grid:
+        return s.height, s.width
+    if s.rule in (QWEN3_RULE, GLM4V_RULE):
         return _qwen3_resized_size(num_frames, height, width, s)
     max_pixels = s.max_pixels
     if s.cap_pixels_per_frame:
@@ -157,11 +303,12 @@ def resized_size(num_frames: int, height: int, width: int, s: VideoSettings) -> 
 def _qwen3_resized_size(
     num_frames: int, height: int, width: int, s: VideoSettings
 ) -> tuple[int, int]:
-    """Qwen3-VL's size rule: the pixels of ``num_frames`` frames (rounded to whole groups)
-    within [min_pixels, max_pixels]; frames narrower than a patch block are scaled up first."""
+    """Qwen3-VL's (and GLM-4.1V's) size rule: the pixels of ``num_frames`` frames (rounded to
+    whole groups) within [min_pixels, max_pixels]; frames narrower than a patch block are scaled
+    up first."""
     factor, temporal = s.factor, s.temporal_patch_size
     max_pixels = s.max_pixels
-    if s.cap_pixels_per_frame:
+    if s.cap_pixels_per_frame and s.rule == QWEN3_RULE:
         frame_cap = s.max_video_tokens * factor * factor
         per_frame = max(min(frame_cap, s.max_pixels // num_frames), int(s.min_pixels * 1.05))
         max_pixels = per_frame * num_frames
@@ -193,24 +340,32 @@ def frame_timestamps(indices: np.ndarray, native_fps: float, temporal: int) -> l
     return [(times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal)]
 
 
-def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+_RESAMPLE = {2: "bilinear", 3: "bicubic"}
+
+
+def resize_frames(frames: np.ndarray, size: tuple[int, int], resample: int = 3) -> np.ndarray:
     """(n, H, W, 3) uint8 frames resized to ``size`` as torchvision resizes a uint8 video on
-    the CPU (bicubic, antialiased, no float round trip); unchanged when the size is theirs."""
+    the CPU (bicubic or bilinear, antialiased, no float round trip); unchanged when the size is
+    theirs."""
     if frames.shape[1:3] == tuple(size):
         return frames
+    if resample not in _RESAMPLE:
+        raise ValueError(f"video resample {resample} is not bilinear (2) or bicubic (3)")
     video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
     out = torch.nn.functional.interpolate(
-        video, size=list(size), mode="bicubic", align_corners=False, antialias=True
+        video, size=list(size), mode=_RESAMPLE[resample], align_corners=False, antialias=True
     )
     return out.permute(0, 2, 3, 1).contiguous().numpy()
 
 
 def preprocess_frames(frames: np.ndarray, s: VideoSettings) -> dict[str, np.ndarray]:
     """``{"pixel_values_videos", "video_grid_thw"}`` of resized (n, h, w, 3) uint8 frames, as
-    HF's processor gives them for a video of these frames (or for one frame group of it).
-    Element-wise float32 numpy (the same IEEE operations as torch's, without a thread pool
-    wake-up per small frame group)."""
+    HF's processor gives them for a video of these frames (or for one frame group of it);
+    fixed-size rules: ``{"pixel_values_videos"}`` (1, n, 3, h, w). Element-wise float32 numpy
+    (the same IEEE operations as torch's, without a thread pool wake-up per small frame group)."""
     video = _rescale_and_normalize(np.asarray(frames).transpose(0, 3, 1, 2), s)
+    if not s.grid:
+        return {"pixel_values_videos": np.ascontiguousarray(video[None])}
     num_frames, channel, height, width = video.shape
     temporal, patch, merge = s.temporal_patch_size, s.patch_size, s.merge_size
     if pad := -num_frames % temporal:

@@ -14,6 +14,7 @@ from sglang.srt.models.adapters.families import (
     Gemma4Adapter,
     Glm4vAdapter,
     Granite4VisionAdapter,
+    InternVLAdapter,
     LlavaAdapter,
     LlavaOnevisionAdapter,
     Ovis2Adapter,
@@ -31,7 +32,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "qwen3_vl": QwenVLAdapter,
     "llava": LlavaAdapter,
     "gemma3": Gemma3Adapter,
-    "internvl": TiledAdapter,
+    "internvl": InternVLAdapter,
     "llava_next": ModelAdapter,  # Granite Vision 3.x too (a Granite LM inside)
     "llava_onevision": LlavaOnevisionAdapter,
     "mistral3": PixtralAdapter,

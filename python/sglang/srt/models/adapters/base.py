@@ -169,6 +169,19 @@ class ModelAdapter:
         ]
 
     # Video (processor side for the layout and text; encoder side for ``encode_videos``) -----
+    @property
+    def video_placeholder_id(self) -> int | None:
+        """The token whose positions in an expanded prompt are video embedding rows (GLM-4.1V
+        and InternVL write a video's frames with the image token)."""
+        return self.video_token_id
+
+    def mm_token_types(self, ids: np.ndarray) -> np.ndarray:
+        """HF's ``mm_token_type_ids`` of a prompt: 1 image rows, 2 video rows, 0 text."""
+        types = (ids == self.image_token_id).astype(np.int64)
+        if self.video_token_id is not None:
+            types[ids == self.video_token_id] = 2
+        return types
+
     def video_layout(self, video: Any, settings: Any) -> Layout:
         """The layout of a ``LoadedVideo`` (its resized frames) under video ``settings``."""
         raise ValueError("this model does not accept videos")
@@ -177,9 +190,20 @@ class ModelAdapter:
         """Embedding rows of one frame group of a video with ``layout``."""
         raise ValueError("this model does not accept videos")
 
+    def video_rows(self, layout: Layout, settings: Any) -> int:
+        """Embedding rows of a whole video: its frame groups' (a family may add trailing rows
+        that belong to no frame group, which its last group then owns)."""
+        return self.video_group_rows(layout, settings) * video_num_groups(layout)
+
     def video_replacement(self, processor: Any, layout: Layout, settings: Any) -> str:
-        """The text that replaces one video placeholder."""
-        raise ValueError("this model does not accept videos")
+        """The text that replaces one video placeholder: HF's ``replace_video_token``, with a
+        stand-in for the video processor it reads settings from (never built here)."""
+        view = _WithVideoProcessor(processor, settings)
+        return type(processor).replace_video_token(view, self.video_inputs(layout), 0)
+
+    def video_inputs(self, layout: Layout) -> dict[str, Any]:
+        """A layout as the video processor's outputs for one video."""
+        return layout_inputs(layout)
 
     @property
     def video_features_fn(self) -> Callable[..., Any]:
@@ -217,9 +241,7 @@ class ModelAdapter:
             if "second_per_grid_ts" in accepted:
                 seconds = [float(layout["second_per_grid_ts"]) for layout in videos]
                 kwargs["second_per_grid_ts"] = torch.tensor(seconds)
-        mm_types = (ids == self.image_token_id).int()
-        if self.video_token_id is not None:
-            mm_types[ids == self.video_token_id] = 2
+        mm_types = torch.from_numpy(self.mm_token_types(np.asarray(input_ids)))[None]
         positions, delta = fn(ids, mm_token_type_ids=mm_types, **kwargs)
         return positions[:, 0], int(delta.reshape(-1)[0])
 
@@ -229,6 +251,24 @@ class TextAdapter(ModelAdapter):
 
 
 # Helpers --------------------------------------------------------------------------------------
+class _WithVideoProcessor:
+    """A processor seen with a stand-in video processor holding the video ``settings``."""
+
+    def __init__(self, processor: Any, settings: Any) -> None:
+        self._processor = processor
+        self.video_processor = settings
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._processor, name)
+
+
+def video_num_groups(layout: Layout) -> int:
+    """Frame groups of a video: its temporal grid (Qwen, GLM), else its frames."""
+    if "video_grid_thw" in layout:
+        return int(np.asarray(layout["video_grid_thw"]).reshape(-1)[0])
+    return int(layout["pixel_values_videos"][1])
+
+
 def layout_of(features: dict[str, Any]) -> Layout:
     """An image's layout from its preprocessed features: pixel arrays become their shapes."""
     return {

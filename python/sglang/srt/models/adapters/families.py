@@ -7,6 +7,7 @@ never preprocessed, not even the first time its size is seen).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -136,6 +137,37 @@ class TiledAdapter(ModelAdapter):
         return {"num_patches": np.array([tiles])}
 
 
+class InternVLAdapter(TiledAdapter):
+    """InternVL: images as GotOCR2 tiles (``TiledAdapter``); a video's frames are tiles too,
+    written ``Frame{i}: <img>`` + ``image_seq_length`` image tokens + ``</img>`` one per line
+    (HF's ``replace_video_token``), and encoded by ``get_image_features``.
+
+    Frames are separable (a frame group is one frame): the tower attends within a tile, and
+    the pixel shuffle and projector work on one tile's own features."""
+
+    separable_video_groups = True
+
+    @property
+    def video_placeholder_id(self) -> int | None:
+        return self.image_token_id
+
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        frames, height, width = video.frames.shape[:3]
+        return {"pixel_values_videos": PixelShape((1, frames, 3, height, width))}
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        vision = self.config.vision_config
+        side = [size // patch for size, patch in zip(vision.image_size, vision.patch_size)]
+        return int(side[0] * side[1] * self.config.downsample_ratio**2)
+
+    def encode_videos(
+        self, features: list[dict[str, Any]], rows: Sequence[int]
+    ) -> list[CachedEmbedding]:
+        frames = torch.cat([f["pixel_values_videos"][0] for f in features])
+        out = self.image_features_fn(pixel_values=frames)
+        return [CachedEmbedding(e, []) for e in split_rows(out.pooler_output, rows)]
+
+
 class PixtralAdapter(ModelAdapter):
     """Mistral3 (Pixtral tower): the replacement reads the resized size, which Pixtral's resize
     rule gives from the size (rows of ``[IMG]`` tokens broken by ``[IMG_BREAK]``)."""
@@ -157,7 +189,18 @@ class PixtralAdapter(ModelAdapter):
 
 
 class Glm4vAdapter(ModelAdapter):
-    """GLM-4.1V: ``image_grid_thw`` from GLM's own ``smart_resize`` (M-RoPE is generic)."""
+    """GLM-4.1V: ``image_grid_thw`` from GLM's own ``smart_resize`` (M-RoPE is generic).
+
+    Videos: each frame group (two frames) is written as an image, ``<|begin_of_image|>``, its
+    ``<|image|>`` rows, ``<|end_of_image|>`` and its whole second, between
+    ``<|begin_of_video|>`` and ``<|end_of_video|>``; image tokens inside those are video rows
+    (HF's ``create_mm_token_type_ids``) and ``get_rope_index`` gives each group its own grid.
+    Frame groups are separable: ``get_video_features`` hands the tower one ``(1, h, w)`` grid
+    per group, and the tower's attention (``cu_seqlens`` per grid), rotary and interpolated
+    position embeddings (per grid) and its downsample / merger (per 2x2 block) never mix two
+    grids."""
+
+    separable_video_groups = True
 
     def layout_from_size(
         self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
@@ -177,6 +220,39 @@ class Glm4vAdapter(ModelAdapter):
             max_pixels=size["longest_edge"],
         )
         return _grid_layout(resized, patch)
+
+    @property
+    def video_placeholder_id(self) -> int | None:
+        return self.image_token_id
+
+    def mm_token_types(self, ids: np.ndarray) -> np.ndarray:
+        """Image tokens between a video's start and end tokens are video rows."""
+        starts = np.cumsum(ids == self.config.video_start_token_id)
+        ends = np.cumsum(ids == self.config.video_end_token_id)
+        image = ids == self.image_token_id
+        return np.where(image, np.where(starts > ends, 2, 1), 0).astype(np.int64)
+
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        """``video_grid_thw`` and ``timestamps``: the seconds of every kept frame (the prompt
+        writes each group's first, truncated)."""
+        frames, height, width = video.frames.shape[:3]
+        temporal, patch = settings.temporal_patch_size, settings.patch_size
+        indices = video.indices if video.indices is not None else np.arange(frames)
+        return {
+            "video_grid_thw": np.array([[-(-frames // temporal), height // patch, width // patch]]),
+            "timestamps": np.asarray(indices, dtype=np.float64) / video.native_fps,
+        }
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        _, grid_h, grid_w = np.asarray(layout["video_grid_thw"]).reshape(-1)
+        return int(grid_h * grid_w) // settings.merge_size**2
+
+    def video_inputs(self, layout: Layout) -> dict[str, Any]:
+        from transformers.video_utils import VideoMetadata
+
+        seconds = [float(t) for t in layout["timestamps"]]
+        metadata = VideoMetadata(total_num_frames=len(seconds), fps=1.0, frames_indices=seconds)
+        return {"video_grid_thw": layout["video_grid_thw"], "video_metadata": [metadata]}
 
 
 class FixedCountAdapter(ModelAdapter):
@@ -247,7 +323,16 @@ class LlavaOnevisionAdapter(ModelAdapter):
     processor and ``get_image_features``). The context is single vs several, written as HF's
     ``batch_num_images`` of 1 or 2: the processor and the encoder only test ``n == 1``, and
     an encoder call of k images of one context gets k entries (k x 2 tiling flags for k images
-    of several: the flags past the k-th are never read)."""
+    of several: the flags past the k-th are never read).
+
+    Videos: every frame becomes the tower's fixed-size view, and its features are pooled 2x2
+    (bilinear) to ``ceil(side / 2)^2`` rows; the video ends with one learned newline row.
+    Frames are separable (a frame group is one frame): ``get_video_features`` runs the SigLIP
+    tower on the frames as a batch (attention within a frame), the projector per token and the
+    pooling per frame (``interpolate`` over each frame's own map); the newline does not depend
+    on the pixels, and is the last group's last row."""
+
+    separable_video_groups = True
 
     def item_context(self, num_items: int) -> Layout:
         return {"batch_num_images": np.array([1 if num_items == 1 else 2])}
@@ -266,6 +351,40 @@ class LlavaOnevisionAdapter(ModelAdapter):
             "batch_num_images": np.array([2]),
         }
         return features, replacements[0]
+
+    def video_layout(self, video: Any, settings: Any) -> Layout:
+        frames, height, width = video.frames.shape[:3]
+        return {"pixel_values_videos": PixelShape((1, frames, 3, height, width))}
+
+    def video_group_rows(self, layout: Layout, settings: Any) -> int:
+        vision = self.config.vision_config
+        return math.ceil(vision.image_size // vision.patch_size / 2) ** 2
+
+    def video_rows(self, layout: Layout, settings: Any) -> int:
+        return super().video_rows(layout, settings) + 1  # the newline
+
+    @property
+    def video_features_fn(self) -> Any:
+        return self.model.get_video_features  # the outer model fills the config's defaults
+
+    def encode_videos(
+        self, features: list[dict[str, Any]], rows: Sequence[int]
+    ) -> list[CachedEmbedding]:
+        """Every item's frames in one batch; an item asking for one row more than its frames
+        give (a whole video, or its last frame group) ends with the newline."""
+        frames = [f["pixel_values_videos"] for f in features]
+        out = self.video_features_fn(pixel_values_videos=torch.cat(frames, dim=1))
+        pooled = out.pooler_output[0]
+        per_frame = self.video_group_rows({}, None)
+        newline, start = pooled[-1:], 0
+        entries = []
+        for count, want in zip((f.shape[1] for f in frames), rows):
+            part = pooled[start : start + count * per_frame]
+            start += count * per_frame
+            if want == part.shape[0] + 1:
+                part = torch.cat([part, newline])
+            entries.append(CachedEmbedding(part, []))
+        return entries
 
 
 class Gemma4Adapter(ModelAdapter):

@@ -1,0 +1,618 @@
+"""Video for GLM-4.1V, LLaVA-OneVision and InternVL: greedy outputs equal HF ``generate`` given
+the same video pixels (float32), for the whole prompt, chunks that cut through the video (and
+its frame groups), a cached prefix, a batch with an image request and a second turn that
+encodes nothing; a deliberate error (two frame groups' cached embeddings swapped, or the
+video's frames reversed where the video is one item) breaks the equality. Placeholder text is
+checked against HF's ``replace_video_token`` and positions against ``get_rope_index`` (through
+``generate``); preprocessing against HF's video processor where torchvision imports, and
+without it against the family's own transform applied per frame."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from conftest import hf_greedy, make_image, model_dir
+from transformers.video_utils import VideoMetadata
+
+import sglang
+from sglang.srt.multimodal.embedder import EncoderStats
+from sglang.srt.multimodal.hf_processor import load_hf_processor
+from sglang.srt.multimodal.items import frame_groups
+from sglang.srt.multimodal.video_io import load_video
+from sglang.srt.multimodal.video_preprocess import VideoSettings, preprocess_frames
+
+MAX_NEW = 6
+GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
+HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
+
+
+@dataclass(frozen=True)
+class Spec:
+    video: str  # what a prompt writes for a video
+    image: str  # ... and for an image
+    turn: str  # a user turn and the assistant's start, with {} for the content
+    end: str  # what closes an assistant answer
+    groups: int  # cache entries of the test clip (frame groups, or 1 for a whole video)
+    rows: int  # embedding rows of the test clip
+
+
+SPECS = {
+    "glm4v": Spec(
+        "<|begin_of_video|><|video|><|end_of_video|>",
+        "<|begin_of_image|><|image|><|end_of_image|>",
+        "<|user|>\n{}<|assistant|>\n",
+        "",
+        4,
+        16,
+    ),
+    # one pooled row per 28x28 frame (2x2 patches), one cache entry per frame, the newline
+    "llava_onevision": Spec(
+        "<video>\n",
+        "<image>\n",
+        "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_end|>\n",
+        7,
+        8,
+    ),
+    # four rows per 56x56 frame tile, one cache entry per frame
+    "internvl": Spec(
+        "<video>\n",
+        "<IMG_CONTEXT>\n",
+        "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_end|>\n",
+        7,
+        28,
+    ),
+}
+FAMILIES = tuple(SPECS)
+GLM_START = "[gMASK]<sop>"
+
+
+def prompt_of(family: str, *turns: str, answers: tuple[str, ...] = ()) -> str:
+    spec = SPECS[family]
+    head = GLM_START if family == "glm4v" else ""
+    text = ""
+    for i, turn in enumerate(turns):
+        text += spec.turn.format(turn)
+        if i < len(answers):
+            text += answers[i] + spec.end
+    return head + text
+
+
+def video_prompt(family: str) -> str:
+    return prompt_of(family, SPECS[family].video + "What happens in the clip?")
+
+
+def clip(seed: int, frames: int = 7, height: int = 50, width: int = 70) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (frames, height, width, 3), np.uint8)
+
+
+@functools.cache
+def _engine(family: str) -> sglang.Engine:
+    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=-1)
+
+
+@functools.cache
+def _hf_model(family: str):
+    model = transformers.AutoModelForImageTextToText.from_pretrained(
+        model_dir(family), dtype=torch.float32, attn_implementation="sdpa"
+    )
+    return model.eval()
+
+
+def _settings(family: str) -> VideoSettings:
+    return VideoSettings.from_model_dir(model_dir(family))
+
+
+def _hf_inputs(
+    family: str, prompt: str, frames: np.ndarray, images: tuple = ()
+) -> dict[str, torch.Tensor]:
+    """HF's model inputs for ``prompt`` with one video of already sampled ``frames`` (and
+    ``images`` before it, expanded by HF's processor): the video placeholder expanded by HF's
+    own ``replace_video_token`` (its video processor stood in for by the settings it reads),
+    the video's pixels from ``preprocess_frames`` (checked against HF's video processor in the
+    preprocessing tests)."""
+    settings = _settings(family)
+    video = load_video(frames, settings)
+    features = preprocess_frames(video.frames, settings)
+    processor = load_hf_processor(model_dir(family))
+    processor.video_processor = SimpleNamespace(merge_size=settings.merge_size)
+    inputs: dict = {k: torch.from_numpy(v) for k, v in features.items()}
+    if family == "glm4v":
+        metadata = VideoMetadata(
+            total_num_frames=len(frames), fps=settings.fps, frames_indices=list(range(len(frames)))
+        )
+        inputs["video_metadata"] = [metadata]
+    tokenizer = processor.tokenizer
+    # HF's processor expands the images before the video; the rest is tokenized on its own
+    # (the video placeholder sits between special tokens or after a word: the same tokens)
+    before, after = prompt.split(processor.video_token)
+    out: dict = {}
+    if images:
+        out = dict(processor(text=[before], images=[list(images)], return_tensors="pt"))
+        ids = out.pop("input_ids")[0].tolist()
+        for key in ("attention_mask", "mm_token_type_ids", "token_type_ids"):
+            out.pop(key, None)
+    else:
+        ids = tokenizer(before)["input_ids"]
+    replacement = processor.replace_video_token(inputs, 0)
+    ids += tokenizer(replacement + after, add_special_tokens=False)["input_ids"]
+    out["input_ids"] = torch.tensor([ids])
+    out.update({k: v for k, v in inputs.items() if k != "video_metadata"})
+    if family == "glm4v":
+        out["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids([ids]))
+    if family == "internvl":  # InternVL's processor hands video frames over as image tiles
+        tiles = [out["pixel_values"]] if images else []
+        out["pixel_values"] = torch.cat([*tiles, out.pop("pixel_values_videos")[0]])
+    return out
+
+
+def hf_video_greedy(family: str, prompt: str, frames: np.ndarray, images: tuple = ()) -> tuple:
+    """(HF greedy output ids, their log-probs, prompt ids)."""
+    inputs = _hf_inputs(family, prompt, frames, images)
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        out = _hf_model(family).generate(
+            **inputs,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    new = out.sequences[0, ids.shape[1] :].tolist()
+    logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.logits, new)]
+    return new, logprobs, ids[0].tolist()
+
+
+@functools.cache
+def _ref(family: str, prompt: str, seed: int) -> tuple:
+    return hf_video_greedy(family, prompt, clip(seed))
+
+
+def _matches(out: dict, ref: tuple) -> bool:
+    got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    return out["output_ids"] == ref[0] and np.allclose(got, ref[1], atol=2e-4, rtol=0)
+
+
+def _reset(engine: sglang.Engine, chunk: int) -> None:
+    engine.scheduler.chunk_size = None if chunk == -1 else chunk
+    assert engine.scheduler.flush_cache()
+    engine.scheduler.runner.embedder.stats = EncoderStats()
+
+
+def _generate(engine: sglang.Engine, prompt: str, **kwargs) -> dict:
+    return engine.generate(prompt, GREEDY, return_logprob=True, **kwargs)
+
+
+def _stats(engine: sglang.Engine) -> EncoderStats:
+    return engine.scheduler.runner.embedder.stats
+
+
+def _separable(engine: sglang.Engine) -> bool:
+    return engine.scheduler.runner.adapter.separable_video_groups
+
+
+# Preprocessing -------------------------------------------------------------------------------
+@pytest.mark.skipif(not HAS_TORCHVISION, reason="HF's video processor needs torchvision")
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", [(4, 50, 70), (7, 120, 90)])
+def test_preprocess_equals_hf_video_processor(family: str, shape) -> None:
+    from transformers import AutoVideoProcessor
+
+    hf = AutoVideoProcessor.from_pretrained(model_dir(family), do_sample_frames=False)
+    frames = clip(sum(shape), *shape)
+    want = hf(videos=[frames], return_tensors="np")
+    got = preprocess_frames(load_video(frames, _settings(family)).frames, _settings(family))
+    for key, value in got.items():
+        np.testing.assert_array_equal(value, want[key])
+
+
+def test_glm4v_preprocess_is_qwen3_transform() -> None:
+    """GLM-4.1V's video processor is Qwen3-VL's transform (its ``smart_resize`` on frames x
+    height x width, the same patch layout) with GLM's own settings: equal to HF's GLM image
+    processor on a two-frame group where the image rule agrees (one 56x56 frame group)."""
+    from transformers.models.glm4v.video_processing_glm4v import smart_resize
+
+    settings = _settings("glm4v")
+    for frames, height, width in [(7, 50, 70), (2, 30, 200), (40, 90, 60)]:
+        want = smart_resize(
+            frames,
+            height,
+            width,
+            temporal_factor=2,
+            factor=settings.factor,
+            min_pixels=settings.min_pixels,
+            max_pixels=settings.max_pixels,
+        )
+        video = load_video(clip(1, frames, height, width), settings)
+        assert video.frames.shape[1:3] == want
+    # Two identical frames: HF's image processor tiles one image the same way
+    image = clip(5, 1, 56, 56)
+    pair = np.repeat(image, 2, axis=0)
+    processor = load_hf_processor(model_dir("glm4v"))
+    want = processor.image_processor(
+        images=[image[0]],
+        return_tensors="np",
+        size={"shortest_edge": 56 * 56, "longest_edge": 2 * 56 * 56},
+    )
+    got = preprocess_frames(pair, settings)
+    np.testing.assert_array_equal(got["video_grid_thw"], want["image_grid_thw"])
+    np.testing.assert_allclose(got["pixel_values_videos"], want["pixel_values"], atol=1e-6)
+
+
+FIXED_SIZE = ("llava_onevision", "internvl")
+
+
+@pytest.mark.parametrize("family", [f for f in FIXED_SIZE if f in SPECS])
+@pytest.mark.parametrize("size", [(28, 28), (50, 70)])
+def test_frames_equal_the_image_transform_per_frame(family: str, size) -> None:
+    """HF's video processor for these families is its base transform applied to every frame
+    (resize to one fixed size, rescale, normalise): the family's image processor's own resize,
+    rescale and normalise per frame give the same pixels. Equal up to float rounding where no
+    resize happens; PIL's bicubic (the image processor) and torchvision's (the video
+    processor, reproduced here) differ by at most a few uint8 steps where one does."""
+    from transformers.image_processing_utils import SizeDict
+
+    settings = _settings(family)
+    image_processor = load_hf_processor(model_dir(family)).image_processor
+    frames = clip(7, 5, *size)
+    got = preprocess_frames(load_video(frames, settings).frames, settings)
+    got = got["pixel_values_videos"][0]
+    target = SizeDict(height=settings.height, width=settings.width)
+    want = []
+    for frame in frames:
+        chw = frame.transpose(2, 0, 1)
+        chw = image_processor.resize(chw, target, resample=settings.resample)
+        chw = image_processor.rescale(chw, settings.rescale_factor)
+        want.append(image_processor.normalize(chw, settings.image_mean, settings.image_std))
+    want = np.stack(want)
+    assert got.shape == want.shape == (5, 3, settings.height, settings.width)
+    step = settings.rescale_factor / min(settings.image_std)  # one uint8 step, normalised
+    if size == (settings.height, settings.width):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    else:
+        assert np.abs(got - want).max() <= 4 * step
+        assert np.abs(got - want).mean() <= 0.5 * step
+
+
+def test_glm4v_sampling_rule() -> None:
+    """``Glm4vVideoProcessor.sample_frames``: ``fps`` frames a second at ``ceil(i * native /
+    fps)``, an even count (last repeated); past ``max_duration`` spread by linspace."""
+    from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
+
+    from sglang.srt.multimodal.video_preprocess import sample_indices
+
+    settings = _settings("glm4v")
+    for total, fps in [(300, 30.0), (25, 10.0), (7, 24.0), (9000, 25.0), (100, 2.0)]:
+        metadata = VideoMetadata(total_num_frames=total, fps=fps, duration=total / fps)
+        want = Glm4vVideoProcessor.sample_frames(SimpleNamespace(fps=2, max_duration=300), metadata)
+        np.testing.assert_array_equal(sample_indices(total, fps, settings), want)
+
+
+def test_uniform_sampling_rules() -> None:
+    """LLaVA-OneVision: HF's ``default_sample_indices_fn`` (``arange(n) * total // n``);
+    InternVL: its ``sample_frames`` (``arange(total / n / 2, total, total / n)``; its module
+    imports torchvision, so its formula stands in where that is missing); ``num_frames`` else
+    ``fps``, at most every frame (HF refuses more)."""
+    from transformers.video_utils import default_sample_indices_fn
+
+    def internvl_indices(metadata: VideoMetadata, count: int) -> np.ndarray:
+        if HAS_TORCHVISION:
+            from transformers.models.internvl.video_processing_internvl import (
+                InternVLVideoProcessor,
+            )
+
+            shim = SimpleNamespace(num_frames=count, initial_shift=True)
+            return InternVLVideoProcessor.sample_frames(shim, metadata).numpy()
+        total = metadata.total_num_frames
+        return torch.arange(total / count / 2, total, total / count).int().numpy()
+
+    from sglang.srt.multimodal.video_preprocess import sample_indices
+
+    llava, internvl = _settings("llava_onevision"), _settings("internvl")
+    assert (llava.rule, llava.num_frames, internvl.rule, internvl.num_frames) == (
+        "llava_onevision",
+        32,
+        "internvl",
+        8,
+    )
+    for total, fps in [(300, 30.0), (33, 10.0), (9, 24.0), (1000, 25.0)]:
+        metadata = VideoMetadata(total_num_frames=total, fps=fps)
+        for count in (llava.num_frames, 8, 5):
+            if count > total:
+                continue
+            s = VideoSettings(rule="llava_onevision", num_frames=count)
+            want = default_sample_indices_fn(metadata, num_frames=count)
+            np.testing.assert_array_equal(sample_indices(total, fps, s), want)
+            s = VideoSettings(rule="internvl", num_frames=count)
+            want = internvl_indices(metadata, count)
+            np.testing.assert_array_equal(sample_indices(total, fps, s), want)
+        s = VideoSettings(rule="llava_onevision", fps=1.0)
+        want = default_sample_indices_fn(metadata, fps=1.0)
+        np.testing.assert_array_equal(sample_indices(total, fps, s), want)
+    assert len(sample_indices(5, 30.0, llava)) == 5  # 32 asked, 5 there
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_group_encoding_equals_whole(family: str) -> None:
+    """Where the adapter declares frame groups separable, the tower's output for a group alone
+    equals its rows of the whole video."""
+    engine = _engine(family)
+    if not _separable(engine):
+        pytest.skip("the video is one item")
+    runner = engine.scheduler.runner
+    settings = runner.embedder.preprocess.video_settings
+    video = load_video(clip(3, 8, 60, 60), settings)
+    (tokenized,), _ = engine.tokenize(video_prompt(family), GREEDY, None, None, None, video)
+    item = tokenized.mm_items[0]
+    groups = frame_groups(item, settings.frames_per_group)
+
+    def encode(frames: np.ndarray, rows: int) -> torch.Tensor:
+        features = {k: torch.from_numpy(v) for k, v in preprocess_frames(frames, settings).items()}
+        return runner.adapter.encode_videos([features], [rows])[0].embedding
+
+    full = encode(video.frames, item.num_tokens)
+    row = 0
+    for group in groups:
+        one = encode(group.source, group.num_tokens)
+        torch.testing.assert_close(one, full[row : row + group.num_tokens], atol=1e-5, rtol=0)
+        row += group.num_tokens
+    assert row == item.num_tokens
+
+
+# Parity with HF ------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_whole_prompt_matches_hf(family: str) -> None:
+    engine = _engine(family)
+    _reset(engine, -1)
+    prompt = video_prompt(family)
+    ref = _ref(family, prompt, 1)
+    (tokenized,), _ = engine.tokenize(prompt, GREEDY, None, None, None, clip(1))
+    assert tokenized.input_ids == ref[2], "video placeholder expansion differs from HF's"
+    assert tokenized.mm_items[0].num_tokens == SPECS[family].rows
+    out = _generate(engine, prompt, video_data=clip(1))
+    assert _matches(out, ref)
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("chunk", [5, 16])
+def test_chunks_through_the_video_match_hf(family: str, chunk: int) -> None:
+    """Chunks that end inside the video (and inside frame groups): every row is encoded once,
+    one cache entry per frame group (or per video)."""
+    engine = _engine(family)
+    _reset(engine, chunk)
+    prompt = video_prompt(family)
+    out = _generate(engine, prompt, video_data=clip(1))
+    assert _matches(out, _ref(family, prompt, 1))
+    spec = SPECS[family]
+    assert _stats(engine).encoded_tokens == spec.rows
+    assert len(engine.scheduler.runner.embedder.cache) == spec.groups
+    if spec.groups > 1 and chunk == 5:
+        assert _stats(engine).encoder_calls >= 3  # groups encoded as chunks reach them
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_whole_video_mode_matches_hf(family: str) -> None:
+    """``--mm-video-cache whole``: one entry per video (LLaVA-OneVision's newline included),
+    encoded at once by the first chunk that touches it."""
+    engine = sglang.Engine(
+        model_path=model_dir(family), chunked_prefill_size=5, mm_video_cache="whole"
+    )
+    prompt = video_prompt(family)
+    assert _matches(_generate(engine, prompt, video_data=clip(1)), _ref(family, prompt, 1))
+    rows = SPECS[family].rows
+    stats = _stats(engine)
+    assert (stats.encoder_calls, stats.encoded_tokens, stats.max_call_tokens) == (1, rows, rows)
+    assert len(engine.scheduler.runner.embedder.cache) == 1
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_prefix_matches_hf(family: str) -> None:
+    engine = _engine(family)
+    _reset(engine, 16)
+    prompt = video_prompt(family)
+    ref = _ref(family, prompt, 2)
+    first = _generate(engine, prompt, video_data=clip(2))
+    encoded = _stats(engine).encoded_tokens
+    second = _generate(engine, prompt, video_data=clip(2))
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] > SPECS[family].rows
+    assert _matches(first, ref) and _matches(second, ref)
+    assert _stats(engine).encoded_tokens == encoded
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_with_image_request_matches_hf(family: str) -> None:
+    engine = _engine(family)
+    _reset(engine, 16)
+    prompt = video_prompt(family)
+    image_prompt = prompt_of(family, SPECS[family].image + "Describe the picture.")
+    image = make_image(5, 64, 48)
+    outs = engine.generate(
+        [prompt, image_prompt],
+        GREEDY,
+        image_data=[[], [image]],
+        video_data=[[clip(3)], []],
+        return_logprob=True,
+    )
+    assert _matches(outs[0], _ref(family, prompt, 3))
+    assert _matches(outs[1], hf_greedy(family, image_prompt, [image], MAX_NEW))
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("chunk", [-1, 7])
+def test_image_and_video_in_one_prompt_match_hf(family: str, chunk: int) -> None:
+    """An image, then a video, in one prompt: each owns its own rows (GLM-4.1V and InternVL
+    write both with the image token; InternVL's pixels are the image's tiles then the
+    frames)."""
+    if family == "glm4v":
+        pytest.skip(
+            "HF's Glm4vModel.get_placeholder_mask takes every image token as both an image and "
+            "a video row: HF cannot run both in one prompt (spans: test_glm4v_image_and_video_*)"
+        )
+    engine = _engine(family)
+    _reset(engine, chunk)
+    spec = SPECS[family]
+    prompt = prompt_of(family, spec.image + "and" + spec.video + "What changed?")
+    image = make_image(6, 64, 48)
+    ref = hf_video_greedy(family, prompt, clip(5), (image,))
+    (tokenized,), _ = engine.tokenize(prompt, GREEDY, None, [image], None, clip(5))
+    assert tokenized.input_ids == ref[2]
+    assert [item.modality for item in tokenized.mm_items] == ["image", "video"]
+    out = _generate(engine, prompt, image_data=[image], video_data=clip(5))
+    assert _matches(out, ref)
+    engine.scheduler.check_integrity()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_second_turn_encodes_nothing(family: str) -> None:
+    engine = _engine(family)
+    _reset(engine, 16)
+    content = SPECS[family].video + "What happens in the clip?"
+    prompt = prompt_of(family, content)
+    first = _generate(engine, prompt, video_data=clip(4))
+    assert _matches(first, _ref(family, prompt, 4))
+    stats = _stats(engine)
+    calls, tokens = stats.encoder_calls, stats.encoded_tokens
+    turn2 = prompt_of(family, content, "And then?", answers=(first["text"],))
+    second = _generate(engine, turn2, video_data=clip(4))
+    assert _matches(second, _ref(family, turn2, 4))
+    assert (stats.encoder_calls, stats.encoded_tokens) == (calls, tokens)
+    assert second["meta_info"]["cached_tokens"] > SPECS[family].rows
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_deliberate_error_breaks_parity(family: str) -> None:
+    """The cached embeddings of frame groups 0 and 1 trade places (where the video is one
+    item: its first and last rows do); the parity check then fails."""
+    engine = _engine(family)
+    _reset(engine, -1)
+    prompt = video_prompt(family)
+    ref = _ref(family, prompt, 1)
+    assert _matches(_generate(engine, prompt, video_data=clip(1)), ref)
+    (tokenized,), _ = engine.tokenize(prompt, GREEDY, None, None, None, clip(1))
+    item = tokenized.mm_items[0]
+    cache = engine.scheduler.runner.embedder.cache
+    entries = cache._entries
+    if _separable(engine):
+        g0, g1 = frame_groups(item, _settings(family).frames_per_group)[:2]
+        entries[g0.hash], entries[g1.hash] = entries[g1.hash], entries[g0.hash]
+    else:
+        rows = entries[item.hash].embedding
+        rows[[0, -2]] = rows[[-2, 0]]
+    scheduler = engine.scheduler
+    scheduler.kv_pool.free(scheduler.tree.held_slots())
+    scheduler.tree.reset()  # the prompt's KV goes, the altered embeddings stay
+    assert not _matches(_generate(engine, prompt, video_data=clip(1)), ref)
+    assert engine.scheduler.flush_cache()
+
+
+def test_glm4v_encoded_clip_writes_whole_seconds() -> None:
+    """An encoded 3 s clip at 10 fps: GLM samples 2 frames a second (stream frames 0, 5, ...,
+    25); each frame group is followed by the whole second of its first frame."""
+    from sglang.testing.video_clips import encode_clip, random_frames
+
+    engine = _engine("glm4v")
+    data = encode_clip(random_frames(0, 30, 64, 64), fps=10.0)
+    (tokenized,), _ = engine.tokenize(video_prompt("glm4v"), GREEDY, None, None, None, data)
+    text = engine.scheduler.runner.tokenizer.decode(tokenized.input_ids)
+    assert [text.count(f"<|end_of_image|>{s}<|begin") for s in (0, 1)] == [1, 1]
+    assert "<|end_of_image|>2<|end_of_video|>" in text
+    assert tokenized.mm_items[0].layout["video_grid_thw"][0][0] == 3
+
+
+def test_glm4v_image_and_video_share_the_image_token() -> None:
+    """GLM writes video frames with ``<|image|>``: in a prompt with an image before and after
+    a video, each item owns its own image tokens (HF's token types: 2 inside the video)."""
+    engine = _engine("glm4v")
+    spec = SPECS["glm4v"]
+    prompt = prompt_of("glm4v", spec.image + spec.video + "and" + spec.image)
+    images = [make_image(1, 56, 56), make_image(2, 56, 56)]
+    (tokenized,), _ = engine.tokenize(prompt, GREEDY, None, images, None, clip(1))
+    kinds = [item.modality for item in tokenized.mm_items]
+    assert kinds == ["image", "video", "image"]
+    ids = np.asarray(tokenized.input_ids)
+    types = engine.scheduler.runner.adapter.mm_token_types(ids)
+    for item in tokenized.mm_items:
+        for start, end in item.spans:
+            assert set(types[start:end]) == {2 if item.modality == "video" else 1}
+    assert sum(item.num_tokens for item in tokenized.mm_items) == int((types > 0).sum())
+
+
+@pytest.mark.parametrize("family", [f for f in FIXED_SIZE if f in SPECS])
+def test_encoded_clip_keeps_num_frames(family: str) -> None:
+    """An encoded 3 s clip at 10 fps: InternVL keeps its 8 frames (``Frame1:`` ..
+    ``Frame8:``), LLaVA-OneVision every one of the 30 (32 asked)."""
+    from sglang.testing.video_clips import encode_clip, random_frames
+
+    engine = _engine(family)
+    data = encode_clip(random_frames(0, 30, 64, 64), fps=10.0)
+    (tokenized,), _ = engine.tokenize(video_prompt(family), GREEDY, None, None, None, data)
+    item = tokenized.mm_items[0]
+    kept = 8 if family == "internvl" else 30
+    assert item.layout["pixel_values_videos"][1] == kept
+    if family == "internvl":
+        text = engine.scheduler.runner.tokenizer.decode(tokenized.input_ids)
+        assert "Frame8: <img>" in text and "Frame9" not in text
+    assert item.num_tokens == SPECS[family].rows // 7 * kept + (family == "llava_onevision")
+
+
+@pytest.mark.parametrize(
+    "family, options, kept",
+    [
+        ("internvl", {"num_frames": 4}, 4),
+        ("internvl", {"fps": 5.0}, 15),  # fps replaces the default frame count
+        ("internvl", {"fps": 5.0, "max_frames": 6}, 6),
+        ("llava_onevision", {"num_frames": 12}, 12),
+        ("glm4v", {"fps": 1.0}, 4),  # seconds 0, 1, 2; the last repeated to an even count
+    ],
+)
+def test_request_sampling_options(family: str, options: dict, kept: int) -> None:
+    """``mm_processor_kwargs`` per request, by the family's sampling rule (3 s at 10 fps)."""
+    from sglang.testing.video_clips import encode_clip, random_frames
+
+    engine = _engine(family)
+    data = encode_clip(random_frames(0, 30, 64, 64), fps=10.0)
+    (tokenized,), _ = engine.tokenize(
+        video_prompt(family), GREEDY, None, None, None, data, mm_processor_kwargs=options
+    )
+    layout = tokenized.mm_items[0].layout
+    frames = layout["video_grid_thw"][0][0] * 2 if family == "glm4v" else None
+    assert (frames or layout["pixel_values_videos"][1]) == kept
+    if family == "glm4v":
+        with pytest.raises(ValueError, match="takes fps"):
+            engine.tokenize(video_prompt(family), GREEDY, None, None, None, data, {"max_frames": 4})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chat_video_part_renders_the_family_placeholder(family: str) -> None:
+    """An OpenAI ``video_url`` part goes through the model's chat template to the family's
+    video placeholder, and its options to the video's sampling."""
+    from sglang.srt.entrypoints.http_server import _render_chat
+    from sglang.srt.entrypoints.protocol import ChatCompletionRequest
+    from sglang.srt.server_args import ServerArgs
+
+    engine = _engine(family)
+    part = {"type": "video_url", "video_url": {"url": "clip.mp4", "fps": 1.0}}
+    content = [part, {"type": "text", "text": "What happens?"}]
+    body = ChatCompletionRequest(
+        messages=[{"role": "user", "content": content}], mm_processor_kwargs={"fps": 2.0}
+    )
+    manager = SimpleNamespace(tokenizer=engine.tokenizer)
+    prompt, images, videos, options = _render_chat(manager, body, ServerArgs())
+    assert SPECS[family].video in prompt and (images, videos) == ([], ["clip.mp4"])
+    assert options == [{"fps": 1.0}]
+    (tokenized,), _ = engine.tokenize(prompt, GREEDY, None, None, None, clip(1))
+    assert [item.modality for item in tokenized.mm_items] == ["video"]
