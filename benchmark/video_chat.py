@@ -14,22 +14,30 @@ resident memory over each encoder call above its resident memory before the call
 VmHWM reset through ``/proc/self/clear_refs``; malloc's mmap threshold is pinned so that freed
 tensors leave the resident set).
 
+(c) With ``--served ours,vllm``: chat (a) over HTTP (OpenAI chat, the clip re-sent as a
+``video_url`` data URL with every turn, as a client does), against our server and vLLM CPU
+(``bash benchmark/peers/setup_peers.sh vllm``); TTFT per round as the streaming client sees it.
+Each engine samples the clip its own way (prompt tokens are reported).
+
     python -m benchmark.video_chat --quick
     python -m benchmark.video_chat --rounds 8 --lengths 30,60,120,240
+    python -m benchmark.video_chat --served ours,vllm --skip-offline
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 from tqdm import tqdm
 
-from benchmark.common import markdown_table, pyplot, write_json
-from benchmark.memory import cpu_info, cpu_line
+from benchmark.common import chat, cpu_info, cpu_line, markdown_table, pyplot, write_json
+from benchmark.servers import launch
 from sglang.testing.tiny_models import tiny_model_path
 from sglang.testing.video_clips import encode_clip, random_frames
 
@@ -179,6 +187,34 @@ def run_long(model_path: str, lengths: list[float], chunk: int, bar: tqdm) -> li
     return rows
 
 
+def run_served(
+    engines: list[str], model_path: str, rounds: int, seconds: float, bar: tqdm
+) -> list[dict]:
+    """Chat (a) over HTTP against each engine: TTFT per round as the client sees it."""
+    url = "data:video/mp4;base64," + base64.b64encode(make_clip(seconds)).decode()
+    rows = []
+    for engine in engines:
+        with launch(engine, model_path) as server, httpx.Client(timeout=3600) as client:
+            messages: list[dict[str, Any]] = []
+            for r in range(rounds):
+                question = {"type": "text", "text": QUESTIONS[r % len(QUESTIONS)]}
+                if r == 0:
+                    video = {"type": "video_url", "video_url": {"url": url}}
+                    messages.append({"role": "user", "content": [video, question]})
+                else:
+                    messages.append({"role": "user", "content": [question]})
+                res = chat(client, server.base_url, server.model, messages, 8)
+                if not res.ok:
+                    raise RuntimeError(f"{engine} round {r + 1}: {res.error}")
+                messages.append({"role": "assistant", "content": res.text})
+                rows.append(
+                    {"engine": engine, "round": r + 1, "ttft_ms": res.ttft * 1e3,
+                     "prompt_tokens": res.prompt_tokens, "cached_tokens": res.cached_tokens}
+                )  # fmt: skip
+                bar.update(1)
+    return rows
+
+
 def markdown(result: dict[str, Any]) -> str:
     chat = result["chat"]
     head = ["round", "TTFT ms", "prompt tokens", "cached", "encoder calls", "encoded tokens",
@@ -189,22 +225,40 @@ def markdown(result: dict[str, Any]) -> str:
                  "max tokens per call", "encoder peak MiB"]  # fmt: skip
     long_rows = [[r["mode"], r["clip_s"], r["prompt_tokens"], r["ttft_ms"], r["encoder_calls"],
                   r["max_call_tokens"], r["encoder_peak_mib"]] for r in result["long"]]  # fmt: skip
-    return (
-        f"{result['cpu_line']}\n\n## (a) multi-turn chat about one clip\n\n"
-        + markdown_table(head, rows)
-        + "\n\n## (b) long clips, chunked prefill\n\n"
-        + markdown_table(long_head, long_rows)
-        + "\n"
-    )
+    text = f"{result['cpu_line']}\n\n"
+    if chat:
+        text += "## (a) multi-turn chat about one clip\n\n" + markdown_table(head, rows) + "\n\n"
+    if result["long"]:
+        text += "## (b) long clips, chunked prefill\n\n" + markdown_table(long_head, long_rows)
+        text += "\n\n"
+    served = result.get("served") or []
+    if served:
+        engines = list(dict.fromkeys(r["engine"] for r in served))
+        by_round: dict[int, dict[str, dict]] = {}
+        for r in served:
+            by_round.setdefault(r["round"], {})[r["engine"]] = r
+        served_head = ["round", *(f"{e} TTFT ms" for e in engines),
+                       *(f"{e} prompt tokens" for e in engines)]  # fmt: skip
+        served_rows = [
+            [n, *(by_round[n].get(e, {}).get("ttft_ms") for e in engines),
+             *(by_round[n].get(e, {}).get("prompt_tokens") for e in engines)]
+            for n in sorted(by_round)
+        ]  # fmt: skip
+        text += "## (c) the chat over HTTP, side by side\n\n"
+        text += markdown_table(served_head, served_rows) + "\n"
+        for error in result.get("served_errors", []):
+            text += f"\n{error}\n"
+    return text
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
-    chat = result["chat"]
+    chat = result["chat"] or result["served"]
     rounds = [r["round"] for r in chat]
     ax1.plot(rounds, [r["ttft_ms"] for r in chat], marker="o", label="TTFT ms")
-    ax1.bar(rounds, [r["encoder_ms"] for r in chat], alpha=0.5, label="encoder ms")
+    if result["chat"]:
+        ax1.bar(rounds, [r["encoder_ms"] for r in chat], alpha=0.5, label="encoder ms")
     ax1.set_xlabel("round")
     ax1.set_title("(a) multi-turn video chat", fontsize=9)
     ax1.legend(fontsize=7)
@@ -233,6 +287,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--model-path", help="default: the embedded small Qwen2.5-VL")
     p.add_argument("--out", help="default: benchmark/results/video_chat_<preset>")
     p.add_argument(
+        "--served", default="", help="(c): engines to chat with over HTTP, e.g. ours,vllm"
+    )
+    p.add_argument("--skip-offline", action="store_true", help="run (c) only")
+    p.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -252,9 +310,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _pin_mmap_threshold()
     cpu = cpu_info()
     print(cpu_line(cpu))
-    with tqdm(total=rounds + 2 * len(lengths), desc="video_chat") as bar:
-        chat = run_chat(model_path, rounds, args.chat_seconds or preset["chat_seconds"], chunk, bar)
-        long = run_long(model_path, lengths, chunk, bar)
+    served_engines = [e for e in args.served.split(",") if e]
+    offline = 0 if args.skip_offline else rounds + 2 * len(lengths)
+    seconds = args.chat_seconds or preset["chat_seconds"]
+    served, served_errors = [], []
+    with tqdm(total=offline + rounds * len(served_engines), desc="video_chat") as bar:
+        chat = [] if args.skip_offline else run_chat(model_path, rounds, seconds, chunk, bar)
+        long = [] if args.skip_offline else run_long(model_path, lengths, chunk, bar)
+        for engine in served_engines:
+            try:
+                served += run_served([engine], model_path, rounds, seconds, bar)
+            except (RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:
+                if engine == "ours":
+                    raise
+                served_errors.append(f"{engine} failed: {type(exc).__name__}: {exc}"[-1500:])
     result = {
         "benchmark": "video_chat",
         "cpu": cpu,
@@ -264,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "clip_size": list(CLIP_SIZE), "model_path": model_path},
         "chat": chat,
         "long": long,
+        "served": served,
+        "served_errors": served_errors,
     }  # fmt: skip
     out = Path(args.out or f"benchmark/results/video_chat_{name}")
     write_json(out.with_suffix(".json"), result)
