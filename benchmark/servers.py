@@ -92,7 +92,10 @@ def our_command(
     return cmd + list(extra or [])
 
 
-def vllm_command(model_path: str, port: int, max_len: int, dtype: str) -> list[str]:
+def vllm_command(
+    model_path: str, port: int, max_len: int, dtype: str, videos: int = 0
+) -> list[str]:
+    limits = json.dumps({"image": 64, "video": videos})
     return [
         str(peer_python("vllm")),
         *("-m", "vllm.entrypoints.openai.api_server", "--model", model_path),
@@ -100,7 +103,7 @@ def vllm_command(model_path: str, port: int, max_len: int, dtype: str) -> list[s
         *("--max-model-len", str(max_len), "--enable-prompt-tokens-details"),
         *("--gpu-memory-utilization", os.environ.get("VLLM_CPU_MEM_FRACTION", "0.3")),
         # Profiling with a worst-case video (the default) takes tens of minutes on a CPU.
-        *("--skip-mm-profiling", "--limit-mm-per-prompt", '{"image": 64, "video": 0}'),
+        *("--skip-mm-profiling", "--limit-mm-per-prompt", limits),
     ]
 
 
@@ -122,6 +125,7 @@ def launch(
     timeout: float = 600,
     log_dir: str | Path | None = None,
     dtype: str = "float32",
+    videos: int = 0,
 ) -> Iterator[Server]:
     """Start ``engine`` on a free port; yield a ``Server`` once ``/health`` answers. ``extra``
     flags go to our server only; ``dtype`` to every engine."""
@@ -134,7 +138,8 @@ def launch(
     elif engine == "vllm":
         assert model_path, "vLLM needs --model-path"
         max_len = max_len or _context_length(model_path)
-        cmd, model, label = vllm_command(model_path, port, max_len, dtype), model_path, "vllm"
+        cmd = vllm_command(model_path, port, max_len, dtype, videos)
+        model, label = model_path, "vllm"
         env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_KV_GB", "4"))
     elif engine == "hf":
         assert model_path, "transformers serve needs --model-path"

@@ -194,7 +194,7 @@ def run_served(
     url = "data:video/mp4;base64," + base64.b64encode(make_clip(seconds)).decode()
     rows = []
     for engine in engines:
-        with launch(engine, model_path) as server, httpx.Client(timeout=3600) as client:
+        with launch(engine, model_path, videos=1) as server, httpx.Client(timeout=3600) as client:
             messages: list[dict[str, Any]] = []
             for r in range(rounds):
                 question = {"type": "text", "text": QUESTIONS[r % len(QUESTIONS)]}
