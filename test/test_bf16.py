@@ -25,6 +25,7 @@ import transformers
 from conftest import (
     ALL_VLM_FAMILIES,
     HF_SKIPS_LOGITS_SCALING,
+    hf_inputs,
     load_hf_model,
     make_image,
     model_dir,
@@ -61,7 +62,7 @@ def _hf_logprobs(family: str, dtype: torch.dtype) -> torch.Tensor:
     """log P(token p | tokens < p) for p >= 1 of the two-image prompt, from HF in ``dtype``."""
     prompt, images = _prompt(family)
     processor = load_hf_processor(model_dir(family))
-    inputs = processor(text=[prompt], images=[images], return_tensors="pt")  # one sample
+    inputs = hf_inputs(processor, prompt, images)  # one sample
     inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
     model = _hf_model(family, dtype)
     with torch.no_grad():

@@ -1059,6 +1059,66 @@ def _recipe_paligemma(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre, None)
 
 
+# ShieldGemma 2 (google/shieldgemma-2-4b-it): Gemma 3 under its own model_type, an image and a
+# safety policy per prompt (its chat template), answered Yes / No --------------------------------
+_SHIELDGEMMA_HEAD = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
+_SHIELDGEMMA_TAIL = (
+    "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>",
+)  # fmt: skip
+_SHIELDGEMMA_ROLES = {
+    "pad_token": "<pad>",
+    "eos_token": "<eos>",
+    "bos_token": "<bos>",
+    "unk_token": "<unk>",
+    "mask_token": "<mask>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+    "image_token": "<image_soft_token>",
+}
+_SHIELDGEMMA_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<start_of_turn>' + role + '\\n' -}}"
+    "{%- if role == 'user' -%}{{- 'You are a policy expert trying to help determine whether a "
+    "generated or real image is in violation of the safety policy below.\\n\\n' -}}{%- endif -%}"
+    "{%- if message['content'] is string -%}{{- message['content'] | trim -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '<start_of_image>' -}}"
+    "{%- elif part['type'] == 'text' -%}"
+    "{{- '\\n\\n<BEGIN_SAFETY_POLICY>\\n' + part['text'] | trim + '\\n</END_SAFETY_POLICY>' -}}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{%- if role == 'user' -%}{{- '\\n\\nDoes the image violate the above policy? Your Answer "
+    "must start with \\'Yes\\' or \\'No\\'.' -}}{%- endif -%}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+
+
+def _recipe_shieldgemma2(tok: Any, vocab: int) -> _Recipe:
+    from transformers import ShieldGemma2Config
+
+    from sglang.testing.tiny_models import _recipe_gemma3
+
+    gemma3 = _recipe_gemma3(tok, vocab)
+    data = gemma3.config.to_dict()
+    keep = ("mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index")
+    config = ShieldGemma2Config(
+        text_config=data["text_config"],
+        vision_config=data["vision_config"],
+        initializer_range=0.02,
+        **{k: data[k] for k in keep},
+    )
+    pre = dict(gemma3.preprocessor, processor_class="ShieldGemma2Processor")
+    proc = {
+        "image_seq_length": 16,
+        "policy_definitions": {"dangerous": "No Dangerous Content: nothing harmful."},
+        "processor_class": "ShieldGemma2Processor",
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", gemma3.generation, pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1222,5 +1282,17 @@ FAMILIES: dict[str, Family] = {
         _recipe_paligemma,
         "<image>",
         "<image>",
+    ),
+    "shieldgemma2": Family(
+        _TokSpec(
+            _SHIELDGEMMA_HEAD,
+            _SHIELDGEMMA_TAIL,
+            _SHIELDGEMMA_ROLES,
+            _SHIELDGEMMA_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_shieldgemma2,
+        "<start_of_image>",
+        "<image_soft_token>",
     ),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -21,7 +22,7 @@ from sglang.srt.model_executor.linear_attention import install_pooled_linear_att
 from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.model_executor.quantization import apply_torchao_config, copy_out_of_checkpoint
 from sglang.srt.models import fast_vision
-from sglang.srt.models.adapters import get_adapter
+from sglang.srt.models.adapters import get_adapter, load_vlm
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.processor import ImagePreprocessor
@@ -114,12 +115,13 @@ class ModelRunner:
 
     def _load(self, model_path: str) -> torch.nn.Module:
         if self.is_multimodal:
-            cls = transformers.AutoModelForImageTextToText
+            load = functools.partial(load_vlm, config=self.config)
             attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "": "sdpa"}
         else:
-            cls, attn = transformers.AutoModelForCausalLM, ATTENTION_NAME
+            load = transformers.AutoModelForCausalLM.from_pretrained
+            attn = ATTENTION_NAME
         transformers.utils.logging.disable_progress_bar()
-        model = cls.from_pretrained(
+        model = load(
             model_path,
             dtype=self.dtype,
             attn_implementation=attn,

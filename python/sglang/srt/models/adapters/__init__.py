@@ -3,6 +3,7 @@ that tells at startup whether a model can be served."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -20,6 +21,7 @@ from sglang.srt.models.adapters.families import (
     PaliGemmaAdapter,
     PixtralAdapter,
     QwenVLAdapter,
+    ShieldGemma2Adapter,
     TiledAdapter,
 )
 
@@ -49,6 +51,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "ovis2": Ovis2Adapter,
     "gemma4": Gemma4Adapter,  # per-layer KV shapes and shared KV: mem_cache/kv_layout.py
     "paligemma": PaliGemmaAdapter,
+    "shieldgemma2": ShieldGemma2Adapter,
 }
 
 
@@ -84,6 +87,22 @@ def get_adapter(model: nn.Module | None, config: Any) -> ModelAdapter:
     except ValueError as exc:
         message = f"cannot serve model type {config.model_type!r}: {exc}"
         raise UnsupportedModelError(message) from None
+
+
+def load_vlm(model_path: str, config: Any, **kwargs: Any) -> nn.Module:
+    """The image-text-to-text model at ``model_path`` (``from_pretrained`` keyword arguments
+    passed on): AutoModelForImageTextToText's class, or the inner model of the class the
+    family's checkpoints are stored for (``checkpoint_class``)."""
+    import transformers
+
+    wrapper = getattr(FAMILY_ADAPTERS.get(config.model_type), "checkpoint_class", None)
+    if wrapper is None:
+        return transformers.AutoModelForImageTextToText.from_pretrained(model_path, **kwargs)
+    model = getattr(transformers, wrapper).from_pretrained(model_path, **kwargs).model
+    # A classifier loads no generation config; the checkpoint's is the inner model's.
+    if (Path(model_path) / "generation_config.json").is_file():
+        model.generation_config = transformers.GenerationConfig.from_pretrained(model_path)
+    return model
 
 
 def _check_not_prequantized(config: Any) -> None:
@@ -123,5 +142,6 @@ __all__ = [
     "UnsupportedModelError",
     "check_model",
     "get_adapter",
+    "load_vlm",
     "supported_families",
 ]

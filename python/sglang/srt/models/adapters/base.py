@@ -49,6 +49,10 @@ class ModelAdapter:
     window_bounds_spans = True
     #: added to every rotary position (PaliGemma counts from 1)
     position_offset = 0
+    #: the transformers class the family's checkpoints are stored for, where
+    #: AutoModelForImageTextToText cannot load them (ShieldGemma 2's classifier); the served
+    #: model is its ``model``
+    checkpoint_class: str | None = None
 
     def __init__(self, model: nn.Module | None, config: Any) -> None:
         self.model = model

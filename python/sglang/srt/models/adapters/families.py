@@ -282,3 +282,14 @@ class PaliGemmaAdapter(FixedCountAdapter):
         image = processor.image_token
         cut = prompt.rfind(image) + len(image) if image in prompt else 0
         return prompt[:cut] + bos + prompt[cut:] + "\n"
+
+
+class ShieldGemma2Adapter(Gemma3Adapter):
+    """ShieldGemma 2: Gemma 3 under its own model_type, its checkpoints stored for
+    ``ShieldGemma2ForImageClassification`` (the Gemma 3 model under ``model.``, the pre-5.0 key
+    names), whose key renaming transformers 5 applies to every class loading a
+    ``shieldgemma2`` config: AutoModelForImageTextToText would miss the language model's
+    weights. The classifier is loaded and its Gemma 3 model served, for generation (its
+    Yes / No probabilities are the logits of those two tokens)."""
+
+    checkpoint_class = "ShieldGemma2ForImageClassification"
