@@ -1119,6 +1119,39 @@ def _recipe_shieldgemma2(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gemma3.generation, pre, proc)
 
 
+# VipLlava (llava-hf/vip-llava-7b-hf): LLaVA 1.5 with several CLIP layers concatenated and a
+# layer-normed projector; its "###Human: / ###Assistant:" template --------------------------------
+_VIPLLAVA_TEMPLATE = (
+    "{{- 'A chat between a curious human and an artificial intelligence assistant. The assistant "
+    "gives helpful, detailed, and polite answers to the human\\'s questions.' -}}"
+    "{%- for message in messages -%}"
+    "{{- '###' + ('Human' if message['role'] == 'user' else 'Assistant') + ': ' -}}"
+    + _content("<image>\\n")
+    + "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '###Assistant:' -}}{%- endif -%}"
+)
+
+
+def _recipe_vipllava(tok: Any, vocab: int) -> _Recipe:
+    from transformers import VipLlavaConfig
+
+    from sglang.testing.tiny_models import _recipe_llava
+
+    llava = _recipe_llava(tok, vocab)
+    data = llava.config.to_dict()
+    vision = dict(data["vision_config"], num_hidden_layers=3)
+    config = VipLlavaConfig(
+        text_config=data["text_config"],
+        vision_config=vision,
+        image_token_index=data["image_token_index"],
+        image_seq_length=16,
+        vision_feature_layer=[-2, -3, 1],
+    )
+    return _Recipe(
+        config, "AutoModelForImageTextToText", llava.generation, llava.preprocessor, llava.processor
+    )
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1294,5 +1327,17 @@ FAMILIES: dict[str, Family] = {
         _recipe_shieldgemma2,
         "<start_of_image>",
         "<image_soft_token>",
+    ),
+    "vipllava": Family(
+        _TokSpec(
+            ("<unk>", "<s>", "</s>"),
+            ("<image>", "<pad>"),
+            {**_LLAVA_ROLES, "image_token": "<image>"},
+            _VIPLLAVA_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_vipllava,
+        "<image>",
+        "<image>",
     ),
 }

@@ -52,6 +52,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "gemma4": Gemma4Adapter,  # per-layer KV shapes and shared KV: mem_cache/kv_layout.py
     "paligemma": PaliGemmaAdapter,
     "shieldgemma2": ShieldGemma2Adapter,
+    "vipllava": LlavaAdapter,
 }
 
 
