@@ -1152,6 +1152,44 @@ def _recipe_vipllava(tok: Any, vocab: int) -> _Recipe:
     )
 
 
+# LightOnOCR (lightonai/LightOnOCR-1B-1025): Pixtral tower, patches merged 2 x 2, Qwen3 LM; one
+# run of <|image_pad|> per image (no row breaks), Qwen's chat template --------------------------
+_LIGHTON_ROLES = {
+    **_QWEN_ROLES,
+    "image_token": "<|image_pad|>",
+    "image_break_token": "<|vision_pad|>",
+    "image_end_token": "<|vision_end|>",
+}
+
+
+def _recipe_lighton_ocr(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LightOnOcrConfig
+
+    vision = dict(_SMALL_VIT, model_type="pixtral", image_size=112, patch_size=14, head_dim=16)
+    config = LightOnOcrConfig(
+        text_config=_qwen_text(tok, vocab, model_type="qwen3", head_dim=32, sliding_window=None),
+        vision_config=vision,
+        image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+        spatial_merge_size=2,
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "PixtralImageProcessor",
+        "image_std": _CLIP_STD,
+        "patch_size": 28,  # the merged patch: resized sizes are whole merged patches
+        "processor_class": "LightOnOcrProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"longest_edge": 112},
+    }
+    proc = {"patch_size": 14, "processor_class": "LightOnOcrProcessor", "spatial_merge_size": 2}
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1339,5 +1377,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_vipllava,
         "<image>",
         "<image>",
+    ),
+    "lighton_ocr": Family(
+        _TokSpec((), _QWEN_SPECIALS, _LIGHTON_ROLES, _chatml("<|image_pad|>", None)),
+        _recipe_lighton_ocr,
+        "<|image_pad|>",
+        "<|image_pad|>",
     ),
 }

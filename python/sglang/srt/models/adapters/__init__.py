@@ -15,6 +15,7 @@ from sglang.srt.models.adapters.families import (
     Gemma4Adapter,
     Glm4vAdapter,
     Granite4VisionAdapter,
+    LightOnOcrAdapter,
     LlavaAdapter,
     LlavaOnevisionAdapter,
     Ovis2Adapter,
@@ -53,6 +54,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "paligemma": PaliGemmaAdapter,
     "shieldgemma2": ShieldGemma2Adapter,
     "vipllava": LlavaAdapter,
+    "lighton_ocr": LightOnOcrAdapter,
 }
 
 

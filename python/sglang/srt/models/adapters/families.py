@@ -293,3 +293,29 @@ class ShieldGemma2Adapter(Gemma3Adapter):
     Yes / No probabilities are the logits of those two tokens)."""
 
     checkpoint_class = "ShieldGemma2ForImageClassification"
+
+
+class LightOnOcrAdapter(ModelAdapter):
+    """LightOnOCR: the Pixtral image processor's resize rule with its own patch size (the
+    processor passes none, unlike Mistral3's), the replacement one run of image tokens per
+    merged patch of the resized size."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.pixtral.image_processing_pil_pixtral import (
+            get_resize_output_image_size,
+        )
+
+        image_processor = processor.image_processor
+        if not images_kwargs.get("do_resize", image_processor.do_resize):
+            return None
+        longest = (images_kwargs.get("size") or image_processor.size)["longest_edge"]
+        patch = images_kwargs.get("patch_size") or image_processor.patch_size
+        if not isinstance(patch, int):
+            patch = (patch["height"], patch["width"])
+        shape_only = np.broadcast_to(np.uint8(0), (height, width, 3))
+        resized = get_resize_output_image_size(
+            shape_only, size=(longest, longest), patch_size=patch
+        )
+        return {"image_sizes": np.array([resized])}
