@@ -92,8 +92,12 @@ def hf_inputs(processor, prompt: str, images: list[Image.Image]) -> transformers
     """HF's processor outputs for one sample (a prompt and its images). ShieldGemma 2's
     ``__call__`` ignores the text and writes one prompt per safety policy itself; the prompt's
     own text goes through the generic ``ProcessorMixin.__call__`` with its placeholder
-    expansion (what the engine serves), the token types renamed as its ``__call__`` does."""
-    if type(processor).__name__ != "ShieldGemma2Processor":
+    expansion (what the engine serves), the token types renamed as its ``__call__`` does.
+    GOT-OCR 2 reads nested images as the pages of one image: a sample's images come flat."""
+    name = type(processor).__name__
+    if name == "GotOcr2Processor":
+        return processor(text=[prompt], images=images, return_tensors="pt")
+    if name != "ShieldGemma2Processor":
         return processor(text=[prompt], images=[images], return_tensors="pt")
     inputs = transformers.ProcessorMixin.__call__(
         processor, text=[prompt], images=[images], return_tensors="pt"

@@ -1190,6 +1190,63 @@ def _recipe_lighton_ocr(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
 
 
+# GOT-OCR 2.0 (stepfun-ai/GOT-OCR-2.0-hf): a SAM-style tower whose two stride-2 convolutions give
+# 256 tokens per view (here a 64-px view of 1-px patches, windowed attention only), a Qwen2 LM;
+# <img> + <imgpad> x 256 per view + </img>, in ChatML with GOT's system prompt -------------------
+_GOT_SYSTEM = "You should follow the instructions carefully and explain your answers in detail."
+_GOT_IMAGE = "<img><imgpad></img>"
+_GOT_TEMPLATE = (
+    "{{- '<|im_start|>system\\n" + _GOT_SYSTEM + "<|im_end|>' -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    + _content(_GOT_IMAGE + "\\n")
+    + "{{- '<|im_end|>' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _recipe_got_ocr2(tok: Any, vocab: int) -> _Recipe:
+    from transformers import GotOcr2Config
+
+    vision = {
+        "hidden_size": 16,
+        "output_channels": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": 64,
+        "patch_size": 1,
+        "window_size": 8,
+        "global_attn_indexes": [],
+        "mlp_dim": 32,
+        "initializer_range": 0.1,  # the default 1e-10 would make every image look the same
+    }
+    config = GotOcr2Config(
+        text_config=dict(_qwen_text(tok, vocab), model_type="qwen2", tie_word_embeddings=True),
+        vision_config=vision,
+        image_token_index=tok.convert_tokens_to_ids("<imgpad>"),
+        image_seq_length=256,
+    )
+    pre = {
+        "crop_to_patches": False,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "GotOcr2ImageProcessor",
+        "image_std": _CLIP_STD,
+        "max_patches": 6,
+        "min_patches": 1,
+        "processor_class": "GotOcr2Processor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 64, "width": 64},
+    }
+    proc = {"processor_class": "GotOcr2Processor"}
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1383,5 +1440,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_lighton_ocr,
         "<|image_pad|>",
         "<|image_pad|>",
+    ),
+    "got_ocr2": Family(
+        _TokSpec((), (*_QWEN_SPECIALS, "<img>", "</img>", "<imgpad>"), _QWEN_ROLES, _GOT_TEMPLATE),
+        _recipe_got_ocr2,
+        _GOT_IMAGE,
+        "<imgpad>",
     ),
 }

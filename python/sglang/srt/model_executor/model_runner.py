@@ -121,12 +121,15 @@ class ModelRunner:
             load = transformers.AutoModelForCausalLM.from_pretrained
             attn = ATTENTION_NAME
         transformers.utils.logging.disable_progress_bar()
-        model = load(
-            model_path,
-            dtype=self.dtype,
-            attn_implementation=attn,
-            trust_remote_code=self.args.trust_remote_code,
-        )
+        kwargs = {"dtype": self.dtype, "trust_remote_code": self.args.trust_remote_code}
+        try:
+            model = load(model_path, attn_implementation=attn, **kwargs)
+        except ValueError as exc:
+            if not self.is_multimodal or "scaled_dot_product_attention" not in str(exc):
+                raise
+            # A vision tower without SDPA (GOT-OCR 2's SAM encoder) runs its eager attention.
+            attn = {**attn, "vision_config": "eager", "": "eager"}
+            model = load(model_path, attn_implementation=attn, **kwargs)
         model = model.to(self.device).eval()
         if self.is_multimodal and fast_vision.install(model, self.config):
             instrument_vision(model.model.visual, self.perf)

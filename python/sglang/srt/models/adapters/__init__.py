@@ -14,6 +14,7 @@ from sglang.srt.models.adapters.families import (
     Gemma3Adapter,
     Gemma4Adapter,
     Glm4vAdapter,
+    GotOcr2Adapter,
     Granite4VisionAdapter,
     LightOnOcrAdapter,
     LlavaAdapter,
@@ -55,6 +56,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "shieldgemma2": ShieldGemma2Adapter,
     "vipllava": LlavaAdapter,
     "lighton_ocr": LightOnOcrAdapter,
+    "got_ocr2": GotOcr2Adapter,
 }
 
 

@@ -20,6 +20,7 @@ from sglang.srt.models.adapters.base import (
     PixelShape,
     accepted_kwargs,
     batch_features,
+    layout_inputs,
     split_rows,
 )
 
@@ -319,3 +320,18 @@ class LightOnOcrAdapter(ModelAdapter):
             shape_only, size=(longest, longest), patch_size=patch
         )
         return {"image_sizes": np.array([resized])}
+
+
+class GotOcr2Adapter(TiledAdapter):
+    """GOT-OCR 2.0: the tile count is a size rule as for InternVL, but the processor's
+    replacement also reads the page bookkeeping its ``_process_images`` passes (pages per sample,
+    their cumulative indices and ``num_image_tokens`` per tile); here for one image, one page."""
+
+    def replacement(self, processor: Any, layout: Layout, images_kwargs: dict[str, Any]) -> str:
+        return processor.replace_image_token(
+            layout_inputs(layout),
+            0,
+            num_pages_per_batch=[1],
+            patch_indices=np.array([1]),
+            num_image_tokens=images_kwargs.get("num_image_tokens", processor.num_image_tokens),
+        )
