@@ -1247,6 +1247,48 @@ def _recipe_got_ocr2(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
 
 
+# Idefics2 (HuggingFaceM4/idefics2-8b): SigLIP-style tower at native aspect, a perceiver resampler
+# to image_seq_len latents per view (4 crops + the image when splitting), a Mistral LM; each image
+# <fake_token_around_image> + <image> run per view, fakes between and after -----------------------
+def _recipe_idefics2(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Idefics2Config
+
+    text = _llava_text(tok, vocab, "mistral", sliding_window=None, head_dim=32)
+    text["eos_token_id"] = [tok.convert_tokens_to_ids(x) for x in ("</s>", "<end_of_utterance>")]
+    perceiver = {
+        "hidden_size": text["hidden_size"],
+        "resampler_n_latents": 4,
+        "resampler_depth": 1,
+        "resampler_n_heads": 2,
+        "resampler_head_dim": 16,
+        "num_key_value_heads": 1,
+    }
+    config = Idefics2Config(
+        text_config=text,
+        vision_config=dict(_SMALL_VIT, image_size=56, patch_size=14),
+        perceiver_config=perceiver,
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_image_splitting": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "Idefics2ImageProcessor",
+        "image_std": [0.5] * 3,
+        "processor_class": "Idefics2Processor",
+        "resample": 2,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 28, "longest_edge": 56},
+    }
+    proc = {"image_seq_len": 4, "processor_class": "Idefics2Processor"}
+    gen = {"bos_token_id": text["bos_token_id"], "eos_token_id": text["eos_token_id"]}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1446,5 +1488,17 @@ FAMILIES: dict[str, Family] = {
         _recipe_got_ocr2,
         _GOT_IMAGE,
         "<imgpad>",
+    ),
+    "idefics2": Family(
+        _TokSpec(
+            _LLAVA_HEAD,
+            ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<pad>"),
+            _LLAVA_ROLES,
+            _idefics_template("''"),
+            add_bos=True,
+        ),
+        _recipe_idefics2,
+        "<image>",
+        "<image>",
     ),
 }

@@ -16,6 +16,7 @@ from sglang.srt.models.adapters.families import (
     Glm4vAdapter,
     GotOcr2Adapter,
     Granite4VisionAdapter,
+    Idefics2Adapter,
     LightOnOcrAdapter,
     LlavaAdapter,
     LlavaOnevisionAdapter,
@@ -57,6 +58,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "vipllava": LlavaAdapter,
     "lighton_ocr": LightOnOcrAdapter,
     "got_ocr2": GotOcr2Adapter,
+    "idefics2": Idefics2Adapter,
 }
 
 

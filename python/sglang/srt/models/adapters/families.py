@@ -7,6 +7,7 @@ never preprocessed, not even the first time its size is seen).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -335,3 +336,37 @@ class GotOcr2Adapter(TiledAdapter):
             patch_indices=np.array([1]),
             num_image_tokens=images_kwargs.get("num_image_tokens", processor.num_image_tokens),
         )
+
+
+class Idefics2Adapter(ModelAdapter):
+    """Idefics2: its processor expands placeholders in its own ``__call__`` (no
+    ``replace_image_token``): an image is ``<fake>`` + (``<image>`` x ``image_seq_len`` +
+    ``<fake>``) per view, 5 views (4 crops and the image) when the image processor splits
+    images, else 1; the count does not depend on the size. Its text edits are kept: two
+    adjacent images share one ``<fake>`` between them and a word right after an image gets a
+    space. The closing ``<fake>`` of an image run is written into the prompt with the
+    placeholder (``format_prompt``), so the replacement leaves it out."""
+
+    def format_prompt(self, processor: Any, prompt: str) -> str:
+        image, fake = processor.image_token, processor.fake_image_token
+        if image not in prompt:
+            return prompt
+        image_re = re.escape(image)
+        prompt = re.sub(rf"{image_re}(?!{image_re})", image + fake, prompt)
+        return re.sub(rf"{re.escape(fake)}(?=[^\s<])", f"{fake} ", prompt)
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        return {}
+
+    def replacement(self, processor: Any, layout: Layout, images_kwargs: dict[str, Any]) -> str:
+        views = 5 if processor.image_processor.do_image_splitting else 1
+        run = processor.image_token * processor.image_seq_len
+        return processor.fake_image_token + (run + processor.fake_image_token) * (views - 1) + run
+
+    def preprocess(
+        self, processor: Any, image: Any, context: Layout, images_kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], str]:
+        processed = processor.image_processor([[image]], **images_kwargs)
+        return dict(processed), self.replacement(processor, {}, images_kwargs)
