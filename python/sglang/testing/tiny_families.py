@@ -1289,6 +1289,53 @@ def _recipe_idefics2(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
 
 
+# Granite-Docling (ibm-granite/granite-for-docling-500m, transformers granite_docling): page
+# tiles with <row_i_col_j> tags around <image> runs and a <global-img> thumbnail (Idefics3 style),
+# DeepStack features from inner vision layers, a Granite LM --------------------------------------
+def _recipe_granite_docling(tok: Any, vocab: int) -> _Recipe:
+    from transformers import GraniteDoclingConfig
+
+    t = tok.convert_tokens_to_ids
+    text = _granite_text(tok, vocab, "granite_docling_text", tie_word_embeddings=True)
+    # 1/head_dim would keep the tiny model's attention near uniform, hardly position-dependent
+    text["attention_multiplier"] = 0.25
+    vision = dict(
+        _SMALL_VIT,
+        image_size=64,
+        patch_size=16,
+        out_hidden_size=text["hidden_size"],
+        scale_factor=2,
+        deepstack_visual_indexes=[0, 1],
+        use_fine_route=True,
+    )
+    config = GraniteDoclingConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=t("<image>"),
+        pad_token_id=t("<pad>"),
+        tie_word_embeddings=True,
+    )
+    pre = {
+        "crop_to_patches": True,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "GraniteDoclingImageProcessor",
+        "image_std": [0.5] * 3,
+        "max_patches": 6,
+        "min_patches": 1,
+        "processor_class": "GraniteDoclingProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 64, "width": 64},
+    }
+    proc = {"image_seq_len": 4, "processor_class": "GraniteDoclingProcessor"}
+    gen = {"bos_token_id": t("<|end_of_text|>"), "eos_token_id": t("<|end_of_text|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1498,6 +1545,17 @@ FAMILIES: dict[str, Family] = {
             add_bos=True,
         ),
         _recipe_idefics2,
+        "<image>",
+        "<image>",
+    ),
+    "granite_docling": Family(
+        _TokSpec(
+            (),
+            (*_GRANITE_TAIL, "<fake_token_around_image>", "<global-img>", *_ROW_COL),
+            {**_GRANITE_ROLES, "image_token": "<image>"},
+            _GRANITE_TEMPLATE,
+        ),
+        _recipe_granite_docling,
         "<image>",
         "<image>",
     ),

@@ -16,6 +16,7 @@ from sglang.srt.models.adapters.families import (
     Glm4vAdapter,
     GotOcr2Adapter,
     Granite4VisionAdapter,
+    GraniteDoclingAdapter,
     Idefics2Adapter,
     LightOnOcrAdapter,
     LlavaAdapter,
@@ -59,6 +60,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "lighton_ocr": LightOnOcrAdapter,
     "got_ocr2": GotOcr2Adapter,
     "idefics2": Idefics2Adapter,
+    "granite_docling": GraniteDoclingAdapter,
 }
 
 

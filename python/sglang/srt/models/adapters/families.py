@@ -370,3 +370,20 @@ class Idefics2Adapter(ModelAdapter):
     ) -> tuple[dict[str, Any], str]:
         processed = processor.image_processor([[image]], **images_kwargs)
         return dict(processed), self.replacement(processor, {}, images_kwargs)
+
+
+class GraniteDoclingAdapter(ModelAdapter):
+    """Granite-Docling: the replacement reads the page's tile grid (``rows`` / ``cols``), which
+    the image processor computes from the size (``get_tile_grid``), and whether the fine
+    connector path was asked for (``tile_fine_mask``: four times the tokens per tile). DeepStack
+    features and the Granite LM's logits scaling are generic."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        image_processor = processor.image_processor
+        rows, cols = image_processor.get_tile_grid(height, width, images_kwargs)
+        layout: Layout = {"rows": np.array([[rows]]), "cols": np.array([[cols]])}
+        if images_kwargs.get("fine_route", image_processor.fine_route):
+            layout["tile_fine_mask"] = np.ones(1, dtype=bool)
+        return layout
