@@ -1336,6 +1336,32 @@ def _recipe_granite_docling(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre, proc)
 
 
+# GLM-4.6V (transformers glm46v, and glmga under its own model_type): the GLM-4.1V text model and
+# vision tower, its own processor and image processors (GLM's smart_resize); the GLM-4.1V layout --
+def _recipe_glm46v_like(tok: Any, vocab: int, config_class: str, image_processor: str) -> _Recipe:
+    import transformers
+
+    glm4v = _recipe_glm4v(tok, vocab)
+    data = glm4v.config.to_dict()
+    ids = {k: v for k, v in data.items() if k.endswith("token_id")}
+    config = getattr(transformers, config_class)(
+        text_config=data["text_config"], vision_config=data["vision_config"], **ids
+    )
+    pre = dict(
+        glm4v.preprocessor, image_processor_type=image_processor, processor_class="Glm46VProcessor"
+    )
+    proc = {"processor_class": "Glm46VProcessor"}
+    return _Recipe(config, "AutoModelForImageTextToText", glm4v.generation, pre, proc)
+
+
+def _recipe_glm46v(tok: Any, vocab: int) -> _Recipe:
+    return _recipe_glm46v_like(tok, vocab, "Glm46VConfig", "Glm46VImageProcessor")
+
+
+def _recipe_glmga(tok: Any, vocab: int) -> _Recipe:
+    return _recipe_glm46v_like(tok, vocab, "GlmgaConfig", "GlmgaImageProcessor")
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1558,5 +1584,27 @@ FAMILIES: dict[str, Family] = {
         _recipe_granite_docling,
         "<image>",
         "<image>",
+    ),
+    "glm46v": Family(
+        _TokSpec(
+            (),
+            _GLM_SPECIALS,
+            {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+            _GLM_TEMPLATE,
+        ),
+        _recipe_glm46v,
+        _GLM_IMAGE,
+        "<|image|>",
+    ),
+    "glmga": Family(
+        _TokSpec(
+            (),
+            _GLM_SPECIALS,
+            {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+            _GLM_TEMPLATE,
+        ),
+        _recipe_glmga,
+        _GLM_IMAGE,
+        "<|image|>",
     ),
 }

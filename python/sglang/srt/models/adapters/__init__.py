@@ -61,6 +61,8 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "got_ocr2": GotOcr2Adapter,
     "idefics2": Idefics2Adapter,
     "granite_docling": GraniteDoclingAdapter,
+    "glm46v": Glm4vAdapter,  # GLM-4.6V: the GLM-4.1V model and resize rule
+    "glmga": Glm4vAdapter,  # GLM-4.6V under another model_type
 }
 
 
