@@ -1362,6 +1362,47 @@ def _recipe_glmga(tok: Any, vocab: int) -> _Recipe:
     return _recipe_glm46v_like(tok, vocab, "GlmgaConfig", "GlmgaImageProcessor")
 
 
+# GLM-4.5V (zai-org/GLM-4.5V, transformers glm4v_moe): the GLM-4.1V layout with an MoE LM (a dense
+# first layer, shared and routed experts); GLM-OCR (zai-org/GLM-OCR): the same with its own dense LM
+def _recipe_glm4v_moe(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Glm4vMoeConfig
+
+    glm4v = _recipe_glm4v(tok, vocab)
+    data = glm4v.config.to_dict()
+    ids = {k: v for k, v in data.items() if k.endswith("token_id")}
+    text = {k: v for k, v in data["text_config"].items() if k not in ("model_type", "layer_types")}
+    text.update(
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        moe_intermediate_size=64,
+        first_k_dense_replace=1,
+    )
+    vision = {k: v for k, v in data["vision_config"].items() if k != "model_type"}
+    config = Glm4vMoeConfig(text_config=text, vision_config=vision, **ids)
+    return _Recipe(
+        config, "AutoModelForImageTextToText", glm4v.generation, glm4v.preprocessor, glm4v.processor
+    )
+
+
+def _recipe_glm_ocr(tok: Any, vocab: int) -> _Recipe:
+    from transformers import GlmOcrConfig
+
+    glm46v = _recipe_glm46v(tok, vocab)
+    data = glm46v.config.to_dict()
+    ids = {k: v for k, v in data.items() if k.endswith("token_id")}
+    text = {k: v for k, v in data["text_config"].items() if k not in ("model_type", "layer_types")}
+    vision = {k: v for k, v in data["vision_config"].items() if k != "model_type"}
+    config = GlmOcrConfig(text_config=text, vision_config=vision, **ids)
+    return _Recipe(
+        config,
+        "AutoModelForImageTextToText",
+        glm46v.generation,
+        glm46v.preprocessor,
+        glm46v.processor,
+    )
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1604,6 +1645,28 @@ FAMILIES: dict[str, Family] = {
             _GLM_TEMPLATE,
         ),
         _recipe_glmga,
+        _GLM_IMAGE,
+        "<|image|>",
+    ),
+    "glm4v_moe": Family(
+        _TokSpec(
+            (),
+            _GLM_SPECIALS,
+            {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+            _GLM_TEMPLATE,
+        ),
+        _recipe_glm4v_moe,
+        _GLM_IMAGE,
+        "<|image|>",
+    ),
+    "glm_ocr": Family(
+        _TokSpec(
+            (),
+            _GLM_SPECIALS,
+            {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+            _GLM_TEMPLATE,
+        ),
+        _recipe_glm_ocr,
         _GLM_IMAGE,
         "<|image|>",
     ),

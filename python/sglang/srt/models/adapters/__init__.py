@@ -63,6 +63,8 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "granite_docling": GraniteDoclingAdapter,
     "glm46v": Glm4vAdapter,  # GLM-4.6V: the GLM-4.1V model and resize rule
     "glmga": Glm4vAdapter,  # GLM-4.6V under another model_type
+    "glm4v_moe": Glm4vAdapter,  # GLM-4.5V: an MoE LM
+    "glm_ocr": Glm4vAdapter,
 }
 
 
