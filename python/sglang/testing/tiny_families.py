@@ -1403,6 +1403,43 @@ def _recipe_glm_ocr(tok: Any, vocab: int) -> _Recipe:
     )
 
 
+# Qianfan-OCR (baidu/Qianfan-OCR): the InternVL design (GotOCR2 tiles of 448, here 56, plus a
+# thumbnail, pixel-shuffled) with a Qwen3 LM; prompts write <image>, expanded to <img> +
+# <IMG_CONTEXT> run + </img> ---------------------------------------------------------------------
+_QIANFAN_ROLES = {**_INTERNVL_ROLES, "image_token": "<image>"}
+del _QIANFAN_ROLES["video_token"]
+
+
+def _recipe_qianfan_ocr(tok: Any, vocab: int) -> _Recipe:
+    from transformers import QianfanOCRConfig
+
+    config = QianfanOCRConfig(
+        text_config=_qwen_text(tok, vocab, model_type="qwen3", head_dim=32, sliding_window=None),
+        vision_config=dict(_SMALL_VIT, image_size=[56, 56], patch_size=[14, 14]),
+        image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"),
+        image_seq_length=4,
+        downsample_ratio=0.5,
+    )
+    pre = {
+        "crop_to_patches": False,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _IMAGENET_MEAN,
+        "image_processor_type": "GotOcr2ImageProcessor",
+        "image_std": _IMAGENET_STD,
+        "max_patches": 6,
+        "min_patches": 1,
+        "processor_class": "QianfanOCRProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 56, "width": 56},
+    }
+    proc = {"image_seq_length": 4, "processor_class": "QianfanOCRProcessor"}
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1669,5 +1706,16 @@ FAMILIES: dict[str, Family] = {
         _recipe_glm_ocr,
         _GLM_IMAGE,
         "<|image|>",
+    ),
+    "qianfan_ocr": Family(
+        _TokSpec(
+            (),
+            (*_QWEN_SPECIALS, "<img>", "</img>", "<IMG_CONTEXT>", "<image>"),
+            _QIANFAN_ROLES,
+            _chatml("<image>\\n", None),
+        ),
+        _recipe_qianfan_ocr,
+        "<image>",
+        "<IMG_CONTEXT>",
     ),
 }

@@ -65,6 +65,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "glmga": Glm4vAdapter,  # GLM-4.6V under another model_type
     "glm4v_moe": Glm4vAdapter,  # GLM-4.5V: an MoE LM
     "glm_ocr": Glm4vAdapter,
+    "qianfan_ocr": TiledAdapter,  # InternVL's layout behind an <image> placeholder
 }
 
 
