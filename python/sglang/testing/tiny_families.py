@@ -1440,6 +1440,87 @@ def _recipe_qianfan_ocr(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
 
 
+# Video-LLaVA (LanguageBind/Video-LLaVA-7B-hf) and LLaVA-NeXT-Video (llava-hf/LLaVA-NeXT-Video-7B-hf):
+# images as LLaVA 1.5 (center crop) and LLaVA-NeXT (anyres tiles), a Vicuna-style template; videos
+# are not served ---------------------------------------------------------------------------------
+_VICUNA_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- ('USER: ' if message['role'] == 'user' else 'ASSISTANT: ') -}}"
+    + _content("<image>\\n")
+    + "{{- ' ' if message['role'] == 'user' else eos_token -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'ASSISTANT:' -}}{%- endif -%}"
+)
+_VIDEO_LLAVA_ROLES = {**_LLAVA_ROLES, "image_token": "<image>", "video_token": "<video>"}
+
+
+def _recipe_video_llava(tok: Any, vocab: int) -> _Recipe:
+    from transformers import VideoLlavaConfig
+
+    t = tok.convert_tokens_to_ids
+    config = VideoLlavaConfig(
+        text_config=_llava_text(tok, vocab, "llama"),
+        vision_config=_clip_vision(image_size=56),
+        image_token_index=t("<image>"),
+        video_token_index=t("<video>"),
+        image_seq_length=16,
+        video_seq_length=8 * 17,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    pre = {
+        "crop_size": {"height": 56, "width": 56},
+        "do_center_crop": True,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "VideoLlavaImageProcessor",
+        "image_std": _CLIP_STD,
+        "processor_class": "VideoLlavaProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 56},
+    }
+    proc = {
+        "image_token": "<image>",
+        "num_additional_image_tokens": 1,
+        "patch_size": 14,
+        "processor_class": "VideoLlavaProcessor",
+        "video_token": "<video>",
+        "vision_feature_select_strategy": "default",
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _llava_generation(tok), pre, proc)
+
+
+def _recipe_llava_next_video(tok: Any, vocab: int) -> _Recipe:
+    from transformers import LlavaNextVideoConfig
+
+    t = tok.convert_tokens_to_ids
+    config = LlavaNextVideoConfig(
+        text_config=_llava_text(tok, vocab, "llama"),
+        vision_config=_clip_vision(),
+        image_token_index=t("<image>"),
+        video_token_index=t("<video>"),
+        image_grid_pinpoints=_ANYRES_PINPOINTS,
+        image_seq_length=4,
+        video_seq_length=1,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    pre = _anyres_preprocessor("LlavaNextVideoProcessor", _CLIP_MEAN, _CLIP_STD)
+    proc = {
+        "image_token": "<image>",
+        "num_additional_image_tokens": 1,
+        "patch_size": 14,
+        "processor_class": "LlavaNextVideoProcessor",
+        "video_token": "<video>",
+        "vision_feature_select_strategy": "default",
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _llava_generation(tok), pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1717,5 +1798,29 @@ FAMILIES: dict[str, Family] = {
         _recipe_qianfan_ocr,
         "<image>",
         "<IMG_CONTEXT>",
+    ),
+    "video_llava": Family(
+        _TokSpec(
+            _LLAVA_HEAD,
+            ("<image>", "<video>", "<pad>"),
+            _VIDEO_LLAVA_ROLES,
+            _VICUNA_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_video_llava,
+        "<image>",
+        "<image>",
+    ),
+    "llava_next_video": Family(
+        _TokSpec(
+            _LLAVA_HEAD,
+            ("<image>", "<video>", "<pad>"),
+            _VIDEO_LLAVA_ROLES,
+            _VICUNA_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_llava_next_video,
+        "<image>",
+        "<image>",
     ),
 }

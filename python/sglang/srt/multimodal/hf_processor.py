@@ -116,6 +116,9 @@ def _drop_unbuilt() -> type:
             for arg in _UNBUILT_SUBPROCESSORS:
                 if arg in kwargs and kwargs[arg] is None:
                     del kwargs[arg]
+            # Processors that hand their sub-processors on positionally (Video-LLaVA,
+            # LLaVA-NeXT-Video) pass the unbuilt ones as None among them.
+            args = tuple(arg for arg in args if arg is not None)
             super().__init__(*args, **kwargs)
 
     return DropUnbuilt

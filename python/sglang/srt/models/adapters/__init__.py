@@ -27,6 +27,7 @@ from sglang.srt.models.adapters.families import (
     QwenVLAdapter,
     ShieldGemma2Adapter,
     TiledAdapter,
+    VideoLlavaAdapter,
 )
 
 # model_type -> adapter: the families tested at parity with HF (tiny builders in
@@ -66,6 +67,8 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "glm4v_moe": Glm4vAdapter,  # GLM-4.5V: an MoE LM
     "glm_ocr": Glm4vAdapter,
     "qianfan_ocr": TiledAdapter,  # InternVL's layout behind an <image> placeholder
+    "video_llava": VideoLlavaAdapter,  # images only
+    "llava_next_video": ModelAdapter,  # images only (LLaVA-NeXT's)
 }
 
 

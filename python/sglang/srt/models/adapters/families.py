@@ -387,3 +387,17 @@ class GraniteDoclingAdapter(ModelAdapter):
         if images_kwargs.get("fine_route", image_processor.fine_route):
             layout["tile_fine_mask"] = np.ones(1, dtype=bool)
         return layout
+
+
+class VideoLlavaAdapter(LlavaAdapter):
+    """Video-LLaVA (images only): LLaVA 1.5's center crop, but its image processor returns the
+    pixels as ``pixel_values_images`` unless told otherwise (``return_legacy_image_output``,
+    true by default); the layout carries the name the processor gives."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        layout = super().layout_from_size(processor, images_kwargs, width, height)
+        if layout is None or not images_kwargs.get("return_legacy_image_output", True):
+            return layout
+        return {"pixel_values_images": layout["pixel_values"]}
