@@ -1440,7 +1440,7 @@ def _recipe_qianfan_ocr(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre, proc)
 
 
-# Video-LLaVA (LanguageBind/Video-LLaVA-7B-hf) and LLaVA-NeXT-Video (llava-hf/LLaVA-NeXT-Video-7B-hf):
+# Video-LLaVA (LanguageBind/Video-LLaVA-7B-hf), LLaVA-NeXT-Video (llava-hf/LLaVA-NeXT-Video-7B-hf):
 # images as LLaVA 1.5 (center crop) and LLaVA-NeXT (anyres tiles), a Vicuna-style template; videos
 # are not served ---------------------------------------------------------------------------------
 _VICUNA_TEMPLATE = (
