@@ -1521,6 +1521,81 @@ def _recipe_llava_next_video(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _llava_generation(tok), pre, proc)
 
 
+# PaddleOCR-VL (PaddlePaddle/PaddleOCR-VL): a NaViT-style SigLIP tower at native resolution (its own
+# smart_resize), 2 x 2 merged patches, an ERNIE-4.5 LM with M-RoPE ---------------------------------
+_PADDLE_IMAGE = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>"
+_PADDLE_TAIL = (
+    "<|begin_of_sentence|>", "<|end_of_sentence|>", "<|IMAGE_START|>", "<|IMAGE_PLACEHOLDER|>",
+    "<|IMAGE_END|>", "<|video_pad|>", "<pad>",
+)  # fmt: skip
+_PADDLE_ROLES = {
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "pad_token": "<pad>",
+    "unk_token": "<unk>",
+    "image_token": "<|IMAGE_PLACEHOLDER|>",
+}
+_PADDLE_TEMPLATE = (
+    "{{- '<|begin_of_sentence|>' -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{{- 'User: ' -}}"
+    + _content(_PADDLE_IMAGE)
+    + "{{- '\\n' -}}"
+    "{%- elif message['role'] == 'assistant' -%}{{- 'Assistant: ' -}}"
+    + _content("")
+    + "{{- '<|end_of_sentence|>' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'Assistant: ' -}}{%- endif -%}"
+)
+
+
+def _recipe_paddleocr_vl(tok: Any, vocab: int) -> _Recipe:
+    from transformers import PaddleOCRVLConfig
+
+    t = tok.convert_tokens_to_ids
+    rope = {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [4, 6, 6]}
+    text = dict(
+        _llava_text(tok, vocab, "paddleocr_vl_text", head_dim=32, rope_parameters=rope),
+        eos_token_id=[t("</s>"), t("<|end_of_sentence|>")],
+        tie_word_embeddings=True,
+    )
+    vision = dict(
+        _SMALL_VIT,
+        image_size=56,
+        patch_size=14,
+        spatial_merge_size=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    config = PaddleOCRVLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=t("<|IMAGE_PLACEHOLDER|>"),
+        video_token_id=t("<|video_pad|>"),
+        vision_start_token_id=t("<|IMAGE_START|>"),
+        vision_end_token_id=t("<|IMAGE_END|>"),
+        tie_word_embeddings=True,
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "PaddleOCRVLImageProcessor",
+        "image_std": [0.5] * 3,
+        "merge_size": 2,
+        "patch_size": 14,
+        "processor_class": "PaddleOCRVLProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 56 * 56, "longest_edge": 112 * 112},
+        "temporal_patch_size": 1,
+    }
+    gen = {"bos_token_id": text["bos_token_id"], "eos_token_id": text["eos_token_id"]}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -1822,5 +1897,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_llava_next_video,
         "<image>",
         "<image>",
+    ),
+    "paddleocr_vl": Family(
+        _TokSpec(_LLAVA_HEAD, _PADDLE_TAIL, _PADDLE_ROLES, _PADDLE_TEMPLATE),
+        _recipe_paddleocr_vl,
+        _PADDLE_IMAGE,
+        "<|IMAGE_PLACEHOLDER|>",
     ),
 }

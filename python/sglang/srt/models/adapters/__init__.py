@@ -22,6 +22,7 @@ from sglang.srt.models.adapters.families import (
     LlavaAdapter,
     LlavaOnevisionAdapter,
     Ovis2Adapter,
+    PaddleOcrVlAdapter,
     PaliGemmaAdapter,
     PixtralAdapter,
     QwenVLAdapter,
@@ -69,6 +70,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "qianfan_ocr": TiledAdapter,  # InternVL's layout behind an <image> placeholder
     "video_llava": VideoLlavaAdapter,  # images only
     "llava_next_video": ModelAdapter,  # images only (LLaVA-NeXT's)
+    "paddleocr_vl": PaddleOcrVlAdapter,
 }
 
 

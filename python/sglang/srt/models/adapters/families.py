@@ -401,3 +401,25 @@ class VideoLlavaAdapter(LlavaAdapter):
         if layout is None or not images_kwargs.get("return_legacy_image_output", True):
             return layout
         return {"pixel_values_images": layout["pixel_values"]}
+
+
+class PaddleOcrVlAdapter(ModelAdapter):
+    """PaddleOCR-VL: ``image_grid_thw`` from its own ``smart_resize`` (no temporal factor;
+    M-RoPE is generic)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (
+            smart_resize,
+        )
+
+        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+        resized = smart_resize(
+            height,
+            width,
+            factor=patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return _grid_layout(resized, patch)
