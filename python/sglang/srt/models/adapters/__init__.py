@@ -10,6 +10,7 @@ from torch import nn
 
 from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
 from sglang.srt.models.adapters.families import (
+    AriaAdapter,
     FixedCountAdapter,
     Gemma3Adapter,
     Gemma4Adapter,
@@ -71,6 +72,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "video_llava": VideoLlavaAdapter,  # images only
     "llava_next_video": ModelAdapter,  # images only (LLaVA-NeXT's)
     "paddleocr_vl": PaddleOcrVlAdapter,
+    "aria": AriaAdapter,
 }
 
 

@@ -423,3 +423,19 @@ class PaddleOcrVlAdapter(ModelAdapter):
             max_pixels=size["longest_edge"],
         )
         return _grid_layout(resized, patch)
+
+
+class AriaAdapter(ModelAdapter):
+    """Aria: without ``split_image`` every image is one view padded to ``max_image_size``,
+    so its token count is fixed (the processor's ``size_conversion`` of that size). With
+    splitting the processor counts the crops of the whole call (``num_crops`` is the call's
+    largest), so an image's layout comes from preprocessing it alone."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        image_processor = processor.image_processor
+        if images_kwargs.get("split_image", image_processor.split_image):
+            return None
+        side = images_kwargs.get("max_image_size") or image_processor.max_image_size
+        return {"pixel_values": PixelShape((1, 3, side, side)), "num_crops": np.array(1)}
