@@ -73,6 +73,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "llava_next_video": ModelAdapter,  # images only (LLaVA-NeXT's)
     "paddleocr_vl": PaddleOcrVlAdapter,
     "aria": AriaAdapter,
+    "exaone4_5": QwenVLAdapter,  # Qwen's grid size rule; plain positions (no get_rope_index)
 }
 
 
