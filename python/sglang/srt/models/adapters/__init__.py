@@ -18,6 +18,7 @@ from sglang.srt.models.adapters.families import (
     GotOcr2Adapter,
     Granite4VisionAdapter,
     GraniteDoclingAdapter,
+    HunYuanVlAdapter,
     Idefics2Adapter,
     LightOnOcrAdapter,
     LlavaAdapter,
@@ -74,6 +75,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "paddleocr_vl": PaddleOcrVlAdapter,
     "aria": AriaAdapter,
     "exaone4_5": QwenVLAdapter,  # Qwen's grid size rule; plain positions (no get_rope_index)
+    "hunyuan_vl": HunYuanVlAdapter,
 }
 
 

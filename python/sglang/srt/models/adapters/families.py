@@ -439,3 +439,24 @@ class AriaAdapter(ModelAdapter):
             return None
         side = images_kwargs.get("max_image_size") or image_processor.max_image_size
         return {"pixel_values": PixelShape((1, 3, side, side)), "num_crops": np.array(1)}
+
+
+class HunYuanVlAdapter(ModelAdapter):
+    """HunYuan-VL: ``image_grid_thw`` from its own ``smart_resize`` (factor patch x merge; the
+    replacement adds a newline token per merged row and two wrapper tokens, all image tokens);
+    its XD-RoPE positions (4 axes) come from the generic ``get_rope_index``."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import smart_resize
+
+        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+        resized = smart_resize(
+            height,
+            width,
+            factor=patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return _grid_layout(resized, patch)
