@@ -1,6 +1,7 @@
-"""Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet linear attention + full attention): greedy output
-equals HF ``generate`` across chunk sizes that cut images and the layers' 64-token recurrence
-chunks, in mixed batches, on radix hits resumed from state snapshots and in multi-turn chats."""
+"""Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet linear attention + full attention) and LFM3-VL (gated
+short convolutions + attention): greedy output equals HF ``generate`` across chunk sizes that cut
+images and the layers' 64-token recurrence chunks, in mixed batches, on radix hits resumed from
+state snapshots and in multi-turn chats."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ CASES = [
 
 
 # 11 cuts every image (16 and 20 tokens); 61 ends chunks off the delta rule's 64-token grid.
-@pytest.mark.parametrize("family, chunks", [("qwen3_5", (-1, 11, 61)), ("qwen3_5_moe", (-1, 11))])
+@pytest.mark.parametrize(
+    "family, chunks", [("qwen3_5", (-1, 11, 61)), ("qwen3_5_moe", (-1, 11)), ("lfm3_vl", (-1, 11))]
+)
 def test_parity_across_chunk_sizes_and_snapshot_hits(family: str, chunks: tuple[int, ...]) -> None:
     refs = [hf_greedy(family, prompt, images, MAX_NEW) for prompt, images in CASES]
     for chunk in chunks:

@@ -1,4 +1,4 @@
-"""Tiny recipes for hybrid linear-attention VLMs: Qwen3.5 and Qwen3.5-MoE.
+"""Tiny recipes for hybrid linear-attention VLMs: Qwen3.5, Qwen3.5-MoE and LFM3-VL.
 
 Laid out as the published checkpoints are: Qwen3-VL's processor and vision tower without
 deepstack, Qwen's special tokens plus ``<think>``/``</think>`` as plain added tokens (decoding
@@ -15,6 +15,7 @@ from sglang.testing.tiny_common import (
     _QWEN3_VISION,
     _QWEN_ROLES,
     _QWEN_SPECIALS,
+    _TEXT,
     _qwen_generation,
     _qwen_ids,
     _qwen_preprocessor,
@@ -108,12 +109,83 @@ def _recipe_qwen3_5(tok: Any, vocab: int, moe: bool = False) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
 
+# LFM3-VL (LiquidAI/LFM3-VL-2B): an LFM3 LM of gated short convolutions (conv state only) with
+# sliding-window and full attention layers, a vision tower that mixes short convolutions and
+# attention over Qwen's patch grid (no M-RoPE); ChatML with <|startoftext|> ----------------------
+_LFM_SPECIALS = (
+    "<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>", "<|vision_start|>",
+    "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+_LFM_ROLES = {"bos_token": "<|startoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|pad|>"}
+_LFM_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + _QWEN_IMAGE + "' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _recipe_lfm3_vl(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Lfm3VlConfig
+
+    t = tok.convert_tokens_to_ids
+    text = dict(
+        _TEXT,
+        model_type="lfm3",
+        num_hidden_layers=4,
+        layer_types=["conv", "sliding_attention", "full_attention", "conv"],
+        head_dim=32,
+        sliding_window=16,
+        conv_L_cache=3,
+        vocab_size=vocab,
+        bos_token_id=t("<|startoftext|>"),
+        eos_token_id=t("<|im_end|>"),
+        pad_token_id=t("<|pad|>"),
+    )
+    vision = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,  # conv, conv, attention, conv
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "conv_kernel_size": 3,
+    }
+    config = Lfm3VlConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=t("<|image_pad|>"),
+        video_token_id=t("<|video_pad|>"),
+        vision_start_token_id=t("<|vision_start|>"),
+        vision_end_token_id=t("<|vision_end|>"),
+        projector_hidden_size=128,
+    )
+    pre = _qwen_preprocessor(16, "Lfm3VlProcessor", "Qwen2VLImageProcessor", legacy=False)
+    gen = {"bos_token_id": t("<|startoftext|>"), "eos_token_id": t("<|im_end|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+
+
 _TOKENIZER = _TokSpec((), _QWEN3_5_SPECIALS, _QWEN_ROLES, _QWEN3_5_TEMPLATE, plain=_THINK_TOKENS)
 FAMILIES: dict[str, Family] = {
     "qwen3_5": Family(_TOKENIZER, _recipe_qwen3_5, _QWEN_IMAGE, "<|image_pad|>"),
     "qwen3_5_moe": Family(
         _TOKENIZER,
         lambda tok, vocab: _recipe_qwen3_5(tok, vocab, moe=True),
+        _QWEN_IMAGE,
+        "<|image_pad|>",
+    ),
+    "lfm3_vl": Family(
+        _TokSpec((), _LFM_SPECIALS, _LFM_ROLES, _LFM_TEMPLATE),
+        _recipe_lfm3_vl,
         _QWEN_IMAGE,
         "<|image_pad|>",
     ),

@@ -76,6 +76,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "aria": AriaAdapter,
     "exaone4_5": QwenVLAdapter,  # Qwen's grid size rule; plain positions (no get_rope_index)
     "hunyuan_vl": HunYuanVlAdapter,
+    "lfm3_vl": QwenVLAdapter,  # Qwen's grid, plain positions; short-conv state: linear_attention.py
 }
 
 
