@@ -1785,6 +1785,25 @@ def _recipe_hunyuan_vl(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
 
 
+# Cosmos3 Reasoner (nvidia/Cosmos3-Nano, transformers cosmos3_omni): Qwen3-VL (deepstack, M-RoPE)
+# under its own config; the generator, sound and action towers of the unified checkpoint are not
+# loaded -----------------------------------------------------------------------------------------
+def _recipe_cosmos3_omni(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Cosmos3OmniConfig
+
+    from sglang.testing.tiny_models import _recipe_qwen3_vl
+
+    qwen3_vl = _recipe_qwen3_vl(tok, vocab)
+    data = qwen3_vl.config.to_dict()
+    ids = {k: v for k, v in data.items() if k.endswith("token_id")}
+    config = Cosmos3OmniConfig(
+        text_config=data["text_config"], vision_config=data["vision_config"], **ids
+    )
+    return _Recipe(
+        config, "AutoModelForImageTextToText", qwen3_vl.generation, qwen3_vl.preprocessor
+    )
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2120,5 +2139,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_hunyuan_vl,
         _HY_IMAGE,
         _HY_IMAGE_TOKENS[1],
+    ),
+    "cosmos3_omni": Family(
+        _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(None)),
+        _recipe_cosmos3_omni,
+        "<|vision_start|><|image_pad|><|vision_end|>",
+        "<|image_pad|>",
     ),
 }

@@ -77,6 +77,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "exaone4_5": QwenVLAdapter,  # Qwen's grid size rule; plain positions (no get_rope_index)
     "hunyuan_vl": HunYuanVlAdapter,
     "lfm3_vl": QwenVLAdapter,  # Qwen's grid, plain positions; short-conv state: linear_attention.py
+    "cosmos3_omni": QwenVLAdapter,  # Cosmos3 Reasoner: Qwen3-VL
 }
 
 
