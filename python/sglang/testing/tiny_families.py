@@ -1804,6 +1804,54 @@ def _recipe_cosmos3_omni(tok: Any, vocab: int) -> _Recipe:
     )
 
 
+# Cohere Compass (CohereLabs/North-Micro-Vision-Instruct): the Qwen3-VL design (deepstack,
+# interleaved M-RoPE) with a Cohere2 LM (3 sliding-window layers with rotary positions to 1 global
+# layer without, logit_scale); Cohere's turn template ----------------------------------------------
+_COMPASS_IMAGE = "<|VISION_START|><|IMAGE_PAD|><|VISION_END|>"
+_COMPASS_TAIL = (
+    *_AYA_TAIL[:5],
+    "<|VISION_START|>",
+    "<|VISION_END|>",
+    "<|IMAGE_PAD|>",
+    "<|VIDEO_PAD|>",
+)
+_COMPASS_TEMPLATE = _AYA_TEMPLATE.replace("<image>", _COMPASS_IMAGE)
+
+
+def _recipe_cohere_compass(tok: Any, vocab: int) -> _Recipe:
+    from transformers import CohereCompassConfig
+
+    t = tok.convert_tokens_to_ids
+    rope = dict(_QWEN3_ROPE)
+    layer_types = ["sliding_attention"] * 3 + ["full_attention"]
+    text = dict(
+        _TEXT,
+        num_hidden_layers=4,
+        head_dim=32,
+        layer_types=layer_types,
+        sliding_window=16,
+        rope_parameters={"sliding_attention": rope, "full_attention": None},
+        logit_scale=0.25,
+        vocab_size=vocab,
+        bos_token_id=t("<BOS_TOKEN>"),
+        eos_token_id=t("<|END_OF_TURN_TOKEN|>"),
+        pad_token_id=t("<PAD>"),
+    )
+    config = CohereCompassConfig(
+        text_config=text,
+        vision_config=_QWEN3_VISION,
+        image_token_id=t("<|IMAGE_PAD|>"),
+        video_token_id=t("<|VIDEO_PAD|>"),
+        vision_start_token_id=t("<|VISION_START|>"),
+        vision_end_token_id=t("<|VISION_END|>"),
+    )
+    pre = _qwen_preprocessor(
+        16, "CohereCompassProcessor", "CohereCompassImageProcessor", legacy=False
+    )
+    gen = {"bos_token_id": t("<BOS_TOKEN>"), "eos_token_id": t("<|END_OF_TURN_TOKEN|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2145,5 +2193,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_cosmos3_omni,
         "<|vision_start|><|image_pad|><|vision_end|>",
         "<|image_pad|>",
+    ),
+    "cohere_compass": Family(
+        _TokSpec(_COHERE_HEAD, _COMPASS_TAIL, _AYA_ROLES, _COMPASS_TEMPLATE, add_bos=True),
+        _recipe_cohere_compass,
+        _COMPASS_IMAGE,
+        "<|IMAGE_PAD|>",
     ),
 }

@@ -78,6 +78,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "hunyuan_vl": HunYuanVlAdapter,
     "lfm3_vl": QwenVLAdapter,  # Qwen's grid, plain positions; short-conv state: linear_attention.py
     "cosmos3_omni": QwenVLAdapter,  # Cosmos3 Reasoner: Qwen3-VL
+    "cohere_compass": QwenVLAdapter,  # Qwen3-VL with a Cohere2 LM
 }
 
 
