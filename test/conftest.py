@@ -98,7 +98,11 @@ def hf_inputs(processor, prompt: str, images: list[Image.Image]) -> transformers
     if name == "GotOcr2Processor":
         return processor(text=[prompt], images=images, return_tensors="pt")
     if name != "ShieldGemma2Processor":
-        return processor(text=[prompt], images=[images], return_tensors="pt")
+        # Cosmos3 Edge's model needs the token types its processor returns only when asked.
+        kwargs = {}
+        if "mm_token_type_ids" in processor.model_input_names:
+            kwargs["return_mm_token_type_ids"] = True
+        return processor(text=[prompt], images=[images], return_tensors="pt", **kwargs)
     inputs = transformers.ProcessorMixin.__call__(
         processor, text=[prompt], images=[images], return_tensors="pt"
     )

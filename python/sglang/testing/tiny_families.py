@@ -1852,6 +1852,36 @@ def _recipe_cohere_compass(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
 
 
+# Cosmos3 Edge (nvidia/Cosmos3-Edge): a SigLIP2 tower over GLM-style resized images (16-px patches,
+# 2 x 2 merged), a Llama-style LM (relu2 MLP) with M-RoPE; Qwen3-VL's processor -------------------
+def _recipe_cosmos3_edge(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Cosmos3EdgeConfig
+
+    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [6, 5, 5]}
+    text = dict(_qwen_text(tok, vocab), head_dim=32, hidden_act="relu2", rope_parameters=rope)
+    vision = dict(_SMALL_VIT, patch_size=16, num_patches=16, spatial_merge_size=2)
+    config = Cosmos3EdgeConfig(
+        text_config=text, vision_config=vision, projector_hidden_size=128, **_qwen_ids(tok)
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "Cosmos3EdgeImageProcessor",
+        "image_std": [0.5] * 3,
+        "merge_size": 2,
+        "patch_size": 16,
+        "processor_class": "Cosmos3EdgeProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128},
+        "temporal_patch_size": 1,
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2199,5 +2229,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_cohere_compass,
         _COMPASS_IMAGE,
         "<|IMAGE_PAD|>",
+    ),
+    "cosmos3_edge": Family(
+        _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(None)),
+        _recipe_cosmos3_edge,
+        "<|vision_start|><|image_pad|><|vision_end|>",
+        "<|image_pad|>",
     ),
 }

@@ -79,6 +79,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "lfm3_vl": QwenVLAdapter,  # Qwen's grid, plain positions; short-conv state: linear_attention.py
     "cosmos3_omni": QwenVLAdapter,  # Cosmos3 Reasoner: Qwen3-VL
     "cohere_compass": QwenVLAdapter,  # Qwen3-VL with a Cohere2 LM
+    "cosmos3_edge": Glm4vAdapter,  # GLM's resize rule (temporal patch 1); M-RoPE
 }
 
 
