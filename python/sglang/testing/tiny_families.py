@@ -1882,6 +1882,74 @@ def _recipe_cosmos3_edge(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
 
+# Janus (deepseek-community/Janus-Pro-1B): DeepSeek-VL's layout (a SigLIP tower and a 2-layer
+# aligner into a Llama LM, images padded to one square) plus a VQ image tokenizer and generation
+# head, loaded but unused when generating text; <begin_of_image> + run + <end_of_image> ---------
+_JANUS_ROLES = {
+    **_DEEPSEEK_ROLES,
+    "boi_token": "<begin_of_image>",
+    "eoi_token": "<end_of_image>",
+}
+_JANUS_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|' + message['role'] | capitalize + '|>: ' -}}"
+    + _content("<image_placeholder>\\n")
+    + "{{- '\\n\\n' if message['role'] == 'user' else eos_token -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|Assistant|>:' -}}{%- endif -%}"
+)
+
+
+def _recipe_janus(tok: Any, vocab: int) -> _Recipe:
+    from transformers import JanusConfig
+
+    text = _deepseek_text(tok, vocab)
+    vision = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 32,
+        "patch_size": 8,
+        "projection_dim": text["hidden_size"],
+        "num_image_tokens": 16,
+    }
+    vq = {
+        "embed_dim": 8,
+        "num_embeddings": 64,
+        "latent_channels": 32,  # group norms of 32 groups
+        "base_channels": 32,
+        "channel_multiplier": [1, 2],
+        "num_res_blocks": 1,
+        "num_patches": 4,
+        "projection_dim": text["hidden_size"],
+        "image_token_embed_dim": text["hidden_size"],
+    }
+    config = JanusConfig(
+        text_config=text,
+        vision_config=vision,
+        vq_config=vq,
+        image_token_id=tok.convert_tokens_to_ids("<image_placeholder>"),
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_pad": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "JanusImageProcessor",
+        "image_std": _CLIP_STD,
+        "min_size": 8,
+        "processor_class": "JanusProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 32, "width": 32},
+    }
+    proc = {"num_image_tokens": 16, "processor_class": "JanusProcessor"}
+    return _Recipe(config, "AutoModelForImageTextToText", _deepseek_generation(tok), pre, proc)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2235,5 +2303,25 @@ FAMILIES: dict[str, Family] = {
         _recipe_cosmos3_edge,
         "<|vision_start|><|image_pad|><|vision_end|>",
         "<|image_pad|>",
+    ),
+    "janus": Family(
+        _TokSpec(
+            (),
+            (
+                _DEEPSEEK_BOS,
+                _DEEPSEEK_EOS,
+                "<image_placeholder>",
+                "<begin_of_image>",
+                "<end_of_image>",
+                "<|User|>",
+                "<|Assistant|>",
+            ),  # fmt: skip
+            _JANUS_ROLES,
+            _JANUS_TEMPLATE,
+            add_bos=True,
+        ),
+        _recipe_janus,
+        "<image_placeholder>",
+        "<image_placeholder>",
     ),
 }

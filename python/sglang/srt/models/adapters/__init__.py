@@ -80,6 +80,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "cosmos3_omni": QwenVLAdapter,  # Cosmos3 Reasoner: Qwen3-VL
     "cohere_compass": QwenVLAdapter,  # Qwen3-VL with a Cohere2 LM
     "cosmos3_edge": Glm4vAdapter,  # GLM's resize rule (temporal patch 1); M-RoPE
+    "janus": FixedCountAdapter,  # text generation; the image-generation head is unused
 }
 
 
