@@ -1950,6 +1950,37 @@ def _recipe_janus(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _deepseek_generation(tok), pre, proc)
 
 
+# VideoLLaMA3 (lkhl/VideoLLaMA3-2B-Image-HF): a NaViT-style SigLIP tower at native resolution
+# (Qwen's smart_resize, no merge for images), a Qwen2 LM with plain positions ---------------------
+def _recipe_video_llama_3(tok: Any, vocab: int) -> _Recipe:
+    from transformers import VideoLlama3Config
+
+    vision = dict(_SMALL_VIT, patch_size=14)
+    config = VideoLlama3Config(
+        text_config=dict(_qwen_text(tok, vocab), model_type="qwen2"),
+        vision_config=vision,
+        image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "VideoLlama3ImageProcessor",
+        "image_std": [0.5] * 3,
+        "merge_size": 1,
+        "patch_size": 14,
+        "processor_class": "VideoLlama3Processor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 28 * 28, "longest_edge": 56 * 56},
+        "temporal_patch_size": 1,
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2323,5 +2354,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_janus,
         "<image_placeholder>",
         "<image_placeholder>",
+    ),
+    "video_llama_3": Family(
+        _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _chatml("<|image_pad|>\\n", None)),
+        _recipe_video_llama_3,
+        "<|image_pad|>",
+        "<|image_pad|>",
     ),
 }

@@ -81,6 +81,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "cohere_compass": QwenVLAdapter,  # Qwen3-VL with a Cohere2 LM
     "cosmos3_edge": Glm4vAdapter,  # GLM's resize rule (temporal patch 1); M-RoPE
     "janus": FixedCountAdapter,  # text generation; the image-generation head is unused
+    "video_llama_3": QwenVLAdapter,  # Qwen's grid (merge size 1 for images); plain positions
 }
 
 
