@@ -1981,6 +1981,42 @@ def _recipe_video_llama_3(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
 
+# HyperCLOVA X SEED vision (naver-hyperclovax/HyperCLOVAX-SEED-Think-32B layout, transformers
+# hyperclovax_vision_v2): a Qwen2.5-VL tower and Qwen's grid, plain positions, a HyperCLOVA X LM
+# (MuP multipliers; its logits are multiplied by logits_scaling) ----------------------------------
+def _recipe_hyperclovax_vision_v2(tok: Any, vocab: int) -> _Recipe:
+    from transformers import HyperCLOVAXVisionV2Config
+
+    text = _qwen_text(
+        tok,
+        vocab,
+        model_type="hyperclovax",
+        head_dim=32,
+        embedding_multiplier=2.0,
+        residual_multiplier=0.5,
+        logits_scaling=0.5,
+    )
+    vision = dict(
+        _QWEN_VISION,
+        hidden_size=64,
+        intermediate_size=128,
+        out_hidden_size=64,
+        patch_size=14,
+        window_size=56,
+        fullatt_block_indexes=[1],
+    )
+    config = HyperCLOVAXVisionV2Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+    )
+    pre = _qwen_preprocessor(
+        14, "HyperCLOVAXVisionV2Processor", "Qwen2VLImageProcessor", legacy=False
+    )
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2359,6 +2395,12 @@ FAMILIES: dict[str, Family] = {
         _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _chatml("<|image_pad|>\\n", None)),
         _recipe_video_llama_3,
         "<|image_pad|>",
+        "<|image_pad|>",
+    ),
+    "hyperclovax_vision_v2": Family(
+        _TokSpec((), _QWEN_SPECIALS, _QWEN_ROLES, _qwen_template(None)),
+        _recipe_hyperclovax_vision_v2,
+        "<|vision_start|><|image_pad|><|vision_end|>",
         "<|image_pad|>",
     ),
 }

@@ -19,6 +19,7 @@ from sglang.srt.models.adapters.families import (
     Granite4VisionAdapter,
     GraniteDoclingAdapter,
     HunYuanVlAdapter,
+    HyperClovaXVisionAdapter,
     Idefics2Adapter,
     LightOnOcrAdapter,
     LlavaAdapter,
@@ -82,6 +83,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "cosmos3_edge": Glm4vAdapter,  # GLM's resize rule (temporal patch 1); M-RoPE
     "janus": FixedCountAdapter,  # text generation; the image-generation head is unused
     "video_llama_3": QwenVLAdapter,  # Qwen's grid (merge size 1 for images); plain positions
+    "hyperclovax_vision_v2": HyperClovaXVisionAdapter,
 }
 
 

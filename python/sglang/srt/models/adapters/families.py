@@ -460,3 +460,13 @@ class HunYuanVlAdapter(ModelAdapter):
             max_pixels=size["longest_edge"],
         )
         return _grid_layout(resized, patch)
+
+
+class HyperClovaXVisionAdapter(QwenVLAdapter):
+    """HyperCLOVA X SEED vision: Qwen's grid (plain positions: no ``get_rope_index``); its LM's
+    ``logits_scaling`` is a MuP multiplier (Granite's is a divisor), and HF's VLM head applies
+    it, so the engine multiplies too."""
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        scaling = getattr(self.text_config, "logits_scaling", None)
+        return logits * scaling if scaling and scaling != 1 else logits
