@@ -88,8 +88,97 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
 
 
 # Families transformers has but this engine cannot serve yet, and what they would need.
+_TORCHVISION = "its image processor exists only for torchvision, which the engine does not use"
 KNOWN_GAPS: dict[str, str] = {
     "gemma3n": "per-layer inputs and audio towers are not wired into the engine",
+    # Encoder-decoder models: the engine serves decoder-only language models.
+    "florence2": "an encoder-decoder (BART-style): the answer is decoded with cross-attention "
+    "to the encoded image and prompt",
+    "pix2struct": "an encoder-decoder: the image patches are the encoder's input, the text "
+    "decoder cross-attends to them",
+    "udop": "an encoder-decoder (T5 with a layout-aware encoder over text, boxes and image)",
+    "t5gemma2": "an encoder-decoder (T5Gemma 2): the decoder cross-attends to the encoder",
+    "pp_formulanet": "an encoder-decoder (image encoder, text decoder with cross-attention); "
+    + _TORCHVISION,
+    "vision-encoder-decoder": "a vision encoder joined to a text decoder by cross-attention "
+    "(TrOCR, Donut, Nougat)",
+    # Language models that read images through cross-attention layers, not prompt tokens.
+    "mllama": "cross-attention layers read the image features; the KV pool holds only the "
+    "prompt's self-attention KV",
+    "idefics": "gated cross-attention layers read the image features (Flamingo design)",
+    "evolla": "a protein-text model: protein features enter through cross-attention layers",
+    "blip": "a BERT-style text decoder that reads the image through cross-attention",
+    # BLIP-style Q-Former families and models whose prompt has no image placeholder.
+    "blip-2": "its processor puts a single image's query tokens before BOS, with no placeholder "
+    "in the prompt: several images per prompt have no layout (and Flan-T5 checkpoints are "
+    "encoder-decoders)",
+    "instructblip": "the Q-Former reads the prompt's instruction (qformer_input_ids), so an "
+    "image's embedding depends on its prompt's text, not on the image alone",
+    "instructblipvideo": "the Q-Former reads the prompt's instruction (qformer_input_ids), so an "
+    "image's embedding depends on its prompt's text; " + _TORCHVISION,
+    "fuyu": "its processor puts a single image's patch rows (and BOS) before the prompt, with "
+    "no placeholder in the prompt, and rewrites box coordinates in the text",
+    "git": "the model concatenates one image's features in front of the prompt itself (no "
+    "placeholder tokens), image tokens attending to each other both ways",
+    "kosmos-2": "its text model writes the image features into the prompt itself "
+    "(image_embeds_position_mask, after scaling the token embeddings), not the generic merge",
+    "kosmos-2.5": "its text model writes the image features into the prompt itself "
+    "(image_embeds_position_mask, after scaling the token embeddings), not the generic merge",
+    "pp_chart2table": "its processor expands no placeholder (the chat template writes each "
+    "image's <imgpad> run); the GOT-OCR 2.0 model itself is served as got_ocr2",
+    # Image generators, diffusion and action heads.
+    "chameleon": "images are VQ-VAE codes read as text tokens (an image generator too); not "
+    "attempted: a tiny builder needs the VQ codebook-to-vocabulary map",
+    "emu3": "images are VQGAN codes read as text tokens (an image and video generator too); not "
+    "attempted: a tiny builder needs the VQ codebook-to-vocabulary map",
+    "diffusion_gemma": "a block-diffusion model (an encoder and a denoising decoder over a "
+    "canvas of tokens), not autoregressive decoding",
+    "pi0": "a robot policy (PaliGemma with a flow-matching action expert) that outputs actions, "
+    "not text; " + _TORCHVISION,
+    # Audio and omni models: audio towers are not wired into the engine.
+    "qwen2_5_omni_thinker": "audio and video towers with time-aligned M-RoPE are not wired into "
+    "the engine",
+    "qwen3_omni_moe_thinker": "audio and video towers with time-aligned M-RoPE are not wired "
+    "into the engine",
+    "gemma4_unified": "audio towers are not wired into the engine; " + _TORCHVISION,
+    "muse_spark": "audio towers are not wired into the engine; its image processor (MuseGlimmer's) "
+    "exists only for torchvision",
+    "dots3_note": "audio towers are not wired into the engine, and its DeepSeek-V3.2 LM's sparse "
+    "attention indexer keeps a key cache of its own",
+    # Language models whose layers keep state or caches the engine does not pool.
+    "mistral_large4": "its LM's DeepSeek sparse attention (DSA indexer) keeps a key cache of its "
+    "own and MLA keys and values of different head sizes",
+    "glm5_next": "its LM mixes hyper-connections, convolution state and a DSA sparse-attention "
+    "indexer with a key cache of its own",
+    "qwen4_exp": "its LM adds a sparse-attention (QSA) indexer, n-gram and per-layer embeddings "
+    "and gated residuals to Qwen3.5's linear attention; not attempted",
+    "mistral4": "a causal LM (MoE with MLA attention) listed for image-text-to-text; no vision "
+    "tower to serve",
+    "minicpmv4_6": "its processor reads its video processor's settings when it is built (the "
+    "engine builds none) and numbers each image in the prompt (<image_id>)",
+    "minicpmv4_7": "its processor reads its video processor's settings when it is built (the "
+    "engine builds none) and numbers each image in the prompt (<image_id>); no image processor "
+    "is registered for it",
+    "ernie4_5_vl_moe": "its MoE routes image and text tokens to separate experts from per-token "
+    "modality ids (moe_mm_token_type_ids), which the engine does not pass; not attempted",
+    # Image processors that exist only for torchvision (the engine composes processors without
+    # it), or vision towers from timm.
+    "cohere2_vision": _TORCHVISION,
+    "step3p7": _TORCHVISION + "; its LM mixes per-layer head counts and sliding windows",
+    "lfm2_vl": _TORCHVISION + " (LFM3-VL, with Qwen's image processor, is served)",
+    "minicpm_ocr": _TORCHVISION,
+    "nemotron_h_omni": _TORCHVISION + "; its LM's Mamba-2 layers and audio tower are not wired "
+    "into the engine",
+    "llama4": _TORCHVISION + "; its LM's chunked local attention is not supported",
+    "kimi_k25": _TORCHVISION,
+    "molmo2": _TORCHVISION,
+    "muse_glimmer": _TORCHVISION,
+    "minimax_m3_vl": _TORCHVISION,
+    "unlimited_ocr": _TORCHVISION,
+    "inkling2": _TORCHVISION,
+    "inkling_mm_model": _TORCHVISION,
+    "perception_lm": _TORCHVISION + ", and its vision tower is a timm model",
+    "fast_vlm": "its vision tower is a timm model (FastViT-HD) and timm is not installed",
 }
 
 
