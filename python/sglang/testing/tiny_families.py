@@ -2017,6 +2017,73 @@ def _recipe_hyperclovax_vision_v2(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
 
+# ERNIE-4.5-VL (baidu/ERNIE-4.5-VL-28B-A3B-PT): a Qwen2-VL-style tower, an ERNIE-4.5 MoE LM whose
+# image tokens (and their start / end tokens) go to vision experts, text tokens to text experts;
+# M-RoPE; ERNIE's tokens and template (as PaddleOCR-VL's) ------------------------------------------
+_ERNIE_VL_TAIL = (*_PADDLE_TAIL, "<|VIDEO_START|>", "<|VIDEO_END|>", "<|VIDEO_PLACEHOLDER|>")
+_ERNIE_VL_ROLES = {
+    **_PADDLE_ROLES,
+    "image_start_token": "<|IMAGE_START|>",
+    "image_end_token": "<|IMAGE_END|>",
+    "video_token": "<|VIDEO_PLACEHOLDER|>",
+    "video_start_token": "<|VIDEO_START|>",
+    "video_end_token": "<|VIDEO_END|>",
+}
+
+
+def _recipe_ernie4_5_vl_moe(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Ernie4_5_VLMoeConfig
+
+    t = tok.convert_tokens_to_ids
+    rope = {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [6, 6, 4]}
+    text = dict(
+        _llava_text(tok, vocab, "ernie4_5_vl_moe_text", rope_parameters=rope),
+        eos_token_id=[t("</s>"), t("<|end_of_sentence|>")],
+        moe_intermediate_size=[64, 32],  # text experts, vision experts
+        moe_k=2,
+        moe_num_experts=2,  # both taken: with 4, router near-ties flip under bfloat16 (Aria's)
+        moe_num_shared_experts=1,
+        num_hidden_layers=3,  # a sparse layer before the last: image tokens' experts matter
+        mlp_layer_types=["dense", "sparse", "sparse"],
+        tie_word_embeddings=True,
+    )
+    vision = {
+        "depth": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 4,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+    }
+    config = Ernie4_5_VLMoeConfig(
+        text_config=text,
+        vision_config=vision,
+        image_start_token_id=t("<|IMAGE_START|>"),
+        image_end_token_id=t("<|IMAGE_END|>"),
+        image_token_id=t("<|IMAGE_PLACEHOLDER|>"),
+        video_start_token_id=t("<|VIDEO_START|>"),
+        video_end_token_id=t("<|VIDEO_END|>"),
+        video_token_id=t("<|VIDEO_PLACEHOLDER|>"),
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": _CLIP_MEAN,
+        "image_processor_type": "Ernie4_5_VLMoeImageProcessor",
+        "image_std": _CLIP_STD,
+        "merge_size": 2,
+        "patch_size": 14,
+        "processor_class": "Ernie4_5_VLMoeProcessor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": 56 * 56, "longest_edge": 112 * 112},
+    }
+    gen = {"bos_token_id": text["bos_token_id"], "eos_token_id": text["eos_token_id"]}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2402,5 +2469,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_hyperclovax_vision_v2,
         "<|vision_start|><|image_pad|><|vision_end|>",
         "<|image_pad|>",
+    ),
+    "ernie4_5_vl_moe": Family(
+        _TokSpec(_LLAVA_HEAD, _ERNIE_VL_TAIL, _ERNIE_VL_ROLES, _PADDLE_TEMPLATE),
+        _recipe_ernie4_5_vl_moe,
+        _PADDLE_IMAGE,
+        "<|IMAGE_PLACEHOLDER|>",
     ),
 }

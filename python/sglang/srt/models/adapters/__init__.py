@@ -11,6 +11,7 @@ from torch import nn
 from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
 from sglang.srt.models.adapters.families import (
     AriaAdapter,
+    Ernie45VlMoeAdapter,
     FixedCountAdapter,
     Gemma3Adapter,
     Gemma4Adapter,
@@ -84,6 +85,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "janus": FixedCountAdapter,  # text generation; the image-generation head is unused
     "video_llama_3": QwenVLAdapter,  # Qwen's grid (merge size 1 for images); plain positions
     "hyperclovax_vision_v2": HyperClovaXVisionAdapter,
+    "ernie4_5_vl_moe": Ernie45VlMoeAdapter,
 }
 
 
@@ -159,8 +161,6 @@ KNOWN_GAPS: dict[str, str] = {
     "minicpmv4_7": "its processor reads its video processor's settings when it is built (the "
     "engine builds none) and numbers each image in the prompt (<image_id>); no image processor "
     "is registered for it",
-    "ernie4_5_vl_moe": "its MoE routes image and text tokens to separate experts from per-token "
-    "modality ids (moe_mm_token_type_ids), which the engine does not pass; not attempted",
     # Image processors that exist only for torchvision (the engine composes processors without
     # it), or vision towers from timm.
     "cohere2_vision": _TORCHVISION,

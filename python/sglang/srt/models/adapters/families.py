@@ -470,3 +470,35 @@ class HyperClovaXVisionAdapter(QwenVLAdapter):
     def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
         scaling = getattr(self.text_config, "logits_scaling", None)
         return logits * scaling if scaling and scaling != 1 else logits
+
+
+class Ernie45VlMoeAdapter(ModelAdapter):
+    """ERNIE-4.5-VL: ``image_grid_thw`` from its own ``smart_resize`` (M-RoPE is generic); its
+    MoE layers route each token by modality (``moe_mm_token_type_ids``: image tokens and their
+    start / end tokens to the vision experts, video ones to theirs), computed from the step's
+    token ids as its processor computes them."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.ernie4_5_vl_moe.image_processing_pil_ernie4_5_vl_moe import (
+            smart_resize,
+        )
+
+        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+        resized = smart_resize(
+            height,
+            width,
+            factor=patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return _grid_layout(resized, patch)
+
+    def token_lm_kwargs(self, input_ids: torch.Tensor) -> dict[str, Any]:
+        config = self.config
+        types = torch.zeros_like(input_ids)
+        for kind, value in (("image", 1), ("video", 2)):
+            ids = [getattr(config, f"{kind}{part}_token_id") for part in ("", "_start", "_end")]
+            types[torch.isin(input_ids, torch.tensor(ids, device=input_ids.device))] = value
+        return {"moe_mm_token_type_ids": types[None]}
