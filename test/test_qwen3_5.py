@@ -50,7 +50,13 @@ CASES = [
 
 # 11 cuts every image (16 and 20 tokens); 61 ends chunks off the delta rule's 64-token grid.
 @pytest.mark.parametrize(
-    "family, chunks", [("qwen3_5", (-1, 11, 61)), ("qwen3_5_moe", (-1, 11)), ("lfm3_vl", (-1, 11))]
+    "family, chunks",
+    [
+        ("qwen3_5", (-1, 11, 61)),
+        ("qwen3_5_moe", (-1, 11)),
+        ("lfm3_vl", (-1, 11)),
+        ("minicpmv4_6", (-1, 11)),  # PH holds its <|image_pad|> placeholder
+    ],
 )
 def test_parity_across_chunk_sizes_and_snapshot_hits(family: str, chunks: tuple[int, ...]) -> None:
     refs = [hf_greedy(family, prompt, images, MAX_NEW) for prompt, images in CASES]

@@ -174,6 +174,66 @@ def _recipe_lfm3_vl(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
 
 
+# MiniCPM-V 4.6 (openbmb/MiniCPM-V-4.6): a SigLIP tower over the image and its slices (NaViT
+# packing, a window-attention merger inside the tower and a 2 x 2 merger after it: 16x fewer
+# tokens), a Qwen3.5 LM (Gated DeltaNet); each image <image_id>N</image_id> + <image> + run +
+# </image>, then its slices' <slice> runs row by row -----------------------------------------------
+_MINICPM_TOKENS = ("<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>")
+_MINICPM_ROLES = {
+    **_QWEN_ROLES,
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "image_start_token": "<image>",
+    "image_end_token": "</image>",
+    "slice_start_token": "<slice>",
+    "slice_end_token": "</slice>",
+    "image_id_start_token": "<image_id>",
+    "image_id_end_token": "</image_id>",
+}
+_MINICPM_TEMPLATE = _QWEN3_5_TEMPLATE.replace(_QWEN_IMAGE, "<|image_pad|>\\n")
+
+
+def _recipe_minicpmv4_6(tok: Any, vocab: int) -> _Recipe:
+    from transformers import MiniCPMV4_6Config
+
+    text = _qwen_text(tok, vocab, model_type="qwen3_5_text", **_QWEN3_5_TEXT)
+    vision = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 112,
+        "patch_size": 14,
+    }
+    config = MiniCPMV4_6Config(
+        text_config=text,
+        vision_config=vision,
+        insert_layer_id=0,
+        image_size=112,
+        image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "downsample_mode": "16x",
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "MiniCPMV4_6ImageProcessor",
+        "image_std": [0.5] * 3,
+        "max_slice_nums": 4,
+        "patch_size": 14,
+        "processor_class": "MiniCPMV4_6Processor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "scale_resolution": 112,
+        "slice_mode": True,
+        "use_image_id": True,
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
 _TOKENIZER = _TokSpec((), _QWEN3_5_SPECIALS, _QWEN_ROLES, _QWEN3_5_TEMPLATE, plain=_THINK_TOKENS)
 FAMILIES: dict[str, Family] = {
     "qwen3_5": Family(_TOKENIZER, _recipe_qwen3_5, _QWEN_IMAGE, "<|image_pad|>"),
@@ -187,6 +247,18 @@ FAMILIES: dict[str, Family] = {
         _TokSpec((), _LFM_SPECIALS, _LFM_ROLES, _LFM_TEMPLATE),
         _recipe_lfm3_vl,
         _QWEN_IMAGE,
+        "<|image_pad|>",
+    ),
+    "minicpmv4_6": Family(
+        _TokSpec(
+            (),
+            (*_QWEN3_5_SPECIALS, *_MINICPM_TOKENS),
+            _MINICPM_ROLES,
+            _MINICPM_TEMPLATE,
+            plain=_THINK_TOKENS,
+        ),
+        _recipe_minicpmv4_6,
+        "<|image_pad|>",
         "<|image_pad|>",
     ),
 }

@@ -25,6 +25,7 @@ from sglang.srt.models.adapters.families import (
     LightOnOcrAdapter,
     LlavaAdapter,
     LlavaOnevisionAdapter,
+    MiniCpmV46Adapter,
     Ovis2Adapter,
     PaddleOcrVlAdapter,
     PaliGemmaAdapter,
@@ -86,6 +87,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "video_llama_3": QwenVLAdapter,  # Qwen's grid (merge size 1 for images); plain positions
     "hyperclovax_vision_v2": HyperClovaXVisionAdapter,
     "ernie4_5_vl_moe": Ernie45VlMoeAdapter,
+    "minicpmv4_6": MiniCpmV46Adapter,  # Qwen3.5 LM: linear-attention state (linear_attention.py)
 }
 
 
@@ -156,8 +158,6 @@ KNOWN_GAPS: dict[str, str] = {
     "and gated residuals to Qwen3.5's linear attention; not attempted",
     "mistral4": "a causal LM (MoE with MLA attention) listed for image-text-to-text; no vision "
     "tower to serve",
-    "minicpmv4_6": "its processor reads its video processor's settings when it is built (the "
-    "engine builds none) and numbers each image in the prompt (<image_id>)",
     "minicpmv4_7": "its processor reads its video processor's settings when it is built (the "
     "engine builds none) and numbers each image in the prompt (<image_id>); no image processor "
     "is registered for it",

@@ -502,3 +502,39 @@ class Ernie45VlMoeAdapter(ModelAdapter):
             ids = [getattr(config, f"{kind}{part}_token_id") for part in ("", "_start", "_end")]
             types[torch.isin(input_ids, torch.tensor(ids, device=input_ids.device))] = value
         return {"moe_mm_token_type_ids": types[None]}
+
+
+class MiniCpmV46Adapter(ModelAdapter):
+    """MiniCPM-V 4.6: its processor numbers each image of a prompt (``<image_id>N</image_id>``
+    before the image's replacement, counted per prompt), written into the prompt here; the
+    replacement reads the token divisor its ``_process_images`` passes (16x or 4x downsampling).
+    The tower takes an image's views packed along the pixel axis (NaViT), so several images'
+    pixels are concatenated on that axis, their view sizes one after the other."""
+
+    def format_prompt(self, processor: Any, prompt: str) -> str:
+        if not processor.default_use_image_id:
+            return prompt
+        image = processor.image_token
+        parts = prompt.split(image)
+        start, end = processor.image_id_start_token, processor.image_id_end_token
+        return parts[0] + "".join(
+            f"{start}{i}{end}{image}{part}" for i, part in enumerate(parts[1:])
+        )
+
+    def replacement(self, processor: Any, layout: Layout, images_kwargs: dict[str, Any]) -> str:
+        mode = images_kwargs.get("downsample_mode") or processor.image_processor.downsample_mode
+        return processor.replace_image_token(
+            layout_inputs(layout), 0, image_token_divisor=4 if mode == "4x" else 16
+        )
+
+    def encode(self, features: list[dict[str, Any]], rows: Sequence[int]) -> list[CachedEmbedding]:
+        fn = self.image_features_fn
+        pixels = torch.cat([f["pixel_values"] for f in features], dim=-1)
+        sizes = torch.cat([torch.as_tensor(f["target_sizes"]) for f in features])
+        out = fn(pixel_values=pixels, target_sizes=sizes.to(pixels.device))
+        return [CachedEmbedding(e, []) for e in split_rows(_pooled_output(out), rows)]
+
+
+def _pooled_output(out: Any) -> Any:
+    pooled = getattr(out, "pooler_output", None)
+    return pooled if pooled is not None else out
