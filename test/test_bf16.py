@@ -135,9 +135,10 @@ def test_bf16_prompt_logprobs_within_noise_of_hf(family: str) -> None:
 
 # Tiny random models on which a one-position shift of a chunk moves logprobs less than bfloat16
 # noise: Granite LMs' attention multiplier keeps attention near uniform, Qwen3.5's 3 of 4 layers
-# are linear attention (no positions; MiniCPM-V 4.6 has the same tiny Qwen3.5 LM: 0.11x the
-# bound). PaliGemma's prompt is never chunked, and shifting the second half of the tiny model's
-# prompt by three positions stays at 0.8x the bound. The dropped-image test covers them.
+# are linear attention (no positions; MiniCPM-V 4.6 and 4.7 have the same tiny Qwen3.5 LM:
+# 0.11x and 0.17x the bound, and 4.7's canvas M-RoPE is checked against HF in test_qwen3_5).
+# PaliGemma's prompt is never chunked, and shifting the second half of the tiny model's prompt by
+# three positions stays at 0.8x the bound. The dropped-image test covers them.
 POSITION_BLIND = (
     "granite_vision",
     "granite4_vision",
@@ -145,6 +146,7 @@ POSITION_BLIND = (
     "qwen3_5_moe",
     "paligemma",
     "minicpmv4_6",
+    "minicpmv4_7",
 )
 
 

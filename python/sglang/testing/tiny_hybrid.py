@@ -234,6 +234,29 @@ def _recipe_minicpmv4_6(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
 
+# MiniCPM-V 4.7 (openbmb/MiniCPM-V-4.7-1B): MiniCPM-V 4.6 with canvas M-RoPE (image, slice and
+# row-break markers pinned to the image canvas's corners and edges) ------------------------------
+def _recipe_minicpmv4_7(tok: Any, vocab: int) -> _Recipe:
+    from transformers import MiniCPMV4_7Config
+
+    v46 = _recipe_minicpmv4_6(tok, vocab)
+    data = v46.config.to_dict()
+    t = tok.convert_tokens_to_ids
+    keep = ("insert_layer_id", "image_size", "image_token_id", "video_token_id")
+    config = MiniCPMV4_7Config(
+        text_config=data["text_config"],
+        vision_config=data["vision_config"],
+        image_start_id=t("<image>"),
+        image_end_id=t("</image>"),
+        slice_start_id=t("<slice>"),
+        slice_end_id=t("</slice>"),
+        newline_id=tok("\\n", add_special_tokens=False)["input_ids"][0],
+        **{k: data[k] for k in keep},
+    )
+    pre = dict(v46.preprocessor, processor_class="MiniCPMV4_7Processor")
+    return _Recipe(config, "AutoModelForImageTextToText", v46.generation, pre)
+
+
 _TOKENIZER = _TokSpec((), _QWEN3_5_SPECIALS, _QWEN_ROLES, _QWEN3_5_TEMPLATE, plain=_THINK_TOKENS)
 FAMILIES: dict[str, Family] = {
     "qwen3_5": Family(_TOKENIZER, _recipe_qwen3_5, _QWEN_IMAGE, "<|image_pad|>"),
@@ -258,6 +281,18 @@ FAMILIES: dict[str, Family] = {
             plain=_THINK_TOKENS,
         ),
         _recipe_minicpmv4_6,
+        "<|image_pad|>",
+        "<|image_pad|>",
+    ),
+    "minicpmv4_7": Family(
+        _TokSpec(
+            (),
+            (*_QWEN3_5_SPECIALS, *_MINICPM_TOKENS),
+            _MINICPM_ROLES,
+            _MINICPM_TEMPLATE,
+            plain=_THINK_TOKENS,
+        ),
+        _recipe_minicpmv4_7,
         "<|image_pad|>",
         "<|image_pad|>",
     ),

@@ -26,6 +26,7 @@ from sglang.srt.models.adapters.families import (
     LlavaAdapter,
     LlavaOnevisionAdapter,
     MiniCpmV46Adapter,
+    MiniCpmV47Adapter,
     Ovis2Adapter,
     PaddleOcrVlAdapter,
     PaliGemmaAdapter,
@@ -88,6 +89,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "hyperclovax_vision_v2": HyperClovaXVisionAdapter,
     "ernie4_5_vl_moe": Ernie45VlMoeAdapter,
     "minicpmv4_6": MiniCpmV46Adapter,  # Qwen3.5 LM: linear-attention state (linear_attention.py)
+    "minicpmv4_7": MiniCpmV47Adapter,
 }
 
 
@@ -158,9 +160,6 @@ KNOWN_GAPS: dict[str, str] = {
     "and gated residuals to Qwen3.5's linear attention; not attempted",
     "mistral4": "a causal LM (MoE with MLA attention) listed for image-text-to-text; no vision "
     "tower to serve",
-    "minicpmv4_7": "its processor reads its video processor's settings when it is built (the "
-    "engine builds none) and numbers each image in the prompt (<image_id>); no image processor "
-    "is registered for it",
     # Image processors that exist only for torchvision (the engine composes processors without
     # it), or vision towers from timm.
     "cohere2_vision": _TORCHVISION,

@@ -538,3 +538,18 @@ class MiniCpmV46Adapter(ModelAdapter):
 def _pooled_output(out: Any) -> Any:
     pooled = getattr(out, "pooler_output", None)
     return pooled if pooled is not None else out
+
+
+class MiniCpmV47Adapter(MiniCpmV46Adapter):
+    """MiniCPM-V 4.7: MiniCPM-V 4.6's layout with canvas M-RoPE, whose ``get_rope_index`` reads
+    the images' view sizes (``target_sizes``) rather than a patch grid."""
+
+    def mrope(self, input_ids: list[int], layouts: list[Layout]) -> tuple[torch.Tensor, int]:
+        ids = torch.tensor([input_ids])
+        kwargs: dict[str, Any] = {}
+        if layouts:
+            sizes = [torch.as_tensor(np.asarray(layout["target_sizes"])) for layout in layouts]
+            kwargs["target_sizes"] = torch.cat(sizes)
+        mm_types = (ids == self.image_token_id).int()
+        positions, delta = self.inner.get_rope_index(ids, mm_token_type_ids=mm_types, **kwargs)
+        return positions[:, 0], int(delta.reshape(-1)[0])
