@@ -99,9 +99,11 @@ def hf_inputs(processor, prompt: str, images: list[Image.Image]) -> transformers
         return processor(text=[prompt], images=images, return_tensors="pt")
     if name != "ShieldGemma2Processor":
         # Cosmos3 Edge's model needs the token types its processor returns only when asked.
-        kwargs = {}
-        if "mm_token_type_ids" in processor.model_input_names:
-            kwargs["return_mm_token_type_ids"] = True
+        try:
+            names = processor.model_input_names
+        except AttributeError:  # Qwen2.5-Omni lists its unbuilt audio and video processors' names
+            names = ()
+        kwargs = {"return_mm_token_type_ids": True} if "mm_token_type_ids" in names else {}
         return processor(text=[prompt], images=[images], return_tensors="pt", **kwargs)
     inputs = transformers.ProcessorMixin.__call__(
         processor, text=[prompt], images=[images], return_tensors="pt"

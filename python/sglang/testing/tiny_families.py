@@ -2084,6 +2084,67 @@ def _recipe_ernie4_5_vl_moe(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
 
 
+# Qwen2.5-Omni thinker (Qwen/Qwen2.5-Omni-7B's thinker, transformers qwen2_5_omni_thinker), images
+# only: a Qwen2.5-VL tower and grid, M-RoPE; its audio tower is built but not served ---------------
+_OMNI_IMAGE = "<|vision_bos|><|IMAGE|><|vision_eos|>"
+_OMNI_TAIL = (
+    *_QWEN_SPECIALS, "<|IMAGE|>", "<|AUDIO|>", "<|VIDEO|>", "<|vision_bos|>", "<|vision_eos|>",
+    "<|audio_bos|>", "<|audio_eos|>",
+)  # fmt: skip
+_OMNI_ROLES = {
+    **_QWEN_ROLES,
+    "image_token": "<|IMAGE|>",
+    "audio_token": "<|AUDIO|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+}
+
+
+def _recipe_qwen2_5_omni_thinker(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Qwen2_5OmniThinkerConfig
+
+    t = tok.convert_tokens_to_ids
+    rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [4, 6, 6]}
+    text = _qwen_text(tok, vocab, model_type="qwen2_5_omni_text", rope_parameters=rope)
+    vision = dict(
+        _QWEN_VISION,
+        hidden_size=64,
+        intermediate_size=128,
+        out_hidden_size=text["hidden_size"],
+        patch_size=14,
+        window_size=56,
+        fullatt_block_indexes=[1],
+    )
+    audio = {
+        "num_mel_bins": 16,
+        "encoder_layers": 1,
+        "encoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "d_model": 32,
+        "output_dim": text["hidden_size"],
+        "max_source_positions": 100,
+        "n_window": 10,
+    }
+    config = Qwen2_5OmniThinkerConfig(
+        text_config=text,
+        vision_config=vision,
+        audio_config=audio,
+        image_token_index=t("<|IMAGE|>"),
+        audio_token_index=t("<|AUDIO|>"),
+        video_token_index=t("<|VIDEO|>"),
+        audio_start_token_id=t("<|audio_bos|>"),
+        audio_end_token_id=t("<|audio_eos|>"),
+        user_token_id=t("<|im_start|>"),
+        vision_start_token_id=t("<|vision_bos|>"),  # read by get_rope_index
+        vision_end_token_id=t("<|vision_eos|>"),
+    )
+    pre = _qwen_preprocessor(14, "Qwen2_5OmniProcessor", "Qwen2VLImageProcessor", legacy=False)
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2475,5 +2536,11 @@ FAMILIES: dict[str, Family] = {
         _recipe_ernie4_5_vl_moe,
         _PADDLE_IMAGE,
         "<|IMAGE_PLACEHOLDER|>",
+    ),
+    "qwen2_5_omni_thinker": Family(
+        _TokSpec((), _OMNI_TAIL, _OMNI_ROLES, _chatml(_OMNI_IMAGE)),
+        _recipe_qwen2_5_omni_thinker,
+        _OMNI_IMAGE,
+        "<|IMAGE|>",
     ),
 }

@@ -31,6 +31,7 @@ from sglang.srt.models.adapters.families import (
     PaddleOcrVlAdapter,
     PaliGemmaAdapter,
     PixtralAdapter,
+    QwenOmniThinkerAdapter,
     QwenVLAdapter,
     ShieldGemma2Adapter,
     TiledAdapter,
@@ -90,6 +91,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "ernie4_5_vl_moe": Ernie45VlMoeAdapter,
     "minicpmv4_6": MiniCpmV46Adapter,  # Qwen3.5 LM: linear-attention state (linear_attention.py)
     "minicpmv4_7": MiniCpmV47Adapter,
+    "qwen2_5_omni_thinker": QwenOmniThinkerAdapter,  # images only; the audio tower is unused
 }
 
 
@@ -142,8 +144,6 @@ KNOWN_GAPS: dict[str, str] = {
     "pi0": "a robot policy (PaliGemma with a flow-matching action expert) that outputs actions, "
     "not text; " + _TORCHVISION,
     # Audio and omni models: audio towers are not wired into the engine.
-    "qwen2_5_omni_thinker": "audio and video towers with time-aligned M-RoPE are not wired into "
-    "the engine",
     "qwen3_omni_moe_thinker": "audio and video towers with time-aligned M-RoPE are not wired "
     "into the engine",
     "gemma4_unified": "audio towers are not wired into the engine; " + _TORCHVISION,

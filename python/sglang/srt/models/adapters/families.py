@@ -553,3 +553,18 @@ class MiniCpmV47Adapter(MiniCpmV46Adapter):
         mm_types = (ids == self.image_token_id).int()
         positions, delta = self.inner.get_rope_index(ids, mm_token_type_ids=mm_types, **kwargs)
         return positions[:, 0], int(delta.reshape(-1)[0])
+
+
+class QwenOmniThinkerAdapter(QwenVLAdapter):
+    """Qwen2.5-Omni's thinker, images only: Qwen's grid size rule; its ``get_rope_index`` takes
+    the image grids alone (no token types; audio and video arguments left out)."""
+
+    def mrope(self, input_ids: list[int], layouts: list[Layout]) -> tuple[torch.Tensor, int]:
+        ids = torch.tensor([input_ids])
+        grids = [torch.as_tensor(layout["image_grid_thw"]) for layout in layouts]
+        positions, delta = self.inner.get_rope_index(
+            ids,
+            image_grid_thw=torch.cat(grids) if grids else None,
+            attention_mask=torch.ones_like(ids),  # a prompt without images reads it
+        )
+        return positions[:, 0], int(delta.reshape(-1)[0])
