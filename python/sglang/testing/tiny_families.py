@@ -2145,6 +2145,55 @@ def _recipe_qwen2_5_omni_thinker(tok: Any, vocab: int) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
 
+# Qwen3-Omni thinker (transformers qwen3_omni_moe_thinker), images only: a Qwen3-VL-style tower
+# (deepstack), an MoE LM, M-RoPE; its audio tower is built but not served -----------------------
+def _recipe_qwen3_omni_moe_thinker(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Qwen3OmniMoeThinkerConfig
+
+    t = tok.convert_tokens_to_ids
+    text = _qwen_text(
+        tok,
+        vocab,
+        model_type="qwen3_omni_moe_text",
+        head_dim=32,
+        rope_parameters=_QWEN3_ROPE,
+        # both experts taken: with 4, a router near-tie flips when the prompt shares its batch
+        # (test_bf16's batch: 0.2 nats at one position, 14x HF's bfloat16 noise; 0 alone)
+        num_experts=2,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        decoder_sparse_step=1,
+    )
+    vision = dict(_QWEN3_VISION, out_hidden_size=text["hidden_size"])
+    audio = {
+        "num_mel_bins": 16,
+        "encoder_layers": 1,
+        "encoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "d_model": 32,
+        "output_dim": text["hidden_size"],
+        "max_source_positions": 100,
+        "n_window": 10,
+        "n_window_infer": 40,
+        "conv_chunksize": 50,
+        "downsample_hidden_size": 16,
+    }
+    config = Qwen3OmniMoeThinkerConfig(
+        text_config=text,
+        vision_config=vision,
+        audio_config=audio,
+        image_token_id=t("<|IMAGE|>"),
+        audio_token_id=t("<|AUDIO|>"),
+        video_token_id=t("<|VIDEO|>"),
+        audio_start_token_id=t("<|audio_bos|>"),
+        user_token_id=t("<|im_start|>"),
+        vision_start_token_id=t("<|vision_bos|>"),  # read by get_rope_index
+        vision_end_token_id=t("<|vision_eos|>"),
+    )
+    pre = _qwen_preprocessor(16, "Qwen3OmniMoeProcessor", "Qwen2VLImageProcessor", legacy=False)
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
 FAMILIES: dict[str, Family] = {
     "internvl": Family(
         _TokSpec(
@@ -2540,6 +2589,12 @@ FAMILIES: dict[str, Family] = {
     "qwen2_5_omni_thinker": Family(
         _TokSpec((), _OMNI_TAIL, _OMNI_ROLES, _chatml(_OMNI_IMAGE)),
         _recipe_qwen2_5_omni_thinker,
+        _OMNI_IMAGE,
+        "<|IMAGE|>",
+    ),
+    "qwen3_omni_moe_thinker": Family(
+        _TokSpec((), _OMNI_TAIL, _OMNI_ROLES, _chatml(_OMNI_IMAGE, None)),
+        _recipe_qwen3_omni_moe_thinker,
         _OMNI_IMAGE,
         "<|IMAGE|>",
     ),

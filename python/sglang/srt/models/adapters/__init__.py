@@ -92,6 +92,7 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "minicpmv4_6": MiniCpmV46Adapter,  # Qwen3.5 LM: linear-attention state (linear_attention.py)
     "minicpmv4_7": MiniCpmV47Adapter,
     "qwen2_5_omni_thinker": QwenOmniThinkerAdapter,  # images only; the audio tower is unused
+    "qwen3_omni_moe_thinker": QwenOmniThinkerAdapter,  # images only; deepstack is generic
 }
 
 
@@ -144,8 +145,6 @@ KNOWN_GAPS: dict[str, str] = {
     "pi0": "a robot policy (PaliGemma with a flow-matching action expert) that outputs actions, "
     "not text; " + _TORCHVISION,
     # Audio and omni models: audio towers are not wired into the engine.
-    "qwen3_omni_moe_thinker": "audio and video towers with time-aligned M-RoPE are not wired "
-    "into the engine",
     "gemma4_unified": "audio towers are not wired into the engine; " + _TORCHVISION,
     "muse_spark": "audio towers are not wired into the engine; its image processor (MuseGlimmer's) "
     "exists only for torchvision",
