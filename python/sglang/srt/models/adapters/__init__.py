@@ -136,10 +136,10 @@ KNOWN_GAPS: dict[str, str] = {
     "pp_chart2table": "its processor expands no placeholder (the chat template writes each "
     "image's <imgpad> run); the GOT-OCR 2.0 model itself is served as got_ocr2",
     # Image generators, diffusion and action heads.
-    "chameleon": "images are VQ-VAE codes read as text tokens (an image generator too); not "
-    "attempted: a tiny builder needs the VQ codebook-to-vocabulary map",
-    "emu3": "images are VQGAN codes read as text tokens (an image and video generator too); not "
-    "attempted: a tiny builder needs the VQ codebook-to-vocabulary map",
+    "chameleon": "images are VQ-VAE codes read as text tokens (an image generator too); its "
+    "config has a vq_config and no vision_config, by which the engine tells a VLM",
+    "emu3": "images are VQGAN codes read as text tokens (an image and video generator too); its "
+    "config has a vq_config and no vision_config, by which the engine tells a VLM",
     "diffusion_gemma": "a block-diffusion model (an encoder and a denoising decoder over a "
     "canvas of tokens), not autoregressive decoding",
     "pi0": "a robot policy (PaliGemma with a flow-matching action expert) that outputs actions, "
