@@ -155,8 +155,8 @@ KNOWN_GAPS: dict[str, str] = {
     "own and MLA keys and values of different head sizes",
     "glm5_next": "its LM mixes hyper-connections, convolution state and a DSA sparse-attention "
     "indexer with a key cache of its own",
-    "qwen4_exp": "its LM adds a sparse-attention (QSA) indexer, n-gram and per-layer embeddings "
-    "and gated residuals to Qwen3.5's linear attention; not attempted",
+    "qwen4_exp": "its LM's sparse-attention (QSA) indexer keeps a key cache of its own "
+    "(update_indexer), beside n-gram and per-layer embeddings on Qwen3.5's linear attention",
     "mistral4": "a causal LM (MoE with MLA attention) listed for image-text-to-text; no vision "
     "tower to serve",
     # Image processors that exist only for torchvision (the engine composes processors without
