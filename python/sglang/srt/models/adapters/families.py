@@ -19,6 +19,7 @@ from sglang.srt.models.adapters.base import (
     Layout,
     ModelAdapter,
     PixelShape,
+    _pooled,
     accepted_kwargs,
     batch_features,
     layout_inputs,
@@ -532,12 +533,7 @@ class MiniCpmV46Adapter(ModelAdapter):
         pixels = torch.cat([f["pixel_values"] for f in features], dim=-1)
         sizes = torch.cat([torch.as_tensor(f["target_sizes"]) for f in features])
         out = fn(pixel_values=pixels, target_sizes=sizes.to(pixels.device))
-        return [CachedEmbedding(e, []) for e in split_rows(_pooled_output(out), rows)]
-
-
-def _pooled_output(out: Any) -> Any:
-    pooled = getattr(out, "pooler_output", None)
-    return pooled if pooled is not None else out
+        return [CachedEmbedding(e, []) for e in split_rows(_pooled(out), rows)]
 
 
 class MiniCpmV47Adapter(MiniCpmV46Adapter):
