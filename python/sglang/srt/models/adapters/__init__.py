@@ -129,10 +129,10 @@ KNOWN_GAPS: dict[str, str] = {
     "no placeholder in the prompt, and rewrites box coordinates in the text",
     "git": "the model concatenates one image's features in front of the prompt itself (no "
     "placeholder tokens), image tokens attending to each other both ways",
-    "kosmos-2": "its text model writes the image features into the prompt itself "
-    "(image_embeds_position_mask, after scaling the token embeddings), not the generic merge",
-    "kosmos-2.5": "its text model writes the image features into the prompt itself "
-    "(image_embeds_position_mask, after scaling the token embeddings), not the generic merge",
+    "kosmos-2": "its processor puts a single image's 64 query tokens (distinct ids) at the start "
+    "of the prompt, with no placeholder in the text, for image_embeds_position_mask",
+    "kosmos-2.5": "its processor puts a single image's 2048 tokens at the start of the prompt, "
+    "with no placeholder in the text, for image_embeds_position_mask",
     "pp_chart2table": "its processor expands no placeholder (the chat template writes each "
     "image's <imgpad> run); the GOT-OCR 2.0 model itself is served as got_ocr2",
     # Image generators, diffusion and action heads.
