@@ -133,8 +133,8 @@ KNOWN_GAPS: dict[str, str] = {
     "of the prompt, with no placeholder in the text, for image_embeds_position_mask",
     "kosmos-2.5": "its processor puts a single image's 2048 tokens at the start of the prompt, "
     "with no placeholder in the text, for image_embeds_position_mask",
-    "pp_chart2table": "its processor expands no placeholder (the chat template writes each "
-    "image's <imgpad> run); the GOT-OCR 2.0 model itself is served as got_ocr2",
+    "pp_chart2table": "its processor expands no placeholder (no replace_image_token: prompts "
+    "carry each image's <imgpad> run already); the GOT-OCR 2.0 model is served as got_ocr2",
     # Image generators, diffusion and action heads.
     "chameleon": "images are VQ-VAE codes read as text tokens (an image generator too); its "
     "config has a vq_config and no vision_config, by which the engine tells a VLM",
