@@ -99,7 +99,8 @@ FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
 # Families transformers has but this engine cannot serve yet, and what they would need.
 _TORCHVISION = "its image processor exists only for torchvision, which the engine does not use"
 KNOWN_GAPS: dict[str, str] = {
-    "gemma3n": "per-layer inputs and audio towers are not wired into the engine",
+    "gemma3n": "its vision tower is a timm model (MobileNetV5) and timm is not installed; its "
+    "audio tower is not wired into the engine",
     # Encoder-decoder models: the engine serves decoder-only language models.
     "florence2": "an encoder-decoder (BART-style): the answer is decoded with cross-attention "
     "to the encoded image and prompt",
