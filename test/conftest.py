@@ -17,6 +17,7 @@ import torch
 import transformers
 from PIL import Image
 
+from sglang.srt.models.adapters import load_vlm
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.testing.tiny_models import (
     BASE_VLM_FAMILIES,
@@ -78,10 +79,37 @@ def _hf(family: str):
 def load_hf_model(cls, path: str, dtype: torch.dtype):
     """HF's model with SDPA attention, or eager where the family has none (Gemma 2's
     soft-capped attention in PaliGemma 2)."""
+    load = cls.from_pretrained
+    if cls is transformers.AutoModelForImageTextToText:  # ShieldGemma 2: its classifier's model
+        load = functools.partial(load_vlm, config=transformers.AutoConfig.from_pretrained(path))
     try:
-        return cls.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
+        return load(path, dtype=dtype, attn_implementation="sdpa").eval()
     except ValueError:
-        return cls.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+        return load(path, dtype=dtype, attn_implementation="eager").eval()
+
+
+def hf_inputs(processor, prompt: str, images: list[Image.Image]) -> transformers.BatchFeature:
+    """HF's processor outputs for one sample (a prompt and its images). ShieldGemma 2's
+    ``__call__`` ignores the text and writes one prompt per safety policy itself; the prompt's
+    own text goes through the generic ``ProcessorMixin.__call__`` with its placeholder
+    expansion (what the engine serves), the token types renamed as its ``__call__`` does.
+    GOT-OCR 2 reads nested images as the pages of one image: a sample's images come flat."""
+    name = type(processor).__name__
+    if name == "GotOcr2Processor":
+        return processor(text=[prompt], images=images, return_tensors="pt")
+    if name != "ShieldGemma2Processor":
+        # Cosmos3 Edge's model needs the token types its processor returns only when asked.
+        try:
+            names = processor.model_input_names
+        except AttributeError:  # Qwen2.5-Omni lists its unbuilt audio and video processors' names
+            names = ()
+        kwargs = {"return_mm_token_type_ids": True} if "mm_token_type_ids" in names else {}
+        return processor(text=[prompt], images=[images], return_tensors="pt", **kwargs)
+    inputs = transformers.ProcessorMixin.__call__(
+        processor, text=[prompt], images=[images], return_tensors="pt"
+    )
+    inputs["token_type_ids"] = inputs.pop("mm_token_type_ids")
+    return inputs
 
 
 def hf_greedy(
@@ -94,7 +122,7 @@ def hf_greedy(
     if images:
         # One sample and its images: LLaVA-OneVision encodes an image differently when its
         # prompt has others (a flat list would make each image a sample of its own).
-        inputs = processor(text=[prompt], images=[images], return_tensors="pt")
+        inputs = hf_inputs(processor, prompt, images)
     elif family in PREFIX_LM_FAMILIES:
         # HF's processor refuses a prompt without images; its layout for one with none: <bos>,
         # the prompt, a newline, all of it the bidirectional prefix.

@@ -136,8 +136,8 @@ def test_family_placeholders_and_cache_hits(family: str) -> None:
 
 
 def test_unservable_model_fails_at_startup_with_one_line(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics2"}))
-    with pytest.raises(UnsupportedModelError, match="cannot serve model type 'idefics2'"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mllama"}))
+    with pytest.raises(UnsupportedModelError, match="cannot serve model type 'mllama'"):
         check_model(str(tmp_path))
     with pytest.raises(UnsupportedModelError, match="cannot serve"):
         sglang.Engine(model_path=str(tmp_path))
@@ -151,7 +151,7 @@ def test_unservable_model_fails_at_startup_with_one_line(tmp_path: Path) -> None
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
-    assert errors[0].startswith("error: cannot serve model type 'idefics2'")
+    assert errors[0].startswith("error: cannot serve model type 'mllama'")
     assert all(family in errors[0] for family in FAMILY_ADAPTERS)
 
 

@@ -15,6 +15,7 @@ from conftest import (
     ALL_VLM_FAMILIES,
     HF_SKIPS_LOGITS_SCALING,
     _hf,
+    hf_inputs,
     load_hf_model,
     make_image,
     model_dir,
@@ -55,7 +56,7 @@ def _hf_logprobs(
 ) -> tuple[list[int], torch.Tensor]:
     """HF's prompt ids and log P(token p | tokens < p) for p >= 1 (after the LM head's own
     scaling where HF's wrapper skips it, as the engine applies it)."""
-    inputs = processor(text=[prompt], images=[image], return_tensors="pt")
+    inputs = hf_inputs(processor, prompt, [image])  # one sample
     inputs = {k: v.to(model.dtype) if v.is_floating_point() else v for k, v in inputs.items()}
     with torch.no_grad():
         logits = model(**inputs).logits[0].float()

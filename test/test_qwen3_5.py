@@ -1,6 +1,7 @@
-"""Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet linear attention + full attention): greedy output
-equals HF ``generate`` across chunk sizes that cut images and the layers' 64-token recurrence
-chunks, in mixed batches, on radix hits resumed from state snapshots and in multi-turn chats."""
+"""Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet linear attention + full attention) and LFM3-VL (gated
+short convolutions + attention): greedy output equals HF ``generate`` across chunk sizes that cut
+images and the layers' 64-token recurrence chunks, in mixed batches, on radix hits resumed from
+state snapshots and in multi-turn chats."""
 
 from __future__ import annotations
 
@@ -48,7 +49,16 @@ CASES = [
 
 
 # 11 cuts every image (16 and 20 tokens); 61 ends chunks off the delta rule's 64-token grid.
-@pytest.mark.parametrize("family, chunks", [("qwen3_5", (-1, 11, 61)), ("qwen3_5_moe", (-1, 11))])
+@pytest.mark.parametrize(
+    "family, chunks",
+    [
+        ("qwen3_5", (-1, 11, 61)),
+        ("qwen3_5_moe", (-1, 11)),
+        ("lfm3_vl", (-1, 11)),
+        ("minicpmv4_6", (-1, 11)),  # PH holds their <|image_pad|> placeholder
+        ("minicpmv4_7", (-1, 11)),
+    ],
+)
 def test_parity_across_chunk_sizes_and_snapshot_hits(family: str, chunks: tuple[int, ...]) -> None:
     refs = [hf_greedy(family, prompt, images, MAX_NEW) for prompt, images in CASES]
     for chunk in chunks:
@@ -243,3 +253,28 @@ def test_kv_pool_holds_full_attention_layers_only() -> None:
     shape = eng.runner.state_pool.shape
     assert len(shape.layer_ids) == text.num_hidden_layers - len(full)
     assert shape.recurrent_dtype == torch.float32  # as HF keeps it
+
+
+def test_minicpmv4_7_canvas_positions_match_hf() -> None:
+    """MiniCPM-V 4.7's canvas M-RoPE (markers pinned to the image canvas) from the engine's
+    layouts equals HF's from its processor outputs, for images with and without slices (the
+    tiny Qwen3.5 LM hardly depends on positions, so parity alone would not show it)."""
+    from conftest import _hf, hf_inputs
+
+    family = "minicpmv4_7"
+    ph = placeholder(family)
+    model, processor = _hf(family)
+    eng = engine(family, -1)
+    prompt = f"First {ph} then {ph} and {ph}."
+    images = [make_image(2, 96, 40), make_image(3, 40, 88), make_image(4, 200, 120)]
+    inputs = hf_inputs(processor, prompt, images)
+    want, want_delta = model.model.get_rope_index(
+        inputs["input_ids"],
+        mm_token_type_ids=inputs["mm_token_type_ids"],
+        target_sizes=inputs["target_sizes"],
+    )
+    ids, items = eng.processor.process(prompt, None, eng.processor.load_images(images))
+    assert ids == inputs["input_ids"][0].tolist()
+    assert len(inputs["target_sizes"]) > len(images)  # one image is sliced
+    got, delta = eng.runner.adapter.mrope(ids, [item.layout for item in items])
+    assert torch.equal(got, want[:, 0]) and delta == int(want_delta.reshape(-1)[0])

@@ -1,4 +1,4 @@
-"""Tiny recipes for hybrid linear-attention VLMs: Qwen3.5 and Qwen3.5-MoE.
+"""Tiny recipes for hybrid linear-attention VLMs: Qwen3.5, Qwen3.5-MoE and LFM3-VL.
 
 Laid out as the published checkpoints are: Qwen3-VL's processor and vision tower without
 deepstack, Qwen's special tokens plus ``<think>``/``</think>`` as plain added tokens (decoding
@@ -15,6 +15,7 @@ from sglang.testing.tiny_common import (
     _QWEN3_VISION,
     _QWEN_ROLES,
     _QWEN_SPECIALS,
+    _TEXT,
     _qwen_generation,
     _qwen_ids,
     _qwen_preprocessor,
@@ -110,6 +111,154 @@ def _recipe_qwen3_5(tok: Any, vocab: int, moe: bool = False) -> _Recipe:
     return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
 
 
+# LFM3-VL (LiquidAI/LFM3-VL-2B): an LFM3 LM of gated short convolutions (conv state only) with
+# sliding-window and full attention layers, a vision tower that mixes short convolutions and
+# attention over Qwen's patch grid (no M-RoPE); ChatML with <|startoftext|> ----------------------
+_LFM_SPECIALS = (
+    "<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>", "<|vision_start|>",
+    "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+_LFM_ROLES = {"bos_token": "<|startoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|pad|>"}
+_LFM_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] in ('image', 'image_url') -%}{{- '" + _QWEN_IMAGE + "' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _recipe_lfm3_vl(tok: Any, vocab: int) -> _Recipe:
+    from transformers import Lfm3VlConfig
+
+    t = tok.convert_tokens_to_ids
+    text = dict(
+        _TEXT,
+        model_type="lfm3",
+        num_hidden_layers=4,
+        layer_types=["conv", "sliding_attention", "full_attention", "conv"],
+        head_dim=32,
+        sliding_window=16,
+        conv_L_cache=3,
+        vocab_size=vocab,
+        bos_token_id=t("<|startoftext|>"),
+        eos_token_id=t("<|im_end|>"),
+        pad_token_id=t("<|pad|>"),
+    )
+    vision = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,  # conv, conv, attention, conv
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "conv_kernel_size": 3,
+    }
+    config = Lfm3VlConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=t("<|image_pad|>"),
+        video_token_id=t("<|video_pad|>"),
+        vision_start_token_id=t("<|vision_start|>"),
+        vision_end_token_id=t("<|vision_end|>"),
+        projector_hidden_size=128,
+    )
+    pre = _qwen_preprocessor(16, "Lfm3VlProcessor", "Qwen2VLImageProcessor", legacy=False)
+    gen = {"bos_token_id": t("<|startoftext|>"), "eos_token_id": t("<|im_end|>")}
+    return _Recipe(config, "AutoModelForImageTextToText", gen, pre)
+
+
+# MiniCPM-V 4.6 (openbmb/MiniCPM-V-4.6): a SigLIP tower over the image and its slices (NaViT
+# packing, a window-attention merger inside the tower and a 2 x 2 merger after it: 16x fewer
+# tokens), a Qwen3.5 LM (Gated DeltaNet); each image <image_id>N</image_id> + <image> + run +
+# </image>, then its slices' <slice> runs row by row -----------------------------------------------
+_MINICPM_TOKENS = ("<image>", "</image>", "<slice>", "</slice>", "<image_id>", "</image_id>")
+_MINICPM_ROLES = {
+    **_QWEN_ROLES,
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "image_start_token": "<image>",
+    "image_end_token": "</image>",
+    "slice_start_token": "<slice>",
+    "slice_end_token": "</slice>",
+    "image_id_start_token": "<image_id>",
+    "image_id_end_token": "</image_id>",
+}
+_MINICPM_TEMPLATE = _QWEN3_5_TEMPLATE.replace(_QWEN_IMAGE, "<|image_pad|>\\n")
+
+
+def _recipe_minicpmv4_6(tok: Any, vocab: int) -> _Recipe:
+    from transformers import MiniCPMV4_6Config
+
+    text = _qwen_text(tok, vocab, model_type="qwen3_5_text", **_QWEN3_5_TEXT)
+    vision = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 112,
+        "patch_size": 14,
+    }
+    config = MiniCPMV4_6Config(
+        text_config=text,
+        vision_config=vision,
+        insert_layer_id=0,
+        image_size=112,
+        image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+    )
+    pre = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "downsample_mode": "16x",
+        "image_mean": [0.5] * 3,
+        "image_processor_type": "MiniCPMV4_6ImageProcessor",
+        "image_std": [0.5] * 3,
+        "max_slice_nums": 4,
+        "patch_size": 14,
+        "processor_class": "MiniCPMV4_6Processor",
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "scale_resolution": 112,
+        "slice_mode": True,
+        "use_image_id": True,
+    }
+    return _Recipe(config, "AutoModelForImageTextToText", _qwen_generation(tok), pre)
+
+
+# MiniCPM-V 4.7 (openbmb/MiniCPM-V-4.7-1B): MiniCPM-V 4.6 with canvas M-RoPE (image, slice and
+# row-break markers pinned to the image canvas's corners and edges) ------------------------------
+def _recipe_minicpmv4_7(tok: Any, vocab: int) -> _Recipe:
+    from transformers import MiniCPMV4_7Config
+
+    v46 = _recipe_minicpmv4_6(tok, vocab)
+    data = v46.config.to_dict()
+    t = tok.convert_tokens_to_ids
+    keep = ("insert_layer_id", "image_size", "image_token_id", "video_token_id")
+    config = MiniCPMV4_7Config(
+        text_config=data["text_config"],
+        vision_config=data["vision_config"],
+        image_start_id=t("<image>"),
+        image_end_id=t("</image>"),
+        slice_start_id=t("<slice>"),
+        slice_end_id=t("</slice>"),
+        newline_id=tok("\\n", add_special_tokens=False)["input_ids"][0],
+        **{k: data[k] for k in keep},
+    )
+    pre = dict(v46.preprocessor, processor_class="MiniCPMV4_7Processor")
+    return _Recipe(config, "AutoModelForImageTextToText", v46.generation, pre)
+
+
 _TOKENIZER = _TokSpec((), _QWEN3_5_SPECIALS, _QWEN_ROLES, _QWEN3_5_TEMPLATE, plain=_THINK_TOKENS)
 FAMILIES: dict[str, Family] = {
     "qwen3_5": Family(_TOKENIZER, _recipe_qwen3_5, _QWEN_IMAGE, "<|image_pad|>"),
@@ -117,6 +266,36 @@ FAMILIES: dict[str, Family] = {
         _TOKENIZER,
         lambda tok, vocab: _recipe_qwen3_5(tok, vocab, moe=True),
         _QWEN_IMAGE,
+        "<|image_pad|>",
+    ),
+    "lfm3_vl": Family(
+        _TokSpec((), _LFM_SPECIALS, _LFM_ROLES, _LFM_TEMPLATE),
+        _recipe_lfm3_vl,
+        _QWEN_IMAGE,
+        "<|image_pad|>",
+    ),
+    "minicpmv4_6": Family(
+        _TokSpec(
+            (),
+            (*_QWEN3_5_SPECIALS, *_MINICPM_TOKENS),
+            _MINICPM_ROLES,
+            _MINICPM_TEMPLATE,
+            plain=_THINK_TOKENS,
+        ),
+        _recipe_minicpmv4_6,
+        "<|image_pad|>",
+        "<|image_pad|>",
+    ),
+    "minicpmv4_7": Family(
+        _TokSpec(
+            (),
+            (*_QWEN3_5_SPECIALS, *_MINICPM_TOKENS),
+            _MINICPM_ROLES,
+            _MINICPM_TEMPLATE,
+            plain=_THINK_TOKENS,
+        ),
+        _recipe_minicpmv4_7,
+        "<|image_pad|>",
         "<|image_pad|>",
     ),
 }

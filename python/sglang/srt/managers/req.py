@@ -57,7 +57,7 @@ class Req:
     computed_len: int = 0
     extend_len: int = 0
     last_node: Any = None
-    mrope_positions: torch.Tensor | None = None  # (3, len(input_ids))
+    mrope_positions: torch.Tensor | None = None  # (axes, len(input_ids)), 3 axes for most
     mrope_delta: int = 0
     generator: torch.Generator | None = None
     pins: dict[int, int] = field(default_factory=dict)  # cache key -> end of its placeholders
@@ -134,7 +134,8 @@ class Req:
         return key
 
     def positions(self, start: int, end: int) -> torch.Tensor:
-        """Rotary positions of tokens [start, end): (n,) or (3, n) for M-RoPE."""
+        """Rotary positions of tokens [start, end): (n,) or (axes, n) for M-RoPE (3 axes; 4 for
+        HunYuan-VL's XD-RoPE)."""
         if self.mrope_positions is None:
             return torch.arange(start, end)
         n_in = len(self.input_ids)
@@ -143,7 +144,7 @@ class Req:
             parts.append(self.mrope_positions[:, start : min(end, n_in)])
         if end > n_in:
             tail = torch.arange(max(start, n_in), end) + self.mrope_delta
-            parts.append(tail.expand(3, -1))
+            parts.append(tail.expand(self.mrope_positions.shape[0], -1))
         return torch.cat(parts, dim=1)
 
     def bidirectional_spans(self) -> list[tuple[int, int]]:

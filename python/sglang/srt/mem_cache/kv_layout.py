@@ -1,7 +1,8 @@
 """Which decoder layers keep per-token KV in the pool, with what shape, read by which layers.
 
 Most models: every decoder layer keeps KV of one shape. Exceptions, all read from the text config:
-- hybrid models (Qwen3.5): ``linear_attention`` layers keep fixed-size state instead;
+- hybrid models: ``linear_attention`` (Qwen3.5) and ``conv`` (LFM2 / LFM3 short convolution)
+  layers keep fixed-size state instead;
 - Gemma 4: full-attention layers have their own head dim and KV head count
   (``per_layer_config``), and the last ``num_kv_shared_layers`` layers keep no KV: each reads the
   KV of the last earlier layer of its type (``kv_sharing_modes``: "reuse" reads, "store" is read).
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 LINEAR_ATTENTION = "linear_attention"
+STATE_LAYER_TYPES = (LINEAR_ATTENTION, "conv")  # layers without per-token KV
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class KVLayout:
     def of(cls, text_config: Any) -> KVLayout:
         types = list(getattr(text_config, "layer_types", None) or [])
         num_layers = int(text_config.num_hidden_layers)
-        attention = [i for i in range(num_layers) if not types or types[i] != LINEAR_ATTENTION]
+        attention = [i for i in range(num_layers) if not types or types[i] not in STATE_LAYER_TYPES]
         source = _kv_sources(text_config, types, attention)
         owners = [i for i in attention if source[i] == i]
         index = {layer: n for n, layer in enumerate(owners)}

@@ -1,4 +1,5 @@
-"""HF's linear-attention layers (Gated DeltaNet) on engine-owned state.
+"""HF's linear-attention layers (Gated DeltaNet) and gated short convolutions (LFM2 / LFM3) on
+engine-owned state.
 
 The engine runs the language model on one packed sequence of several requests. Full-attention
 layers go through the attention backend, which keeps requests apart. A linear-attention layer
@@ -16,6 +17,7 @@ more call of this layer per cut, not of another model step.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,18 +113,19 @@ class _PooledForward:
     def __init__(self, module: nn.Module) -> None:
         self.layer = int(module.layer_idx)
         self.inner: Callable[..., torch.Tensor] = module.forward
+        # The cache argument follows the hidden states: ``cache_params`` (Gated DeltaNet) or
+        # ``past_key_values`` (short convolutions).
+        self.cache_arg = list(inspect.signature(self.inner).parameters)[1]
 
-    def __call__(
-        self,
-        hidden_states: torch.Tensor,
-        cache_params: Any = None,
-        attention_mask: torch.Tensor | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
+    def __call__(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         batch = kwargs.pop("forward_batch", None)
         plan: StatePlan | None = getattr(batch, "state_plan", None)
         if plan is None:
-            return self.inner(hidden_states, cache_params, attention_mask, **kwargs)
+            return self.inner(hidden_states, *args, **kwargs)
+        # The state is the pool's and every call sees one unpadded sequence (or one token each):
+        # the cache and attention mask the model passes (positionally or by name) are dropped.
+        kwargs.pop(self.cache_arg, None)
+        kwargs.pop("attention_mask", None)
         if plan.is_decode:
             return self._decode(plan, hidden_states, kwargs)
         outs, start = [], 0
@@ -138,7 +141,7 @@ class _PooledForward:
         states = SlotStates(plan.pool, self.layer, [s.slot for s in plan.segments], fresh=False)
         for seg in plan.segments:
             seg.written = True
-        out = self.inner(hidden.transpose(0, 1), states, None, **kwargs)
+        out = self._run(hidden.transpose(0, 1), states, kwargs)
         states.commit()
         return out.transpose(0, 1)
 
@@ -152,12 +155,15 @@ class _PooledForward:
         for lo, hi in zip(bounds, bounds[1:]):
             states = SlotStates(plan.pool, self.layer, [seg.slot], fresh)
             piece = hidden[:, lo:hi]
-            outs.append(self.inner(piece, states, None, **kwargs))
+            outs.append(self._run(piece, states, kwargs))
             fresh = False
             for offset, snapshot in cuts:
                 if offset == hi:
                     plan.pool.copy(seg.slot, snapshot, layers=(self.layer,))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def _run(self, hidden: torch.Tensor, states: SlotStates, kwargs: dict) -> torch.Tensor:
+        return self.inner(hidden, **{self.cache_arg: states, "attention_mask": None}, **kwargs)
 
 
 def _is_linear_attention(module: nn.Module) -> bool:
@@ -166,21 +172,46 @@ def _is_linear_attention(module: nn.Module) -> bool:
     return all(hasattr(module, name) for name in needed) and hasattr(module, "head_v_dim")
 
 
+def _is_short_conv(module: nn.Module) -> bool:
+    """LFM2 / LFM3's gated short convolutions: a depthwise causal conv, no recurrence."""
+    conv = getattr(module, "conv", None)
+    return (
+        getattr(module, "layer_type", None) == "conv"
+        and isinstance(conv, nn.Conv1d)
+        and hasattr(module, "layer_idx")
+        and hasattr(module, "conv_kernel_size")
+    )
+
+
+def _state_shapes(module: nn.Module) -> tuple[tuple[int, int], tuple[int, int, int]] | None:
+    """(conv, recurrent) state shape of one sequence in ``module``, None for a stateless one; a
+    short convolution keeps no recurrent state (an empty one)."""
+    if _is_linear_attention(module):
+        conv = (int(module.conv_dim), int(module.conv_kernel_size))
+        return conv, (int(module.num_v_heads), int(module.head_k_dim), int(module.head_v_dim))
+    if _is_short_conv(module):
+        return (int(module.conv.in_channels), int(module.conv_kernel_size)), (0, 0, 0)
+    return None
+
+
 def install_pooled_linear_attention(
     language_model: nn.Module, conv_dtype: torch.dtype, recurrent_dtype: torch.dtype
 ) -> LinearStateShape | None:
-    """Wrap every linear-attention module of ``language_model``; return the per-slot state
-    shape, or None when the model has no linear-attention layer."""
-    modules = [m for m in language_model.modules() if _is_linear_attention(m)]
+    """Wrap every linear-attention (or short-convolution) module of ``language_model``; return
+    the per-slot state shape, or None when the model has no such layer."""
+    shapes = {m: _state_shapes(m) for m in language_model.modules()}
+    modules = [m for m, shape in shapes.items() if shape is not None]
     if not modules:
         return None
+    if len({shapes[m] for m in modules}) > 1:
+        raise ValueError("linear-attention layers whose state shapes differ are not supported")
     for module in modules:
         module.forward = _PooledForward(module)
-    first = modules[0]
+    conv, recurrent = shapes[modules[0]]
     return LinearStateShape(
         layer_ids=tuple(int(m.layer_idx) for m in modules),
-        conv=(int(first.conv_dim), int(first.conv_kernel_size)),
-        recurrent=(int(first.num_v_heads), int(first.head_k_dim), int(first.head_v_dim)),
+        conv=conv,
+        recurrent=recurrent,
         conv_dtype=conv_dtype,
         recurrent_dtype=recurrent_dtype,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -23,7 +24,7 @@ from sglang.srt.model_executor.linear_attention import install_pooled_linear_att
 from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.model_executor.quantization import apply_torchao_config, copy_out_of_checkpoint
 from sglang.srt.models import fast_vision
-from sglang.srt.models.adapters import get_adapter
+from sglang.srt.models.adapters import get_adapter, load_vlm
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.processor import ImagePreprocessor
@@ -140,17 +141,21 @@ class ModelRunner:
 
     def _load(self, model_path: str) -> torch.nn.Module:
         if self.is_multimodal:
-            cls = transformers.AutoModelForImageTextToText
+            load = functools.partial(load_vlm, config=self.config)
             attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "": "sdpa"}
         else:
-            cls, attn = transformers.AutoModelForCausalLM, ATTENTION_NAME
+            load = transformers.AutoModelForCausalLM.from_pretrained
+            attn = ATTENTION_NAME
         transformers.utils.logging.disable_progress_bar()
-        model = cls.from_pretrained(
-            model_path,
-            dtype=self.dtype,
-            attn_implementation=attn,
-            trust_remote_code=self.args.trust_remote_code,
-        )
+        kwargs = {"dtype": self.dtype, "trust_remote_code": self.args.trust_remote_code}
+        try:
+            model = load(model_path, attn_implementation=attn, **kwargs)
+        except ValueError as exc:
+            if not self.is_multimodal or "scaled_dot_product_attention" not in str(exc):
+                raise
+            # A vision tower without SDPA (GOT-OCR 2's SAM encoder) runs its eager attention.
+            attn = {**attn, "vision_config": "eager", "": "eager"}
+            model = load(model_path, attn_implementation=attn, **kwargs)
         model = model.to(self.device).eval()
         if self.is_multimodal and fast_vision.install(model, self.config):
             instrument_vision(model.model.visual, self.perf)

@@ -102,7 +102,12 @@ def _processor_class(name: str) -> type:
     # ProcessorMixin derives the sub-processor list from the __init__ signature; the processor's
     # own __init__ hands the unbuilt ones on to ProcessorMixin, which _drop_unbuilt filters out.
     bases = (base, _drop_unbuilt())
-    return type(name, bases, {"__init__": __init__, "__module__": __name__})
+    namespace: dict[str, Any] = {"__init__": __init__, "__module__": __name__}
+    if "video_processor" in unbuilt and "self.video_processor." in inspect.getsource(base.__init__):
+        # A processor that reads its video processor's settings when built (MiniCPM-V 4.6 / 4.7:
+        # slice and downsample modes) reads the image processor's: no video is processed here.
+        namespace["video_processor"] = property(lambda self: self.image_processor)
+    return type(name, bases, namespace)
 
 
 @functools.cache
@@ -116,6 +121,9 @@ def _drop_unbuilt() -> type:
             for arg in _UNBUILT_SUBPROCESSORS:
                 if arg in kwargs and kwargs[arg] is None:
                     del kwargs[arg]
+            # Processors that hand their sub-processors on positionally (Video-LLaVA,
+            # LLaVA-NeXT-Video) pass the unbuilt ones as None among them.
+            args = tuple(arg for arg in args if arg is not None)
             super().__init__(*args, **kwargs)
 
     return DropUnbuilt

@@ -174,10 +174,13 @@ class MultimodalProcessor:
             assert input_ids is not None
             prompt = self.tokenizer.decode(input_ids)
         proc = self.hf_processor
-        found = prompt.count(proc.image_token) if images else 0
+        # A processor whose prompts mark images with another token than the one it expands them
+        # into (Qianfan-OCR: <image> -> <img><IMG_CONTEXT>...</img>) names it so.
+        placeholder = getattr(proc, "image_placeholder_token", None) or proc.image_token
+        found = prompt.count(placeholder) if images else 0
         if found != len(images):
             raise ValueError(
-                f"the prompt has {found} image placeholder(s) ({proc.image_token!r}) but "
+                f"the prompt has {found} image placeholder(s) ({placeholder!r}) but "
                 f"{len(images)} image(s) were given"
             )
         items, replacements = [], []

@@ -43,6 +43,10 @@ class ModelAdapter:
     bidirectional: str | None = None
     #: the bidirectional spans hold only in the sliding-window layers (Gemma 4)
     bidirectional_sliding_only = False
+    #: the transformers class the family's checkpoints are stored for, where
+    #: AutoModelForImageTextToText cannot load them (ShieldGemma 2's classifier); the served
+    #: model is its ``model``
+    checkpoint_class: str | None = None
     #: in a sliding-window layer, a span's tokens see each other only within the window (Gemma 3
     #: and 4: window AND (causal OR span)); False: whatever the window (PaliGemma 2: (causal AND
     #: window) OR span)

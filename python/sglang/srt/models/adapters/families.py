@@ -8,6 +8,7 @@ never preprocessed, not even the first time its size is seen).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,8 +20,10 @@ from sglang.srt.models.adapters.base import (
     Layout,
     ModelAdapter,
     PixelShape,
+    _pooled,
     accepted_kwargs,
     batch_features,
+    layout_inputs,
     split_rows,
 )
 
@@ -442,3 +445,282 @@ class PaliGemmaAdapter(FixedCountAdapter):
         image = processor.image_token
         cut = prompt.rfind(image) + len(image) if image in prompt else 0
         return prompt[:cut] + bos + prompt[cut:] + "\n"
+
+
+class ShieldGemma2Adapter(Gemma3Adapter):
+    """ShieldGemma 2: Gemma 3 under its own model_type, its checkpoints stored for
+    ``ShieldGemma2ForImageClassification`` (the Gemma 3 model under ``model.``, the pre-5.0 key
+    names), whose key renaming transformers 5 applies to every class loading a
+    ``shieldgemma2`` config: AutoModelForImageTextToText would miss the language model's
+    weights. The classifier is loaded and its Gemma 3 model served, for generation (its
+    Yes / No probabilities are the logits of those two tokens)."""
+
+    checkpoint_class = "ShieldGemma2ForImageClassification"
+
+
+class LightOnOcrAdapter(ModelAdapter):
+    """LightOnOCR: the Pixtral image processor's resize rule with its own patch size (the
+    processor passes none, unlike Mistral3's), the replacement one run of image tokens per
+    merged patch of the resized size."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.pixtral.image_processing_pil_pixtral import (
+            get_resize_output_image_size,
+        )
+
+        image_processor = processor.image_processor
+        if not images_kwargs.get("do_resize", image_processor.do_resize):
+            return None
+        longest = (images_kwargs.get("size") or image_processor.size)["longest_edge"]
+        patch = images_kwargs.get("patch_size") or image_processor.patch_size
+        if not isinstance(patch, int):
+            patch = (patch["height"], patch["width"])
+        shape_only = np.broadcast_to(np.uint8(0), (height, width, 3))
+        resized = get_resize_output_image_size(
+            shape_only, size=(longest, longest), patch_size=patch
+        )
+        return {"image_sizes": np.array([resized])}
+
+
+class GotOcr2Adapter(TiledAdapter):
+    """GOT-OCR 2.0: the tile count is a size rule as for InternVL, but the processor's
+    replacement also reads the page bookkeeping its ``_process_images`` passes (pages per sample,
+    their cumulative indices and ``num_image_tokens`` per tile); here for one image, one page."""
+
+    def replacement(self, processor: Any, layout: Layout, images_kwargs: dict[str, Any]) -> str:
+        return processor.replace_image_token(
+            layout_inputs(layout),
+            0,
+            num_pages_per_batch=[1],
+            patch_indices=np.array([1]),
+            num_image_tokens=images_kwargs.get("num_image_tokens", processor.num_image_tokens),
+        )
+
+
+class Idefics2Adapter(ModelAdapter):
+    """Idefics2: its processor expands placeholders in its own ``__call__`` (no
+    ``replace_image_token``): an image is ``<fake>`` + (``<image>`` x ``image_seq_len`` +
+    ``<fake>``) per view, 5 views (4 crops and the image) when the image processor splits
+    images, else 1; the count does not depend on the size. Its text edits are kept: two
+    adjacent images share one ``<fake>`` between them and a word right after an image gets a
+    space. The closing ``<fake>`` of an image run is written into the prompt with the
+    placeholder (``format_prompt``), so the replacement leaves it out."""
+
+    def format_prompt(self, processor: Any, prompt: str) -> str:
+        image, fake = processor.image_token, processor.fake_image_token
+        if image not in prompt:
+            return prompt
+        image_re = re.escape(image)
+        prompt = re.sub(rf"{image_re}(?!{image_re})", image + fake, prompt)
+        return re.sub(rf"{re.escape(fake)}(?=[^\s<])", f"{fake} ", prompt)
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        return {}
+
+    def replacement(self, processor: Any, layout: Layout, images_kwargs: dict[str, Any]) -> str:
+        views = 5 if processor.image_processor.do_image_splitting else 1
+        run = processor.image_token * processor.image_seq_len
+        return processor.fake_image_token + (run + processor.fake_image_token) * (views - 1) + run
+
+    def preprocess(
+        self, processor: Any, image: Any, context: Layout, images_kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], str]:
+        processed = processor.image_processor([[image]], **images_kwargs)
+        return dict(processed), self.replacement(processor, {}, images_kwargs)
+
+
+class GraniteDoclingAdapter(ModelAdapter):
+    """Granite-Docling: the replacement reads the page's tile grid (``rows`` / ``cols``), which
+    the image processor computes from the size (``get_tile_grid``), and whether the fine
+    connector path was asked for (``tile_fine_mask``: four times the tokens per tile). DeepStack
+    features and the Granite LM's logits scaling are generic."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        image_processor = processor.image_processor
+        rows, cols = image_processor.get_tile_grid(height, width, images_kwargs)
+        layout: Layout = {"rows": np.array([[rows]]), "cols": np.array([[cols]])}
+        if images_kwargs.get("fine_route", image_processor.fine_route):
+            layout["tile_fine_mask"] = np.ones(1, dtype=bool)
+        return layout
+
+
+class VideoLlavaAdapter(LlavaAdapter):
+    """Video-LLaVA (images only): LLaVA 1.5's center crop, but its image processor returns the
+    pixels as ``pixel_values_images`` unless told otherwise (``return_legacy_image_output``,
+    true by default); the layout carries the name the processor gives."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        layout = super().layout_from_size(processor, images_kwargs, width, height)
+        if layout is None or not images_kwargs.get("return_legacy_image_output", True):
+            return layout
+        return {"pixel_values_images": layout["pixel_values"]}
+
+
+class PaddleOcrVlAdapter(ModelAdapter):
+    """PaddleOCR-VL: ``image_grid_thw`` from its own ``smart_resize`` (no temporal factor;
+    M-RoPE is generic)."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (
+            smart_resize,
+        )
+
+        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+        resized = smart_resize(
+            height,
+            width,
+            factor=patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return _grid_layout(resized, patch)
+
+
+class AriaAdapter(ModelAdapter):
+    """Aria: without ``split_image`` every image is one view padded to ``max_image_size``,
+    so its token count is fixed (the processor's ``size_conversion`` of that size). With
+    splitting the processor counts the crops of the whole call (``num_crops`` is the call's
+    largest), so an image's layout comes from preprocessing it alone."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        image_processor = processor.image_processor
+        if images_kwargs.get("split_image", image_processor.split_image):
+            return None
+        side = images_kwargs.get("max_image_size") or image_processor.max_image_size
+        return {"pixel_values": PixelShape((1, 3, side, side)), "num_crops": np.array(1)}
+
+
+class HunYuanVlAdapter(ModelAdapter):
+    """HunYuan-VL: ``image_grid_thw`` from its own ``smart_resize`` (factor patch x merge; the
+    replacement adds a newline token per merged row and two wrapper tokens, all image tokens);
+    its XD-RoPE positions (4 axes) come from the generic ``get_rope_index``."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import smart_resize
+
+        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+        resized = smart_resize(
+            height,
+            width,
+            factor=patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return _grid_layout(resized, patch)
+
+
+class HyperClovaXVisionAdapter(QwenVLAdapter):
+    """HyperCLOVA X SEED vision: Qwen's grid (plain positions: no ``get_rope_index``); its LM's
+    ``logits_scaling`` is a MuP multiplier (Granite's is a divisor), and HF's VLM head applies
+    it, so the engine multiplies too."""
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        scaling = getattr(self.text_config, "logits_scaling", None)
+        return logits * scaling if scaling and scaling != 1 else logits
+
+
+class Ernie45VlMoeAdapter(ModelAdapter):
+    """ERNIE-4.5-VL: ``image_grid_thw`` from its own ``smart_resize`` (M-RoPE is generic); its
+    MoE layers route each token by modality (``moe_mm_token_type_ids``: image tokens and their
+    start / end tokens to the vision experts, video ones to theirs), computed from the step's
+    token ids as its processor computes them."""
+
+    def layout_from_size(
+        self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+    ) -> Layout | None:
+        from transformers.models.ernie4_5_vl_moe.image_processing_pil_ernie4_5_vl_moe import (
+            smart_resize,
+        )
+
+        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+        resized = smart_resize(
+            height,
+            width,
+            factor=patch * merge,
+            min_pixels=size["shortest_edge"],
+            max_pixels=size["longest_edge"],
+        )
+        return _grid_layout(resized, patch)
+
+    def token_lm_kwargs(self, input_ids: torch.Tensor) -> dict[str, Any]:
+        config = self.config
+        types = torch.zeros_like(input_ids)
+        for kind, value in (("image", 1), ("video", 2)):
+            ids = [getattr(config, f"{kind}{part}_token_id") for part in ("", "_start", "_end")]
+            types[torch.isin(input_ids, torch.tensor(ids, device=input_ids.device))] = value
+        return {"moe_mm_token_type_ids": types[None]}
+
+
+class MiniCpmV46Adapter(ModelAdapter):
+    """MiniCPM-V 4.6: its processor numbers each image of a prompt (``<image_id>N</image_id>``
+    before the image's replacement, counted per prompt), written into the prompt here; the
+    replacement reads the token divisor its ``_process_images`` passes (16x or 4x downsampling).
+    The tower takes an image's views packed along the pixel axis (NaViT), so several images'
+    pixels are concatenated on that axis, their view sizes one after the other."""
+
+    def format_prompt(self, processor: Any, prompt: str) -> str:
+        if not processor.default_use_image_id:
+            return prompt
+        image = processor.image_token
+        parts = prompt.split(image)
+        start, end = processor.image_id_start_token, processor.image_id_end_token
+        return parts[0] + "".join(
+            f"{start}{i}{end}{image}{part}" for i, part in enumerate(parts[1:])
+        )
+
+    def replacement(self, processor: Any, layout: Layout, images_kwargs: dict[str, Any]) -> str:
+        mode = images_kwargs.get("downsample_mode") or processor.image_processor.downsample_mode
+        return processor.replace_image_token(
+            layout_inputs(layout), 0, image_token_divisor=4 if mode == "4x" else 16
+        )
+
+    def encode(self, features: list[dict[str, Any]], rows: Sequence[int]) -> list[CachedEmbedding]:
+        fn = self.image_features_fn
+        pixels = torch.cat([f["pixel_values"] for f in features], dim=-1)
+        sizes = torch.cat([torch.as_tensor(f["target_sizes"]) for f in features])
+        out = fn(pixel_values=pixels, target_sizes=sizes.to(pixels.device))
+        return [CachedEmbedding(e, []) for e in split_rows(_pooled(out), rows)]
+
+
+class MiniCpmV47Adapter(MiniCpmV46Adapter):
+    """MiniCPM-V 4.7: MiniCPM-V 4.6's layout with canvas M-RoPE, whose ``get_rope_index`` reads
+    the images' view sizes (``target_sizes``) rather than a patch grid."""
+
+    def mrope(self, input_ids: list[int], layouts: list[Layout]) -> tuple[torch.Tensor, int]:
+        ids = torch.tensor([input_ids])
+        kwargs: dict[str, Any] = {}
+        if layouts:
+            sizes = [torch.as_tensor(np.asarray(layout["target_sizes"])) for layout in layouts]
+            kwargs["target_sizes"] = torch.cat(sizes)
+        mm_types = (ids == self.image_token_id).int()
+        positions, delta = self.inner.get_rope_index(ids, mm_token_type_ids=mm_types, **kwargs)
+        return positions[:, 0], int(delta.reshape(-1)[0])
+
+
+class QwenOmniThinkerAdapter(QwenVLAdapter):
+    """Qwen2.5-Omni's thinker, images only: Qwen's grid size rule; its ``get_rope_index`` takes
+    the image grids alone (no token types; audio and video arguments left out)."""
+
+    def mrope(self, input_ids: list[int], layouts: list[Layout]) -> tuple[torch.Tensor, int]:
+        ids = torch.tensor([input_ids])
+        grids = [torch.as_tensor(layout["image_grid_thw"]) for layout in layouts]
+        positions, delta = self.inner.get_rope_index(
+            ids,
+            image_grid_thw=torch.cat(grids) if grids else None,
+            attention_mask=torch.ones_like(ids),  # a prompt without images reads it
+        )
+        return positions[:, 0], int(delta.reshape(-1)[0])
