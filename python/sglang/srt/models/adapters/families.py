@@ -229,9 +229,14 @@ class Glm4vAdapter(ModelAdapter):
         return self.image_token_id
 
     def mm_token_types(self, ids: np.ndarray) -> np.ndarray:
-        """Image tokens between a video's start and end tokens are video rows."""
-        starts = np.cumsum(ids == self.config.video_start_token_id)
-        ends = np.cumsum(ids == self.config.video_end_token_id)
+        """Image tokens between a video's start and end tokens are video rows (a model of this
+        layout without video tokens, Cosmos3 Edge, has image rows only)."""
+        start = getattr(self.config, "video_start_token_id", None)
+        end = getattr(self.config, "video_end_token_id", None)
+        if start is None or end is None:
+            return super().mm_token_types(ids)
+        starts = np.cumsum(ids == start)
+        ends = np.cumsum(ids == end)
         image = ids == self.image_token_id
         return np.where(image, np.where(starts > ends, 2, 1), 0).astype(np.int64)
 
