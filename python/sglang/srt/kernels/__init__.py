@@ -22,21 +22,23 @@ CSRC = Path(__file__).parent / "csrc"
 DISABLE_ENV = "SGLANG_DISABLE_CPU_KERNELS"
 
 
-def _cpu_flags() -> str:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The ISA flags /proc/cpuinfo lists for this CPU (empty where it cannot be read)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return line.split(":", 1)[1].strip()
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return ""
+    return frozenset()
 
 
 def _build_dir(name: str, source: Path) -> Path:
     import torch
 
     key = hashlib.sha256()
-    for part in (torch.__version__, _cpu_flags(), source.read_text()):
+    for part in (torch.__version__, " ".join(sorted(cpu_flags())), source.read_text()):
         key.update(part.encode())
     root = os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang"
     return Path(root) / "kernels" / f"{name}-{key.hexdigest()[:16]}"

@@ -67,10 +67,6 @@ class KVPool:
         self._free = torch.arange(size - 1, -1, -1, dtype=torch.int64)
         self._num_free = size
 
-    @staticmethod
-    def bytes_per_token(layer_shapes: Sequence[tuple[int, int]], dtype: torch.dtype) -> int:
-        return 2 * sum(h * d for h, d in layer_shapes) * torch.finfo(dtype).bits // 8
-
     def available_size(self) -> int:
         return self._num_free
 

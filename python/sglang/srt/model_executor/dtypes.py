@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from sglang.srt.kernels import cpu_flags
+
 logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = {
@@ -38,11 +40,7 @@ KV_CACHE_DTYPES = {
 @functools.cache
 def cpu_bfloat16_isa() -> str | None:
     """The CPU's native bfloat16 instructions: 'amx' (AMX tiles), 'avx512_bf16', or None."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line.split(":", 1)[1].split() for line in f if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return None
+    flags = cpu_flags()
     if "amx_bf16" in flags and "amx_tile" in flags:
         return "amx"
     if "avx512_bf16" in flags:

@@ -166,7 +166,7 @@ class ModelRunner:
     def _init_memory(self) -> None:
         layout = self._kv_layout()
         kv_dtype = self.kv_cache_dtype
-        per_token = self.kv_bytes_per_token = KVPool.bytes_per_token(layout.shapes, kv_dtype)
+        per_token = self.kv_bytes_per_token = layout.bytes_per_token(kv_dtype)
         self.weights_bytes = memory.module_bytes(self.model)
         budget = self._kv_budget_bytes(per_token)
         state_reqs = self._init_state_pool(budget) if self.state_shape else None
