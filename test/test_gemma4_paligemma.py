@@ -114,6 +114,22 @@ def test_gemma4_per_layer_inputs_read_image_tokens_as_padding(monkeypatch) -> No
     assert not _same_as_hf(_run(_gemma4(), "gemma4"), _ref("gemma4"))
 
 
+def test_gemma4_generated_placeholder_token_embeds_as_padding() -> None:
+    """HF's Gemma 4 forward embeds every image / video / audio placeholder as padding; here the
+    tiny model's first generated token is ``<|video|>``, and the next tokens follow HF's only if
+    the engine pads it too."""
+    ph = placeholder("gemma4")
+    images = [make_image(1, 32, 32), make_image(2, 32, 32), make_image(3, 64, 32)]
+    prompt = f" {ph}  {ph} the {ph} red"
+    ref = hf_greedy("gemma4", prompt, images, MAX_NEW)
+    video_token = _gemma4(-1).runner.config.video_token_id
+    assert ref[0][0] == video_token
+    _gemma4(-1).flush_cache()
+    out = _gemma4(-1).generate(prompt, GREEDY, image_data=images, return_logprob=True)
+    got = out["output_ids"], [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    assert _same_as_hf(got, ref)
+
+
 def test_causal_gemma4_splits_images_across_chunks(tmp_path: Path) -> None:
     """Gemma 4 checkpoints without ``use_bidirectional_attention`` attend causally everywhere:
     chunks may then cut through images, and the output still equals HF's."""

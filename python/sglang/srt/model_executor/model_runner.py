@@ -252,7 +252,7 @@ class ModelRunner:
         batch.attn_backend = self.attn_backend
         ids = batch.input_ids
         embed = self.model.get_input_embeddings()
-        embeds = embed(torch.where(ids < self.vocab_size, ids, torch.zeros_like(ids)))
+        embeds = embed(self.adapter.text_ids(ids))
         lm_kwargs = self.adapter.token_lm_kwargs(ids)
         if not batch.is_decode and self.is_multimodal:
             lm_kwargs |= self.embedder.embed(

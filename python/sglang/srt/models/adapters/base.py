@@ -53,6 +53,8 @@ class ModelAdapter:
     window_bounds_spans = True
     #: added to every rotary position (PaliGemma counts from 1)
     position_offset = 0
+    #: media placeholder tokens embed as padding, as HF's forward pads them (Gemma 4)
+    pad_media_tokens = False
     #: the vision tower encodes a video's frame groups independently of each other, so a video
     #: may be encoded (and cached) group by group with the same result
     separable_video_groups = False
@@ -94,17 +96,30 @@ class ModelAdapter:
             return {}
         return {"visual_pos_masks": image_positions, "deepstack_visual_embeds": extras}
 
+    def text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The ids whose text embeddings a step starts from (T,): out-of-vocabulary ids as 0
+        and, where HF's forward does so (``pad_media_tokens``: Gemma 4), image / video / audio
+        placeholders as padding, generated ones included (image rows are then written over
+        them by the embedder)."""
+        in_vocab = input_ids < self.text_config.vocab_size
+        ids = torch.where(in_vocab, input_ids, torch.zeros_like(input_ids))
+        if not self.pad_media_tokens:
+            return ids
+        pad = self.text_config.pad_token_id
+        for kind in _MEDIA:
+            token = getattr(self.config, f"{kind}_token_id", None)
+            if token is not None:
+                ids = torch.where(input_ids == token, pad, ids)
+        return ids
+
     def token_lm_kwargs(self, input_ids: torch.Tensor) -> dict[str, Any]:
         """Language-model inputs computed from a step's token ids (T,) rather than from their
-        embeddings: Gemma 4's per-layer inputs, where image tokens read as padding (as in HF's
-        multimodal forward). Empty for most models."""
+        embeddings: Gemma 4's per-layer inputs, from the same ``text_ids`` as the embeddings.
+        Empty for most models."""
         if not getattr(self.text_config, "hidden_size_per_layer_input", None):
             return {}
-        placeholders = [getattr(self.config, f"{kind}_token_id", None) for kind in _MEDIA]
-        pad = self.text_config.pad_token_id
-        for token in (t for t in placeholders if t is not None):
-            input_ids = torch.where(input_ids == token, pad, input_ids)
-        return {"per_layer_inputs": self.language_model.get_per_layer_inputs(input_ids[None])}
+        text_ids = self.text_ids(input_ids)[None]
+        return {"per_layer_inputs": self.language_model.get_per_layer_inputs(text_ids)}
 
     def format_prompt(self, processor: Any, prompt: str) -> str:
         """The prompt text as the model's processor lays it out before expanding placeholders

@@ -7,6 +7,7 @@ never preprocessed, not even the first time its size is seen).
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from collections.abc import Sequence
@@ -40,6 +41,24 @@ def _grid_layout(resized: tuple[int, int], patch: int) -> Layout:
     return {"image_grid_thw": np.array([[1, resized[0] // patch, resized[1] // patch]])}
 
 
+def _smart_resize_layout(
+    module: str, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
+) -> Layout:
+    """``image_grid_thw`` by the ``smart_resize`` of the family's PIL image-processor module
+    ``module`` (Qwen's rule, which several families copy: sides multiples of patch x merge,
+    pixels within the processor's ``size`` bounds)."""
+    smart_resize = importlib.import_module(module).smart_resize
+    size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
+    resized = smart_resize(
+        height,
+        width,
+        factor=patch * merge,
+        min_pixels=size["shortest_edge"],
+        max_pixels=size["longest_edge"],
+    )
+    return _grid_layout(resized, patch)
+
+
 _VIDEO_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 
@@ -50,17 +69,13 @@ class QwenVLAdapter(ModelAdapter):
     def layout_from_size(
         self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
     ) -> Layout | None:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
-        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
-        resized = smart_resize(
-            height,
+        return _smart_resize_layout(
+            "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl",
+            processor,
+            images_kwargs,
             width,
-            patch * merge,
-            min_pixels=size["shortest_edge"],
-            max_pixels=size["longest_edge"],
+            height,
         )
-        return _grid_layout(resized, patch)
 
     # Qwen's vision towers attend within a frame group only (``cu_seqlens`` and Qwen2.5-VL's
     # windows are built per group of ``temporal_patch_size`` frames).
@@ -403,6 +418,7 @@ class Gemma4Adapter(ModelAdapter):
     shared KV come from ``KVLayout``; per-layer inputs from ``token_lm_kwargs``."""
 
     bidirectional_sliding_only = True
+    pad_media_tokens = True
 
     def __init__(self, model: Any, config: Any) -> None:
         super().__init__(model, config)
@@ -576,19 +592,13 @@ class PaddleOcrVlAdapter(ModelAdapter):
     def layout_from_size(
         self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
     ) -> Layout | None:
-        from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import (
-            smart_resize,
-        )
-
-        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
-        resized = smart_resize(
-            height,
+        return _smart_resize_layout(
+            "transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl",
+            processor,
+            images_kwargs,
             width,
-            factor=patch * merge,
-            min_pixels=size["shortest_edge"],
-            max_pixels=size["longest_edge"],
+            height,
         )
-        return _grid_layout(resized, patch)
 
 
 class AriaAdapter(ModelAdapter):
@@ -615,17 +625,13 @@ class HunYuanVlAdapter(ModelAdapter):
     def layout_from_size(
         self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
     ) -> Layout | None:
-        from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import smart_resize
-
-        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
-        resized = smart_resize(
-            height,
+        return _smart_resize_layout(
+            "transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl",
+            processor,
+            images_kwargs,
             width,
-            factor=patch * merge,
-            min_pixels=size["shortest_edge"],
-            max_pixels=size["longest_edge"],
+            height,
         )
-        return _grid_layout(resized, patch)
 
 
 class HyperClovaXVisionAdapter(QwenVLAdapter):
@@ -647,19 +653,13 @@ class Ernie45VlMoeAdapter(ModelAdapter):
     def layout_from_size(
         self, processor: Any, images_kwargs: dict[str, Any], width: int, height: int
     ) -> Layout | None:
-        from transformers.models.ernie4_5_vl_moe.image_processing_pil_ernie4_5_vl_moe import (
-            smart_resize,
-        )
-
-        size, patch, merge = _grid_settings(processor.image_processor, images_kwargs)
-        resized = smart_resize(
-            height,
+        return _smart_resize_layout(
+            "transformers.models.ernie4_5_vl_moe.image_processing_pil_ernie4_5_vl_moe",
+            processor,
+            images_kwargs,
             width,
-            factor=patch * merge,
-            min_pixels=size["shortest_edge"],
-            max_pixels=size["longest_edge"],
+            height,
         )
-        return _grid_layout(resized, patch)
 
     def token_lm_kwargs(self, input_ids: torch.Tensor) -> dict[str, Any]:
         config = self.config
