@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang.srt.core.forward_batch import ForwardBatch
 from sglang.srt.layers.attention import torch_native
 from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
-from sglang.srt.model_executor.forward_batch import ForwardBatch
 
 DIM = 8
 

@@ -116,6 +116,7 @@ def test_skip_special_tokens_and_spaces_between_them(engine: sglang.Engine) -> N
 
 
 def test_decode_passes_spaces_between_special_tokens_to_the_tokenizer() -> None:
+    from sglang.srt.core.finish import FinishReason
     from sglang.srt.entrypoints.engine import decode_output
     from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -126,7 +127,7 @@ def test_decode_passes_spaces_between_special_tokens_to_the_tokenizer() -> None:
 
     tok = Recorder()
     params = SamplingParams.from_dict({"spaces_between_special_tokens": False, "stop": " b"})
-    assert decode_output(tok, [1, 2], params, {"type": "stop", "matched": " b"}) == "a</s>"
+    assert decode_output(tok, [1, 2], params, FinishReason.stop(" b")) == "a</s>"
     assert tok.kwargs == {"skip_special_tokens": True, "spaces_between_special_tokens": False}
 
 

@@ -312,7 +312,7 @@ def test_a_trickling_download_stops_at_the_total_deadline(media_host):
     from sglang.srt.multimodal.media_fetch import fetch_image_source
     from sglang.srt.server_args import ServerArgs
 
-    args = ServerArgs(media_url_timeout=1.0, allow_private_media_urls=True)
+    args = ServerArgs(media_url_timeout=1.0, allow_private_media_urls=True).fetch_policy
     start = time.perf_counter()
     with pytest.raises(ImageError, match="cannot fetch"):
         asyncio.run(fetch_image_source(f"{media_host}/trickle.jpg", args))
@@ -338,10 +338,10 @@ def test_redirect_targets_are_checked_too(media_host, monkeypatch):
     monkeypatch.setattr(_Media, "redirect_to", f"http://127.0.0.2:{other.server_port}/cat.jpg")
     fetch = media_fetch.fetch_image_source
     try:
-        allowed = ServerArgs(media_url_timeout=5.0, allow_private_media_urls=True)
+        allowed = ServerArgs(media_url_timeout=5.0, allow_private_media_urls=True).fetch_policy
         assert asyncio.run(fetch(f"{media_host}/redirect", allowed)) == _jpeg(1)
         monkeypatch.setattr(media_fetch, "is_public_address", lambda ip: ip == "127.0.0.1")
-        guarded = ServerArgs(media_url_timeout=5.0)
+        guarded = ServerArgs(media_url_timeout=5.0).fetch_policy
         assert asyncio.run(fetch(f"{media_host}/cat.jpg", guarded)) == _jpeg(1)
         with pytest.raises(ImageError, match="cannot fetch"):
             asyncio.run(fetch(f"{media_host}/redirect", guarded))

@@ -13,7 +13,7 @@ from conftest import ALL_VLM_FAMILIES, hf_greedy, make_image, model_dir, placeho
 from transformers import AutoConfig
 
 import sglang
-from sglang.srt.multimodal.items import MultimodalItem
+from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.multimodal.processor import MultimodalProcessor
 
 MAX_NEW = 6

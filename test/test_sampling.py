@@ -102,7 +102,7 @@ def test_penalties_follow_openai_and_hf_rules() -> None:
 
 
 def test_choices_of_n_get_distinct_seeds_inside_64_bits() -> None:
-    from sglang.srt.managers.io_struct import TokenizedRequest
+    from sglang.srt.core.io_struct import TokenizedRequest
     from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 
     sp = SamplingParams.from_dict({"n": 3, "seed": 2**64 - 2, "temperature": 1.0})

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sglang
-from sglang.srt.managers.io_struct import TokenizedRequest
+from sglang.srt.core.io_struct import TokenizedRequest
 from sglang.srt.managers.scheduler import RequestFailed
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -176,8 +176,8 @@ def test_a_failing_encode_aborts_only_its_request(monkeypatch) -> None:
     running = [engine.scheduler.add_request(r) for r in reqs]
     while engine.scheduler.has_work:
         engine.scheduler.step()
-    assert running[1].finish_reason["type"] == "abort"
-    assert running[1].finish_reason["status_code"] == 500
+    assert running[1].finish_reason.kind == "abort"
+    assert running[1].finish_reason.status_code == 500
     assert running[0].output_ids == refs[0] and running[2].output_ids == refs[2]
     engine.scheduler.check_integrity()
 
@@ -201,7 +201,7 @@ def test_a_failing_sample_aborts_only_its_request(monkeypatch) -> None:
     while engine.scheduler.has_work:
         engine.scheduler.step()
     reason = reqs[1].finish_reason
-    assert reason["type"] == "abort" and "sampler" in reason["message"]
+    assert reason.kind == "abort" and "sampler" in reason.message
     assert reqs[0].output_ids == _reference(0)
     engine.scheduler.check_integrity()
 

@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 from transformers.video_utils import VideoMetadata
 
 import sglang
+from sglang.srt.core.mm_item import sub_spans
 from sglang.srt.multimodal.embedder import EncoderStats
+from sglang.srt.multimodal.frame_groups import frame_groups
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.srt.multimodal.items import frame_groups, sub_spans
 from sglang.srt.multimodal.video_io import load_video
 from sglang.srt.multimodal.video_preprocess import (
     VideoSettings,

@@ -23,8 +23,8 @@ from transformers.video_utils import VideoMetadata
 
 import sglang
 from sglang.srt.multimodal.embedder import EncoderStats
+from sglang.srt.multimodal.frame_groups import frame_groups
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.srt.multimodal.items import frame_groups
 from sglang.srt.multimodal.video_io import load_video
 from sglang.srt.multimodal.video_preprocess import VideoSettings, preprocess_frames
 

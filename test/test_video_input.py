@@ -277,10 +277,10 @@ def test_http_video_fetch_follows_the_image_rules() -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}/clip.mp4"
     try:
         with pytest.raises(ImageError, match="cannot fetch the video"):
-            asyncio.run(fetch_video_source(url, ServerArgs()))
-        allowed = ServerArgs(allow_private_media_urls=True)
+            asyncio.run(fetch_video_source(url, ServerArgs().fetch_policy))
+        allowed = ServerArgs(allow_private_media_urls=True).fetch_policy
         assert asyncio.run(fetch_video_source(url, allowed)) == clip
-        tiny = ServerArgs(allow_private_media_urls=True, media_url_max_file_size_mb=0)
+        tiny = ServerArgs(allow_private_media_urls=True, media_url_max_file_size_mb=0).fetch_policy
         with pytest.raises(ImageError, match="cannot fetch the video"):
             asyncio.run(fetch_video_source(url, tiny))
     finally:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sglang
-from sglang.srt.managers.req import Req
+from sglang.srt.core.req import Req
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.multimodal.embedder import MultimodalEmbedder, _move_items_to_device
 from sglang.srt.sampling.sampling_params import SamplingParams

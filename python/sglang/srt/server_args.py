@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
 from sglang.srt.layers.attention import attention_backend_names
+from sglang.srt.multimodal.media_fetch import FetchPolicy
 
 DEFAULT_MM_CACHE_MB = 100
 
@@ -263,6 +264,18 @@ class ServerArgs:
             raise ValueError(
                 f'limit_mm_data_per_request must be JSON like \'{{"image": 8, "video": 1}}\': {exc}'
             ) from exc
+
+    @property
+    def fetch_policy(self) -> FetchPolicy:
+        return FetchPolicy(
+            self.media_url_max_file_size_mb, self.media_url_timeout, self.allow_private_media_urls
+        )
+
+    @property
+    def allowed_local_dir(self) -> str | None:
+        """The folder local media paths must resolve under (None: no local paths)."""
+        path = self.allowed_local_media_path
+        return os.path.realpath(path) if path else None
 
     @property
     def mm_cache_bytes(self) -> int:

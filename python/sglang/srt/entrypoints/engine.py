@@ -9,17 +9,18 @@ from typing import Any
 import torch
 
 import sglang
-from sglang.srt.constrained.manager import MAX_TOP_LOGPROBS
-from sglang.srt.managers.inputs import check_mm_limits, split_generate_inputs, tokenize
-from sglang.srt.managers.io_struct import (
+from sglang.srt.core.finish import FinishReason, finish_json
+from sglang.srt.core.io_struct import (
     TokenizedRequest,
     input_logprob_meta,
     logprob_meta,
     output_logprob_meta,
     token_ids_per_request,
 )
+from sglang.srt.core.req import Req
+from sglang.srt.managers.constraints import MAX_TOP_LOGPROBS
+from sglang.srt.managers.inputs import check_mm_limits, split_generate_inputs, tokenize
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
-from sglang.srt.managers.req import Req
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.dtypes import dtype_name
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -135,7 +136,7 @@ class Engine:
                 "prompt_tokens": len(req.input_ids),
                 "completion_tokens": len(req.output_ids),
                 "cached_tokens": req.cached_len,
-                "finish_reason": req.finish_reason,
+                "finish_reason": finish_json(req.finish_reason),
                 "e2e_latency": (req.finish_time or 0.0) - req.arrival_time,
             },
         }
@@ -180,7 +181,10 @@ class Engine:
 
 
 def decode_output(
-    tokenizer: Any, output_ids: list[int], params: SamplingParams, finish_reason: dict | None
+    tokenizer: Any,
+    output_ids: list[int],
+    params: SamplingParams,
+    finish_reason: FinishReason | None,
 ) -> str:
     """Output text, cut before a matched stop string (after it with ``no_stop_trim``)."""
     text = tokenizer.decode(
@@ -188,7 +192,7 @@ def decode_output(
         skip_special_tokens=params.skip_special_tokens,
         spaces_between_special_tokens=params.spaces_between_special_tokens,
     )
-    matched = (finish_reason or {}).get("matched")
+    matched = None if finish_reason is None else finish_reason.matched
     if isinstance(matched, str) and matched in text:
         text = text[: text.find(matched) + (len(matched) if params.no_stop_trim else 0)]
     return text

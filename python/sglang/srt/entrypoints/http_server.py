@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
+from sglang.srt.core.io_struct import token_ids_per_request
 from sglang.srt.entrypoints import openai_extras as oai
 from sglang.srt.entrypoints.middleware import ApiKeyMiddleware, BodyLimitMiddleware, error_body
 from sglang.srt.entrypoints.protocol import (
@@ -35,7 +36,6 @@ from sglang.srt.entrypoints.protocol import (
 from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
 from sglang.srt.function_call import get_tool_call_parser
 from sglang.srt.managers.inputs import GenerateInput, split_generate_inputs
-from sglang.srt.managers.io_struct import token_ids_per_request
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
 from sglang.srt.server_args import ServerArgs
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from sglang.srt.core.finish import FinishReason
+from sglang.srt.core.io_struct import TokenizedRequest
 from sglang.srt.entrypoints.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.entrypoints.reasoning_parser import ReasoningParser
-from sglang.srt.managers.io_struct import TokenizedRequest
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
 from sglang.srt.server_args import ServerArgs
@@ -229,8 +230,8 @@ def _joined(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 
 
 # Responses -----------------------------------------------------------------------------------
-def finish_reason(reason: dict | None) -> str | None:
-    return None if reason is None else reason.get("type", "stop")
+def finish_reason(reason: FinishReason | None) -> str | None:
+    return None if reason is None else reason.kind
 
 
 @dataclass

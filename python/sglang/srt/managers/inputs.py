@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang.srt.managers.io_struct import TokenizedRequest
+from sglang.srt.core.io_struct import TokenizedRequest
 from sglang.srt.multimodal.image_io import LoadedImage
 from sglang.srt.multimodal.processor import MultimodalProcessor
 from sglang.srt.multimodal.video_io import LoadedVideo

@@ -23,8 +23,8 @@ from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor.linear_attention import Segment, StatePlan
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.req import Req
-    from sglang.srt.model_executor.forward_batch import ForwardBatch
+    from sglang.srt.core.forward_batch import ForwardBatch
+    from sglang.srt.core.req import Req
 
 
 @dataclass

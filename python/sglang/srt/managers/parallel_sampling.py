@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sglang.srt.managers.io_struct import TokenizedRequest
+from sglang.srt.core.io_struct import TokenizedRequest
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 

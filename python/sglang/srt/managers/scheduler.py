@@ -18,14 +18,15 @@ from typing import Any
 
 import torch
 
-from sglang.srt.constrained.manager import ConstraintManager
+from sglang.srt.core.finish import FinishReason
+from sglang.srt.core.forward_batch import ForwardBatch
+from sglang.srt.core.io_struct import TokenizedRequest
+from sglang.srt.core.req import Req, ReqStatus, logprob_alternatives
 from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
-from sglang.srt.managers.io_struct import TokenizedRequest, abort_reason
+from sglang.srt.managers.constraints import ConstraintManager
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
-from sglang.srt.managers.req import Req, ReqStatus, logprob_alternatives
 from sglang.srt.mem_cache.hybrid_radix_cache import HybridRadixCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
-from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampler import apply_penalties, sample
 from sglang.srt.sampling.stop_strings import matched_stop, matched_stop_regex, skipped_token_ids
@@ -157,16 +158,16 @@ class Scheduler:
         for req in self.grammar_queue:
             if req.rid == rid:
                 self.grammar_queue.remove(req)
-                req.finish_reason = {"type": "abort"}
+                req.finish_reason = FinishReason.abort()
                 return True
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
-                req.finish_reason = {"type": "abort"}
+                req.finish_reason = FinishReason.abort()
                 return True
         for req in self.running:
             if req.rid == rid:
-                req.finish_reason = {"type": "abort"}
+                req.finish_reason = FinishReason.abort()
                 self._release(req)
                 self.running.remove(req)
                 return True
@@ -237,7 +238,7 @@ class Scheduler:
 
     def _fail(self, req: Req, message: str, status_code: int = 500) -> None:
         """Abort a running request that holds no KV slots of the current step."""
-        req.finish_reason = abort_reason(message, status_code)
+        req.finish_reason = FinishReason.error(message, status_code)
         self._release(req)
         self.running.remove(req)
         self._failed.append(req)
@@ -415,7 +416,7 @@ class Scheduler:
                 req.first_token_time = now
             if token is None:  # nothing to generate (max_new_tokens == 0) or a failed row
                 if not req.finished:
-                    req.finish_reason = {"type": "length", "length": 0}
+                    req.finish_reason = FinishReason.length_limit(0)
             else:
                 req.output_ids.append(token)
                 if req.return_logprob:
@@ -459,7 +460,9 @@ class Scheduler:
             if req.sampling_params.max_new_tokens == 0:
                 continue
             if bad[i]:
-                req.finish_reason = abort_reason("the model produced NaN logits for this request")
+                req.finish_reason = FinishReason.error(
+                    "the model produced NaN logits for this request"
+                )
                 continue
             if params[i].is_greedy:
                 tokens[i] = greedy[i]
@@ -468,7 +471,7 @@ class Scheduler:
                 tokens[i] = sample(shaped[i : i + 1], [params[i]], [req.generator])[0]
             except Exception as exc:
                 logger.exception("sampling failed for request %s", req.rid)
-                req.finish_reason = abort_reason(f"sampling failed: {exc}")
+                req.finish_reason = FinishReason.error(f"sampling failed: {exc}")
         return tokens
 
     def _banned_ids(self, req: Req) -> list[int]:
@@ -483,16 +486,16 @@ class Scheduler:
         if req.finished:  # the grammar rejected the token
             return
         if req.grammar is not None and req.grammar.terminated:
-            req.finish_reason = {"type": "stop", "matched": token}
+            req.finish_reason = FinishReason.stop(token)
             return
         if token in (sp.stop_token_ids or ()) or (not sp.ignore_eos and token in req.eos_token_ids):
-            req.finish_reason = {"type": "stop", "matched": token}
+            req.finish_reason = FinishReason.stop(token)
         elif len(req.output_ids) >= sp.max_new_tokens:
-            req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+            req.finish_reason = FinishReason.length_limit(len(req.output_ids))
         if req.finish_reason is None:
             stop = self._matched_stop(req)
             if stop is not None:
-                req.finish_reason = {"type": "stop", "matched": stop}
+                req.finish_reason = FinishReason.stop(stop)
 
     def _matched_stop(self, req: Req) -> str | None:
         """The stop string or stop_regex pattern that the output now ends with (None if none).

@@ -15,7 +15,7 @@ from typing import Any
 
 import zmq
 
-from sglang.srt.managers.io_struct import (
+from sglang.srt.core.io_struct import (
     AbortRequest,
     BatchOutput,
     RequestOutput,
@@ -23,7 +23,7 @@ from sglang.srt.managers.io_struct import (
     RpcResponse,
     TokenizedRequest,
 )
-from sglang.srt.managers.req import Req
+from sglang.srt.core.req import Req
 from sglang.srt.managers.scheduler import RequestFailed, Scheduler
 from sglang.srt.server_args import ServerArgs
 

@@ -15,9 +15,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from sglang.srt.entrypoints.engine import decode_output
-from sglang.srt.managers.inputs import GenerateInput, check_mm_limits, tokenize
-from sglang.srt.managers.io_struct import (
+from sglang.srt.core.finish import FinishReason, finish_json
+from sglang.srt.core.io_struct import (
     AbortRequest,
     BatchOutput,
     RequestOutput,
@@ -28,8 +27,9 @@ from sglang.srt.managers.io_struct import (
     logprob_meta,
     output_logprob_meta,
 )
+from sglang.srt.entrypoints.engine import decode_output
+from sglang.srt.managers.inputs import GenerateInput, check_mm_limits, tokenize
 from sglang.srt.multimodal.media_fetch import (
-    allowed_local_dir,
     fetch_image_source,
     fetch_video_source,
 )
@@ -70,7 +70,7 @@ class StreamEvent:
     text: str  # text so far (held back near possible stop strings until finished)
     delta: str
     output_ids: list[int]
-    finish_reason: dict[str, Any] | None
+    finish_reason: FinishReason | None
     meta: dict[str, Any]
 
 
@@ -95,7 +95,7 @@ class TokenizerManager:
         self.context_length: int = ready.context_length
         self.model_type: str = ready.model_type
         self.processor = MultimodalProcessor(
-            model_path, _load_config(model_path), allowed_local_dir(args)
+            model_path, _load_config(model_path), args.allowed_local_dir
         )
         self.tokenizer = self.processor.tokenizer
         self.is_multimodal = self.processor.is_multimodal
@@ -173,8 +173,8 @@ class TokenizerManager:
                 self.processor.video_settings.with_options(options)
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        sources = [await fetch_image_source(ref, self.args) for ref in inp.images]
-        videos = [await fetch_video_source(ref, self.args) for ref in inp.videos]
+        sources = [await fetch_image_source(ref, self.args.fetch_policy) for ref in inp.images]
+        videos = [await fetch_video_source(ref, self.args.fetch_policy) for ref in inp.videos]
         loop = asyncio.get_running_loop()
         tokenized = await loop.run_in_executor(
             self._pool, self._tokenize_sync, inp, sources, videos
@@ -257,11 +257,10 @@ class TokenizerManager:
     def _absorb(self, state: ReqState, out: RequestOutput) -> None:
         """Take one scheduler output into the request's state; raise the error of a failed
         request."""
-        status = (out.finish_reason or {}).get("status_code")
-        if status is not None:
+        reason = out.finish_reason
+        if reason is not None and reason.status_code is not None:
             state.finished = True  # the scheduler no longer holds it
-            message = out.finish_reason.get("message", "request failed")  # type: ignore
-            raise RequestError(message, status_code=status)
+            raise RequestError(reason.message or "request failed", status_code=reason.status_code)
         request = state.request
         state.output_ids += out.new_token_ids
         text = self.token_text if request.return_text_in_logprobs else None
@@ -296,7 +295,7 @@ class TokenizerManager:
     def _meta(self, state: ReqState, out: RequestOutput) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "id": state.request.rid,
-            "finish_reason": out.finish_reason,
+            "finish_reason": finish_json(out.finish_reason),
             "prompt_tokens": out.prompt_tokens,
             "completion_tokens": out.completion_tokens,
             "cached_tokens": out.cached_tokens,

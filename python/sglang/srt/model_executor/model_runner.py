@@ -10,18 +10,18 @@ import torch
 import transformers
 from transformers import AutoConfig
 
+from sglang.srt.core.forward_batch import ForwardBatch, PromptLogprobs
+from sglang.srt.core.perf_counters import PerfCounters, instrument_vision
+from sglang.srt.core.req import Pairs, Req, logprob_alternatives
 from sglang.srt.layers import decode_linear
 from sglang.srt.layers.attention import create_attention_backend
-from sglang.srt.managers.req import Pairs, Req, logprob_alternatives
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor import memory
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
-from sglang.srt.model_executor.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
-from sglang.srt.model_executor.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.model_executor.quantization import apply_torchao_config, copy_out_of_checkpoint
 from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter, load_vlm
@@ -157,7 +157,7 @@ class ModelRunner:
             attn = {**attn, "vision_config": "eager", "": "eager"}
             model = load(model_path, attn_implementation=attn, **kwargs)
         model = model.to(self.device).eval()
-        if self.is_multimodal and fast_vision.install(model, self.config):
+        if self.is_multimodal and fast_vision.install(model, self.config, self.perf):
             instrument_vision(model.model.visual, self.perf)
             if self.args.enable_torch_compile:
                 fast_vision.compile_tower(model)

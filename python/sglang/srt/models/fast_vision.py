@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 
-from sglang.srt.model_executor import perf_counters
+from sglang.srt.core.perf_counters import PerfCounters
 
 VISION_ATTENTION_NAME = "sglang_vision_flash_varlen"
 FAST_VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
@@ -60,8 +60,9 @@ def varlen_vision_attention(
         qs, ks, vs = (t[rows].unflatten(0, (count, length)).transpose(1, 2) for t in (q, k, v))
         o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout, scale=scaling)
         out[rows].unflatten(0, (count, length)).copy_(o.transpose(1, 2))
-        if perf_counters.ACTIVE is not None:
-            perf_counters.ACTIVE.vision_flops += 4.0 * q.shape[1] * q.shape[2] * count * length**2
+        counters = getattr(module, "perf_counters", None)
+        if counters is not None:
+            counters.vision_flops += 4.0 * q.shape[1] * q.shape[2] * count * length**2
     return out.unsqueeze(0), None
 
 
@@ -83,9 +84,10 @@ def equal_segment_runs(cu_seqlens: list[int]) -> list[tuple[int, int, int]]:
 transformers.AttentionInterface.register(VISION_ATTENTION_NAME, varlen_vision_attention)
 
 
-def install(model: nn.Module, config: Any) -> bool:
+def install(model: nn.Module, config: Any, counters: PerfCounters | None = None) -> bool:
     """Route a loaded Qwen-VL tower's attention to ``varlen_vision_attention`` and swap its
-    patch embedding for the matrix-product form (in place). Returns whether it applied.
+    patch embedding for the matrix-product form (in place). Returns whether it applied. The
+    attention adds its FLOPs to ``counters`` (held by each attention module).
 
     The implementation is set after loading: at load time transformers would look for a flash
     kernel behind any name that contains "flash"."""
@@ -96,6 +98,7 @@ def install(model: nn.Module, config: Any) -> bool:
         module_config = getattr(module, "config", None)
         if module_config is not None and hasattr(module_config, "_attn_implementation_internal"):
             module_config._attn_implementation_internal = VISION_ATTENTION_NAME
+            module.perf_counters = counters
     if os.environ.get("SGLANG_EXACT_PATCH_EMBED", "0") != "1":
         for module in tower.modules():
             if type(module).__name__.endswith("PatchEmbed") and _is_patchwise_conv(module):

@@ -15,13 +15,13 @@ import torch
 
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
 from sglang.srt.models.adapters.base import context_key
+from sglang.srt.multimodal.frame_groups import frame_groups
 from sglang.srt.multimodal.image_io import content_hash
-from sglang.srt.multimodal.items import frame_groups
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.req import Req
+    from sglang.srt.core.mm_item import MultimodalItem
+    from sglang.srt.core.req import Req
     from sglang.srt.models.adapters import ModelAdapter
-    from sglang.srt.multimodal.items import MultimodalItem
     from sglang.srt.multimodal.processor import ImagePreprocessor
 
 logger = logging.getLogger(__name__)

@@ -14,21 +14,30 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import os
 import socket
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import httpcore
 import httpx
 
 from sglang.srt.multimodal.image_io import ImageError
-from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 MAX_REDIRECTS = 5
 _REDIRECTS = (301, 302, 303, 307, 308)
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """What remote media fetches may do: ``max_file_size_mb`` per file within ``timeout``
+    seconds in all, and private or loopback addresses only with ``allow_private``."""
+
+    max_file_size_mb: int = 20
+    timeout: float = 10.0
+    allow_private: bool = False
 
 
 class _FetchRefused(Exception):
@@ -81,40 +90,40 @@ class _PublicOnlyBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def fetch_error(url: str, args: ServerArgs, kind: str = "image") -> ImageError:
-    where = "" if args.allow_private_media_urls else "public "
+def fetch_error(url: str, policy: FetchPolicy, kind: str = "image") -> ImageError:
+    where = "" if policy.allow_private else "public "
     return ImageError(
         f"cannot fetch the {kind} at {url[:200]!r}: {kind} URLs must be {where}http(s) addresses "
-        f"that answer 200 with at most {args.media_url_max_file_size_mb} MB within "
-        f"{args.media_url_timeout} s"
+        f"that answer 200 with at most {policy.max_file_size_mb} MB within "
+        f"{policy.timeout} s"
     )
 
 
-async def fetch_image_source(ref: Any, args: ServerArgs, kind: str = "image") -> Any:
+async def fetch_image_source(ref: Any, policy: FetchPolicy, kind: str = "image") -> Any:
     """Download http(s) images (bounded in size and time, public addresses only unless
     allowed); pass other forms through to ``load_image``, which checks local paths."""
     if not isinstance(ref, str):
         raise ImageError(f"a {kind} must be given as a string (URL, data URL, path or base64)")
     if ref.startswith(("http://", "https://")):
         try:
-            return await asyncio.wait_for(_download(ref, args, kind), args.media_url_timeout)
+            return await asyncio.wait_for(_download(ref, policy, kind), policy.timeout)
         except Exception as exc:  # refused, unreachable, too slow, too large: one answer
             logger.info("%s fetch of %s failed: %r", kind, ref[:200], exc)
-        raise fetch_error(ref, args, kind)
+        raise fetch_error(ref, policy, kind)
     scheme = ref.split("://", 1)[0] if "://" in ref[:16] else None
     if scheme not in (None, "file"):
         raise ImageError(f"unsupported {kind} URL scheme {scheme!r}")
     return ref
 
 
-async def fetch_video_source(ref: Any, args: ServerArgs) -> Any:
+async def fetch_video_source(ref: Any, policy: FetchPolicy) -> Any:
     """``fetch_image_source`` for videos: the same bounds and address rules."""
-    return await fetch_image_source(ref, args, "video")
+    return await fetch_image_source(ref, policy, "video")
 
 
-async def _download(url: str, args: ServerArgs, kind: str = "image") -> bytes:
-    limit = args.media_url_max_file_size_mb * 1024 * 1024
-    backend = None if args.allow_private_media_urls else _PublicOnlyBackend()
+async def _download(url: str, policy: FetchPolicy, kind: str = "image") -> bytes:
+    limit = policy.max_file_size_mb * 1024 * 1024
+    backend = None if policy.allow_private else _PublicOnlyBackend()
     async with httpcore.AsyncConnectionPool(network_backend=backend) as pool:
         for _ in range(MAX_REDIRECTS + 1):
             accept = f"{kind}/*".encode()
@@ -149,8 +158,3 @@ async def _read_bounded(resp: httpcore.Response, limit: int) -> bytes:
             raise _FetchRefused(f"body over the limit {limit}")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def allowed_local_dir(args: ServerArgs) -> str | None:
-    path = args.allowed_local_media_path
-    return os.path.realpath(path) if path else None

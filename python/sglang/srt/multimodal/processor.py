@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from sglang.srt.core.mm_item import MultimodalItem, spans_of
 from sglang.srt.models.adapters import ModelAdapter, get_adapter
 from sglang.srt.models.adapters.base import Layout, context_key, layout_of, same_layout
 from sglang.srt.multimodal import fast_preprocess
@@ -28,7 +29,6 @@ from sglang.srt.multimodal.image_io import (
     content_hash,
     load_image,
 )
-from sglang.srt.multimodal.items import MultimodalItem, spans_of
 from sglang.srt.multimodal.video_io import DecodedVideoCache, LoadedVideo, load_video
 from sglang.srt.multimodal.video_preprocess import VideoSettings, preprocess_frames
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from sglang.srt.model_executor.forward_batch import ForwardBatch
+    from sglang.srt.core.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.core.perf_counters import causal_attention_flops, causal_keys_seen
 from sglang.srt.layers.attention.base import AttentionBackend
-from sglang.srt.model_executor.perf_counters import causal_attention_flops, causal_keys_seen
 
 if TYPE_CHECKING:
+    from sglang.srt.core.forward_batch import ForwardBatch
     from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
-    from sglang.srt.model_executor.forward_batch import ForwardBatch
 
 
 # A run of contiguous KV slots shorter than this is gathered rather than read as a view (every

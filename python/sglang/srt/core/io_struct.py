@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang.srt.multimodal.items import MultimodalItem
+from sglang.srt.core.finish import FinishReason
+from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 MAX_TOKEN_IDS_LOGPROB = 64  # token ids whose logprobs one request may ask for at each position
@@ -119,7 +120,7 @@ class RequestOutput:
     rid: str
     new_token_ids: list[int]
     new_logprobs: list[float]
-    finish_reason: dict[str, Any] | None
+    finish_reason: FinishReason | None
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
@@ -135,12 +136,7 @@ class RequestOutput:
         cls, rid: str, message: str, status_code: int, prompt_tokens: int = 0
     ) -> RequestOutput:
         """The one output of a request that ends in an error (the API answers ``status_code``)."""
-        return cls(rid, [], [], abort_reason(message, status_code), prompt_tokens, 0, 0)
-
-
-def abort_reason(message: str, status_code: int = 500) -> dict[str, Any]:
-    """A finish reason that the API turns into an error answer with ``status_code``."""
-    return {"type": "abort", "message": message, "status_code": status_code}
+        return cls(rid, [], [], FinishReason.error(message, status_code), prompt_tokens, 0, 0)
 
 
 TokenText = Callable[[int], str]

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sglang.srt.constrained.spec import grammar_spec
-from sglang.srt.managers.io_struct import abort_reason
+from sglang.srt.core.finish import FinishReason
 
 if TYPE_CHECKING:
     from sglang.srt.constrained.xgrammar_backend import GrammarBackend
-    from sglang.srt.managers.io_struct import TokenizedRequest
-    from sglang.srt.managers.req import Req
+    from sglang.srt.core.io_struct import TokenizedRequest
+    from sglang.srt.core.req import Req
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class ConstraintManager:
                 req.grammar.matcher = self.backend.matcher(req.grammar.future.result())
                 ready.append(req)
             else:
-                req.finish_reason = abort_reason(str(exc), 400)
+                req.finish_reason = FinishReason.error(str(exc), 400)
                 failed.append(req)
         return ready, failed
 
@@ -183,10 +183,9 @@ class ConstraintManager:
         if grammar is None or grammar.matcher is None or req.finished:
             return
         if not grammar.matcher.accept_token(token):
-            req.finish_reason = {
-                "type": "abort",
-                "message": f"token {token} does not match the request's grammar",
-            }
+            req.finish_reason = FinishReason.abort(
+                f"token {token} does not match the request's grammar"
+            )
 
     def close(self) -> None:
         if self._backend is not None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.req import Req
+    from sglang.srt.core.req import Req
 
 
 # Logprobs of the prompt tokens a chunk predicts, their top alternatives and the logprobs of the

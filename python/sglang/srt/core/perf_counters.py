@@ -23,8 +23,6 @@ from typing import Any
 
 from torch import nn
 
-ACTIVE: PerfCounters | None = None  # what varlen_vision_attention adds its FLOPs to
-
 
 @dataclass
 class PerfCounters:
@@ -62,8 +60,6 @@ def causal_attention_flops(heads: int, dim: int, keys_seen: float) -> float:
 
 def instrument_vision(tower: nn.Module, counters: PerfCounters) -> None:
     """Time ``tower``'s forward and count the FLOPs of its linear and patch-projection layers."""
-    global ACTIVE
-    ACTIVE = counters
     started: list[float] = []
 
     def before(module: nn.Module, args: Any) -> None:

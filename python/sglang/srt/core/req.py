@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from sglang.srt.multimodal.items import MultimodalItem, radix_key
+from sglang.srt.core.finish import FinishReason
+from sglang.srt.core.mm_item import MultimodalItem, radix_key
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 Pairs = list[tuple[float, int]]  # (logprob, token id) entries of one position
@@ -61,7 +62,7 @@ class Req:
     mrope_delta: int = 0
     generator: torch.Generator | None = None
     pins: dict[int, int] = field(default_factory=dict)  # cache key -> end of its placeholders
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
     output_text: str = ""
     arrival_time: float = 0.0
     first_token_time: float | None = None

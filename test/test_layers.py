@@ -1,0 +1,116 @@
+"""The layer map of docs/architecture.md holds: no module of ``sglang`` imports a module of a
+higher layer (at any depth: module level, inside functions, under TYPE_CHECKING)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "python" / "sglang"
+
+# Longest prefix wins. Equal ranks may import each other; a module imports only its rank or lower.
+LAYERS: dict[str, int] = {
+    "sglang.testing.tiny": 0,  # leaf: builds checkpoints with transformers only
+    "sglang.srt.kernels": 0,
+    "sglang.srt.sampling": 0,
+    "sglang.srt.constrained": 0,
+    "sglang.srt.function_call": 0,
+    "sglang.srt.core": 1,
+    "sglang.srt.mem_cache": 1,
+    "sglang.srt.layers": 2,
+    "sglang.srt.models": 2,
+    "sglang.srt.multimodal": 3,
+    "sglang.srt.model_executor": 4,
+    "sglang.srt.managers": 5,
+    "sglang.srt.server_args": 5,
+    "sglang.srt.entrypoints": 6,
+    "sglang.launch_server": 6,
+    "sglang.testing": 7,  # test helpers: may use anything
+}
+# The package root holds ``__version__`` and re-exports Engine lazily (``sglang.Engine``): any
+# module may read the version, and the root's own lazy import is the one upward import allowed.
+EXEMPT = {"sglang", "sglang.srt"}
+
+
+def layer_of(module: str) -> int | None:
+    best = None
+    for prefix, rank in LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, rank)
+    return None if best is None else best[1]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, name: str, root: Path) -> list[tuple[int, str]]:
+    """(line, module) of every ``sglang`` import in the file, relative ones resolved."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # ``from pkg import module`` imports the module when there is one.
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((node.lineno, sub if _is_module(sub, root) else base))
+    return [(line, m) for line, m in found if m == "sglang" or m.startswith("sglang.")]
+
+
+def _is_module(name: str, root: Path) -> bool:
+    path = root.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def upward_imports(root: Path = PACKAGE_ROOT) -> list[str]:
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        name = module_name(path, root)
+        if name in EXEMPT:
+            continue
+        own = layer_of(name)
+        if own is None:
+            problems.append(f"{name}: not in the layer map")
+            continue
+        for line, target in imported_modules(path, name, root):
+            rank = layer_of(target)
+            if target in EXEMPT:
+                continue
+            if rank is None or rank > own:
+                problems.append(f"{name}:{line} imports {target} (layer {rank} > {own})")
+    return problems
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    assert upward_imports() == []
+
+
+def test_an_upward_import_is_caught(tmp_path: Path) -> None:
+    """The checker itself: a copy of the package with one upward import added fails."""
+    import shutil
+
+    copy = tmp_path / "sglang"
+    shutil.copytree(PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    req = copy / "srt" / "core" / "req.py"
+    late = "\n\ndef _late():\n    from sglang.srt.managers import scheduler\n"
+    req.write_text(req.read_text() + late)
+    problems = upward_imports(copy)
+    assert any("sglang.srt.core.req" in p and "sglang.srt.managers" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("module", "rank"),
+    [("sglang.srt.core.req", 1), ("sglang.testing.tiny.common", 0), ("sglang.testing.x", 7)],
+)
+def test_longest_prefix_decides(module: str, rank: int) -> None:
+    assert layer_of(module) == rank
