@@ -94,7 +94,7 @@ def resolve_dtype(name: str, config: Any, device: str) -> DtypeChoice:
 
 
 def resolve_launch_dtypes(args: Any, config: Any) -> tuple[DtypeChoice, torch.dtype]:
-    """The model and KV cache dtypes of a launch (``ServerArgs``): quantized weights
+    """The model and KV cache dtypes of a launch (``EngineConfig``): quantized weights
     (``--torchao-config``) run in bfloat16, whatever ``--dtype auto`` would pick."""
     choice = resolve_dtype(args.dtype, config, args.resolved_device)
     if args.torchao_config and choice.dtype != torch.bfloat16:

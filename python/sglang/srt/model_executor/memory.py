@@ -432,7 +432,7 @@ def check_fits(inp: FitInputs) -> FitPlan | None:
 def fit_inputs(
     args: Any, model_path: str, config: Any, dtype: torch.dtype, kv_dtype: torch.dtype
 ) -> FitInputs:
-    """The fit inputs of a launch from its ``ServerArgs`` and the dtypes it will run in."""
+    """The fit inputs of a launch from its ``EngineConfig`` and the dtypes it will run in."""
     text_config = config.get_text_config()
     return FitInputs(
         model_path=model_path,

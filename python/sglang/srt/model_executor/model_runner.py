@@ -21,6 +21,7 @@ from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor import memory
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
+from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.quantization import apply_torchao_config, copy_out_of_checkpoint
 from sglang.srt.models import fast_vision
@@ -29,7 +30,6 @@ from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.processor import ImagePreprocessor
 from sglang.srt.multimodal.video_preprocess import VideoSettings
-from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ transformers.AttentionInterface.register(ATTENTION_NAME, _engine_attention)
 
 
 class ModelRunner:
-    def __init__(self, args: ServerArgs, model_path: str) -> None:
+    def __init__(self, args: EngineConfig, model_path: str) -> None:
         self.args = args
         self.model_path = model_path
         self.device = args.resolved_device

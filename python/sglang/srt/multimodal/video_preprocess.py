@@ -332,14 +332,6 @@ def _qwen3_resized_size(
     return h_bar, w_bar
 
 
-def frame_timestamps(indices: np.ndarray, native_fps: float, temporal: int) -> list[float]:
-    """Qwen3-VL's time of each frame group: the mean time of its first and last frame (the last
-    index repeated up to whole groups)."""
-    times = [int(i) / native_fps for i in indices]
-    times += [times[-1]] * (-len(times) % temporal)
-    return [(times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal)]
-
-
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}
 
 

@@ -1,5 +1,11 @@
 """Model adapters: the generic HF-driven VLM adapter, the families' overrides, and the check
-that tells at startup whether a model can be served."""
+that tells at startup whether a model can be served.
+
+Where a family really differs from the generic adapter, and why, lives in one module per kind of
+family (``grid``, ``llava``, ``gemma``, ``tiled``). Most overrides are *size rules*: the layout
+of an image computed from its size alone, so that the placeholder text is known without
+preprocessing (an image whose embedding is cached is then never preprocessed, not even the first
+time its size is seen)."""
 
 from __future__ import annotations
 
@@ -9,34 +15,40 @@ from typing import Any
 from torch import nn
 
 from sglang.srt.models.adapters.base import ModelAdapter, TextAdapter
-from sglang.srt.models.adapters.families import (
-    AriaAdapter,
-    Ernie45VlMoeAdapter,
-    FixedCountAdapter,
+from sglang.srt.models.adapters.gemma import (
     Gemma3Adapter,
     Gemma4Adapter,
+    PaliGemmaAdapter,
+    ShieldGemma2Adapter,
+)
+from sglang.srt.models.adapters.grid import (
+    Ernie45VlMoeAdapter,
     Glm4vAdapter,
-    GotOcr2Adapter,
-    Granite4VisionAdapter,
-    GraniteDoclingAdapter,
     HunYuanVlAdapter,
     HyperClovaXVisionAdapter,
+    PaddleOcrVlAdapter,
+    QwenOmniThinkerAdapter,
+    QwenVLAdapter,
+)
+from sglang.srt.models.adapters.llava import (
+    AriaAdapter,
+    Granite4VisionAdapter,
+    GraniteDoclingAdapter,
     Idefics2Adapter,
-    InternVLAdapter,
     LightOnOcrAdapter,
     LlavaAdapter,
     LlavaOnevisionAdapter,
+    Ovis2Adapter,
+    PixtralAdapter,
+    VideoLlavaAdapter,
+)
+from sglang.srt.models.adapters.tiled import (
+    FixedCountAdapter,
+    GotOcr2Adapter,
+    InternVLAdapter,
     MiniCpmV46Adapter,
     MiniCpmV47Adapter,
-    Ovis2Adapter,
-    PaddleOcrVlAdapter,
-    PaliGemmaAdapter,
-    PixtralAdapter,
-    QwenOmniThinkerAdapter,
-    QwenVLAdapter,
-    ShieldGemma2Adapter,
     TiledAdapter,
-    VideoLlavaAdapter,
 )
 
 # model_type -> adapter: the families tested at parity with HF (tiny builders in

@@ -12,7 +12,8 @@ processor and model classes:
 - the language model: ``language_model`` or ``text_model`` of the inner model;
 - positions: M-RoPE through ``get_rope_index`` wherever the model has it.
 
-Family subclasses (``families.py``) override only what really differs and say why.
+Family subclasses (modules ``grid``, ``llava``, ``gemma``, ``tiled``) override only what really
+differs and say why.
 """
 
 from __future__ import annotations

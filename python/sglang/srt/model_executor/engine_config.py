@@ -1,0 +1,166 @@
+"""What the model runner is built from: the first link of the launch config chain
+(``ServerArgs`` adds the scheduler's and the HTTP server's fields). Frozen; each field is a CLI
+flag (``ServerArgs.add_cli_args``); validated where it is made."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from sglang.srt.layers.attention import attention_backend_names
+from sglang.srt.model_executor import quantization
+from sglang.srt.model_executor.dtypes import DTYPE_NAMES, KV_CACHE_DTYPES
+
+DEFAULT_MM_CACHE_MB = 100
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Model
+    model_path: str | None = field(
+        default=None, metadata={"help": "Local HF model folder (default: the embedded tiny model)."}
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: the checkpoint's dtype; on a CPU a bfloat16/float16 checkpoint runs in "
+            "bfloat16 where the CPU has AMX or AVX512-BF16, else float32. float32 is exact "
+            "(greedy output equals HF's); bfloat16, float16 (bfloat16 on a CPU)."
+        },
+    )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "KV cache storage: auto (the model dtype), bfloat16, float32, fp8_e4m3, "
+            "fp8_e5m2 (fp8 is converted to the model dtype when attention reads it)."
+        },
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "cpu or cuda (default: cuda if any)."}
+    )
+    context_length: int | None = None
+    trust_remote_code: bool = False
+    torchao_config: str = field(
+        default="",
+        metadata={
+            "help": "Weight-only quantization of the language model's linear layers through "
+            "torchao: int8wo or int4wo-<group> (32, 64, 128; 256 on CUDA). The model runs in "
+            "bfloat16."
+        },
+    )
+    quantization: str | None = field(
+        default=None,
+        metadata={"help": "SGLang's quantization methods are not implemented: leave unset."},
+    )
+
+    # Memory and scheduling
+    mem_fraction_static: float | None = field(
+        default=None,
+        metadata={
+            "help": "Fraction of memory for weights + KV pool (+ linear-attention state): of the "
+            "GPU's on CUDA (default 0.85), of the host's (cgroup limit, else MemTotal) on CPU "
+            "(default: a KV pool of min(1 GiB, what is available))."
+        },
+    )
+    max_total_tokens: int | None = field(
+        default=None, metadata={"help": "KV cache size in tokens (overrides the memory fraction)."}
+    )
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = field(
+        default=None, metadata={"help": "Tokens per prefill chunk; -1 disables chunking."}
+    )
+    disable_radix_cache: bool = False
+
+    # Hybrid models (linear-attention layers, e.g. Qwen3.5)
+    max_mamba_cache_size: int | None = field(
+        default=None, metadata={"help": "Linear-attention state slots for running requests."}
+    )
+    mamba_ssm_dtype: str = field(
+        default="float32", metadata={"help": "Recurrent-state dtype: float32 (as HF), bfloat16."}
+    )
+    state_snapshot_mb: float | None = field(
+        default=None,
+        metadata={"help": "Prefix-cache snapshots of linear-attention state, MB (default: 10%%)."},
+    )
+
+    # Attention
+    attention_backend: str | None = field(
+        default=None,
+        metadata={
+            "help": "Language-model attention backend: "
+            + ", ".join(attention_backend_names())
+            + " (default torch_native)."
+        },
+    )
+    mm_attention_backend: str = "sdpa"
+    enable_torch_compile: bool = field(
+        default=False,
+        metadata={"help": "Compile the Qwen-VL vision blocks (minutes of start-up per shape)."},
+    )
+
+    # Multimodal embedding cache
+    mm_cache_mode: str = field(
+        default="per-image", metadata={"help": "per-image, combined (legacy) or off."}
+    )
+    mm_embedding_cache_mb: int | None = field(
+        default=None, metadata={"help": "Embedding cache budget (env SGLANG_VLM_CACHE_SIZE_MB)."}
+    )
+    mm_encoder_token_budget: int | None = None
+    mm_video_cache: str = field(
+        default="per-group",
+        metadata={
+            "help": "per-group (one cache entry per frame group where the vision tower allows "
+            "it, encoded when a chunk reaches it) or whole (one entry per video)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.mm_cache_mode not in ("per-image", "combined", "off"):
+            raise ValueError(
+                f"mm_cache_mode must be per-image, combined or off, got {self.mm_cache_mode!r}"
+            )
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
+            raise ValueError("chunked_prefill_size must be positive or -1")
+        if self.attention_backend not in (None, *attention_backend_names()):
+            raise ValueError(
+                f"unknown attention backend {self.attention_backend!r}; "
+                f"choose from {attention_backend_names()}"
+            )
+        if self.mm_attention_backend != "sdpa":
+            raise ValueError("the vision tower runs on sdpa (--mm-attention-backend sdpa)")
+        if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be auto or one of {sorted(DTYPE_NAMES)}")
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(KV_CACHE_DTYPES)}")
+        if self.mamba_ssm_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError("mamba_ssm_dtype must be float32, bfloat16 or float16")
+        if self.mm_video_cache not in ("per-group", "whole"):
+            raise ValueError("mm_video_cache must be per-group or whole")
+        quantization.check_quantization_flag(self.quantization)
+        device = self.resolved_device if self.torchao_config else None
+        quantization.parse_torchao_config(self.torchao_config, device)
+        quantization.check_torchao_dtype(self.torchao_config, self.dtype)
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device is not None:
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    @property
+    def mm_cache_bytes(self) -> int:
+        """--mm-embedding-cache-mb, else env SGLANG_VLM_CACHE_SIZE_MB, else 100 MB on CPU and
+        1% of device memory (at least 100 MB, at most 4 GB) on GPU."""
+        mb = self.mm_embedding_cache_mb
+        if mb is None and "SGLANG_VLM_CACHE_SIZE_MB" in os.environ:
+            mb = int(os.environ["SGLANG_VLM_CACHE_SIZE_MB"])
+        if mb is None:
+            mb = DEFAULT_MM_CACHE_MB
+            if self.resolved_device.startswith("cuda"):
+                import torch
+
+                total_mb = torch.cuda.get_device_properties(0).total_memory // 2**20
+                mb = min(max(total_mb // 100, DEFAULT_MM_CACHE_MB), 4096)
+        return mb * 1024 * 1024
