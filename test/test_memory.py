@@ -14,7 +14,7 @@ import transformers
 from conftest import model_dir
 
 import sglang
-from sglang.srt.model_executor import memory
+from sglang.srt.model_executor import host_memory, memory
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 
@@ -23,7 +23,7 @@ FAMILY = "qwen2_5_vl"
 
 def _loaded_bytes(path: str, dtype: torch.dtype) -> int:
     model = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
-    return memory.module_bytes(model)
+    return host_memory.module_bytes(model)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -68,7 +68,7 @@ def test_int4_estimate_halves_divisible_linears() -> None:
 
 def test_tied_and_quantized_storages_are_counted_once() -> None:
     weight = torch.nn.Parameter(torch.zeros(4, 8))
-    assert memory.tensors_bytes([weight, weight, weight[1:]]) == 4 * 8 * 4
+    assert host_memory.tensors_bytes([weight, weight, weight[1:]]) == 4 * 8 * 4
 
 
 def _inputs(**changes) -> memory.FitInputs:
@@ -83,7 +83,7 @@ def test_refused_before_loading_with_settings_that_fit(monkeypatch: pytest.Monke
     need_f32 = inputs.plan().total
     need_bf16 = inputs.plan(dtype=torch.bfloat16).total
     assert need_bf16 < need_f32
-    monkeypatch.setenv(memory.AVAILABLE_ENV, str((need_bf16 + need_f32) // 2))
+    monkeypatch.setenv(host_memory.AVAILABLE_ENV, str((need_bf16 + need_f32) // 2))
 
     def no_load(*_args, **_kwargs):
         raise AssertionError("weights must not load when the model cannot fit")
@@ -93,7 +93,7 @@ def test_refused_before_loading_with_settings_that_fit(monkeypatch: pytest.Monke
         sglang.Engine(model_path=model_dir(FAMILY), dtype="float32", device="cpu")
     message = str(err.value)
     assert "not enough memory" in message and "in float32" in message
-    assert f"is available ({memory.AVAILABLE_ENV})" in message
+    assert f"is available ({host_memory.AVAILABLE_ENV})" in message
     assert "--dtype bfloat16" in message.split("Settings that fit:")[1]
 
 
@@ -107,7 +107,7 @@ def test_refusal_suggests_a_smaller_kv_pool(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_mem_fraction_static_sizes_the_kv_pool() -> None:
-    total = memory.host_memory_total()[0]
+    total = host_memory.host_memory_total()[0]
     weights = memory.estimate_weight_bytes(model_dir(FAMILY), torch.float32)
     assert weights is not None
     fraction = (weights + (8 << 20)) / total  # 8 MiB left for the pool after the weights
@@ -123,7 +123,7 @@ def test_mem_fraction_static_sizes_the_kv_pool() -> None:
 def test_server_info_reports_memory() -> None:
     eng = sglang.Engine(model_path=model_dir(FAMILY), dtype="float32", max_total_tokens=64)
     info = eng.get_server_info()["memory"]
-    assert info["weights_bytes"] == memory.module_bytes(eng.runner.model)
+    assert info["weights_bytes"] == host_memory.module_bytes(eng.runner.model)
     assert info["weights_estimate_bytes"] == pytest.approx(info["weights_bytes"], rel=0.005)
     assert (info["kv_pool_tokens"], info["kv_budget_rule"]) == (64, "max_total_tokens")
     assert info["kv_pool_bytes"] == 64 * info["kv_bytes_per_token"]
@@ -132,9 +132,9 @@ def test_server_info_reports_memory() -> None:
 
 
 def test_default_cpu_budget_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(memory.AVAILABLE_ENV, str(64 << 30))
+    monkeypatch.setenv(host_memory.AVAILABLE_ENV, str(64 << 30))
     assert memory.cpu_kv_budget(None, 0, 0, 1 << 20) == (memory.CPU_KV_BUDGET_BYTES, "default")
-    monkeypatch.setenv(memory.AVAILABLE_ENV, str(300 << 20))
+    monkeypatch.setenv(host_memory.AVAILABLE_ENV, str(300 << 20))
     assert memory.cpu_kv_budget(None, 0, 100 << 20, 1 << 20) == (200 << 20, "default")
     assert memory.cpu_kv_budget(None, 0, 400 << 20, 1 << 20) == (1 << 20, "default")  # floor
 
@@ -143,18 +143,18 @@ def test_cgroup_limit_is_the_host_total(monkeypatch: pytest.MonkeyPatch, tmp_pat
     limit, usage = tmp_path / "memory.max", tmp_path / "memory.current"
     limit.write_text(f"{2 << 30}\n")
     usage.write_text(f"{(1 << 30) + (512 << 20)}\n")
-    monkeypatch.setattr(memory, "_CGROUP_FILES", ((str(limit), str(usage)),))
-    monkeypatch.delenv(memory.AVAILABLE_ENV, raising=False)
-    assert memory.host_memory_total() == (2 << 30, "cgroup limit")
-    assert memory.host_memory_available() == (512 << 20, "cgroup limit - usage")
+    monkeypatch.setattr(host_memory, "_CGROUP_FILES", ((str(limit), str(usage)),))
+    monkeypatch.delenv(host_memory.AVAILABLE_ENV, raising=False)
+    assert host_memory.host_memory_total() == (2 << 30, "cgroup limit")
+    assert host_memory.host_memory_available() == (512 << 20, "cgroup limit - usage")
     limit.write_text("max\n")
-    assert memory.host_memory_total()[1] == "MemTotal"
+    assert host_memory.host_memory_total()[1] == "MemTotal"
 
 
 def test_launch_server_refuses_before_starting_the_scheduler() -> None:
     env = {
         **os.environ,
-        memory.AVAILABLE_ENV: str(1 << 20),
+        host_memory.AVAILABLE_ENV: str(1 << 20),
         "PYTHONPATH": os.pathsep.join(sys.path),
     }
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir(FAMILY),
@@ -183,12 +183,12 @@ def test_heap_is_returned_after_loading(monkeypatch: pytest.MonkeyPatch) -> None
     """With the compute process' raised malloc thresholds, loading runs with low ones, then the
     freed heap is trimmed and the raised thresholds (clamped to a C int) come back."""
     libc = _FakeLibc()
-    monkeypatch.setattr(memory, "_libc", lambda: libc)
+    monkeypatch.setattr(host_memory, "_libc", lambda: libc)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", str(16 << 30))
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(16 << 30))
-    with memory.heap_returned_while_loading():
+    with host_memory.heap_returned_while_loading():
         low = list(libc.calls)
-    low_value = memory.LOAD_MALLOC_THRESHOLD
+    low_value = host_memory.LOAD_MALLOC_THRESHOLD
     assert low == [("mallopt", -1, low_value), ("mallopt", -3, low_value)]
     assert libc.calls[2:] == [
         ("malloc_trim", 0),
@@ -198,6 +198,6 @@ def test_heap_is_returned_after_loading(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     libc.calls.clear()
-    with memory.heap_returned_while_loading():
+    with host_memory.heap_returned_while_loading():
         pass
     assert libc.calls == []  # glibc's defaults already return large blocks: nothing to do

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import sglang
 from sglang.launch_server import parse_args
-from sglang.srt.model_executor.memory import module_bytes as weight_bytes
+from sglang.srt.model_executor.host_memory import module_bytes as weight_bytes
 from sglang.srt.model_executor.quantization import apply_torchao_config
 from sglang.srt.models.adapters import UnsupportedModelError, check_model
 

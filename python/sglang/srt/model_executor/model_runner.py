@@ -19,7 +19,7 @@ from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
-from sglang.srt.model_executor import memory
+from sglang.srt.model_executor import host_memory, memory
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
@@ -80,7 +80,7 @@ class ModelRunner:
             memory.fit_inputs(args, model_path, self.config, self.dtype, self.kv_cache_dtype)
         )
         self.perf = PerfCounters()
-        with memory.heap_returned_while_loading():
+        with host_memory.heap_returned_while_loading():
             self.model = self._load(model_path)
             self.adapter = get_adapter(self.model, self.config)
             self.quantization = apply_torchao_config(
@@ -135,9 +135,9 @@ class ModelRunner:
         # A step reads the head whole but one embedding row per request.
         embed = self.model.get_input_embeddings()
         in_lm = {id(p) for p in language_model.parameters()}
-        embed_bytes = memory.module_bytes(embed) if id(embed.weight) in in_lm else 0
-        lm_bytes = memory.module_bytes(language_model) - embed_bytes
-        self.lm_weight_bytes = lm_bytes + memory.module_bytes(head)
+        embed_bytes = host_memory.module_bytes(embed) if id(embed.weight) in in_lm else 0
+        lm_bytes = host_memory.module_bytes(language_model) - embed_bytes
+        self.lm_weight_bytes = lm_bytes + host_memory.module_bytes(head)
 
     def _load(self, model_path: str) -> torch.nn.Module:
         if self.is_multimodal:
@@ -167,7 +167,7 @@ class ModelRunner:
         layout = self._kv_layout()
         kv_dtype = self.kv_cache_dtype
         per_token = self.kv_bytes_per_token = layout.bytes_per_token(kv_dtype)
-        self.weights_bytes = memory.module_bytes(self.model)
+        self.weights_bytes = host_memory.module_bytes(self.model)
         budget = self._kv_budget_bytes(per_token)
         state_reqs = self._init_state_pool(budget) if self.state_shape else None
         state_bytes = self.state_pool.nbytes if self.state_pool else 0

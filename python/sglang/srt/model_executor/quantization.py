@@ -29,7 +29,8 @@ from typing import Any
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from sglang.srt.model_executor.memory import INT4_OUT_MULTIPLE, module_bytes
+from sglang.srt.model_executor.host_memory import module_bytes
+from sglang.srt.model_executor.memory import INT4_OUT_MULTIPLE
 
 logger = logging.getLogger(__name__)
 
