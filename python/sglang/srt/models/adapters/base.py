@@ -179,14 +179,7 @@ class ModelAdapter:
     def encode(self, features: list[dict[str, Any]], rows: Sequence[int]) -> list[CachedEmbedding]:
         """Encode device-side feature dicts of several images in one call; ``rows[i]`` is the
         number of embedding rows image i needs."""
-        fn = self.image_features_fn
-        out = fn(**batch_features(features, accepted_kwargs(fn)))
-        embeds = split_rows(_pooled(out), rows)
-        deepstack = getattr(out, "deepstack_features", None) or []
-        layers = [split_rows(layer, rows) for layer in deepstack]
-        return [
-            CachedEmbedding(embeds[i], [layer[i] for layer in layers]) for i in range(len(rows))
-        ]
+        return encode_split(self.image_features_fn, features, rows)
 
     # Video (processor side for the layout and text; encoder side for ``encode_videos``) -----
     @property
@@ -233,14 +226,7 @@ class ModelAdapter:
         self, features: list[dict[str, Any]], rows: Sequence[int]
     ) -> list[CachedEmbedding]:
         """``encode`` for videos (or frame groups of videos)."""
-        fn = self.video_features_fn
-        out = fn(**batch_features(features, accepted_kwargs(fn)))
-        embeds = split_rows(_pooled(out), rows)
-        deepstack = getattr(out, "deepstack_features", None) or []
-        layers = [split_rows(layer, rows) for layer in deepstack]
-        return [
-            CachedEmbedding(embeds[i], [layer[i] for layer in layers]) for i in range(len(rows))
-        ]
+        return encode_split(self.video_features_fn, features, rows)
 
     def mrope(self, input_ids: list[int], layouts: list[Layout]) -> tuple[torch.Tensor, int]:
         """(3, L) M-RoPE positions of a prompt and the decode position delta; ``layouts`` are
@@ -344,6 +330,18 @@ def batch_features(features: list[dict[str, Any]], names: frozenset[str]) -> dic
         else:
             out[name] = [x for v in values for x in (v if isinstance(v, (list, tuple)) else [v])]
     return out
+
+
+def encode_split(
+    fn: Callable[..., Any], features: list[dict[str, Any]], rows: Sequence[int]
+) -> list[CachedEmbedding]:
+    """Call a ``get_*_features`` function on the batched features of several items and split
+    its output (and deepstack layers, where the model has them) into ``rows[i]`` rows each."""
+    out = fn(**batch_features(features, accepted_kwargs(fn)))
+    embeds = split_rows(_pooled(out), rows)
+    deepstack = getattr(out, "deepstack_features", None) or []
+    layers = [split_rows(layer, rows) for layer in deepstack]
+    return [CachedEmbedding(embeds[i], [layer[i] for layer in layers]) for i in range(len(rows))]
 
 
 def _pad_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
