@@ -30,9 +30,10 @@ def qwen2_vl_256x4(root: str | Path | None = None) -> Path:
     import torch
     import transformers
 
-    from sglang.testing.tiny_models import _cache_root, tiny_model_path
+    from sglang.testing.tiny import tiny_model_path
+    from sglang.testing.tiny.common import cache_root
 
-    out = Path(root) if root else _cache_root() / "bench-qwen2_vl-256x4-v1"
+    out = Path(root) if root else cache_root() / "bench-qwen2_vl-256x4-v1"
     if (out / "config.json").is_file():
         return out
     base = tiny_model_path("qwen2_vl")

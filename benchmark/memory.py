@@ -183,16 +183,16 @@ def _write_weights(out: Path, specs: list[tuple[str, tuple[int, ...]]], seed: in
 
 
 def _write_processor_files(out: Path, tok: Any) -> None:
-    from sglang.testing.tiny_common import _qwen_generation, _qwen_preprocessor
-    from sglang.testing.tiny_models import _patch_json, _write_json
+    from sglang.testing.tiny.common import patch_json, qwen_generation, qwen_preprocessor
+    from sglang.testing.tiny.common import write_json as write_config_json
 
     tok.save_pretrained(out)
-    _patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
-    pre = _qwen_preprocessor(14, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", legacy=True)
+    patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
+    pre = qwen_preprocessor(14, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", legacy=True)
     pre.update(min_pixels=PIXELS[0], max_pixels=PIXELS[1])
     pre["size"] = {"shortest_edge": PIXELS[0], "longest_edge": PIXELS[1]}
-    _write_json(out / "preprocessor_config.json", pre)
-    _write_json(out / "generation_config.json", _qwen_generation(tok))
+    write_config_json(out / "preprocessor_config.json", pre)
+    write_config_json(out / "generation_config.json", qwen_generation(tok))
 
 
 def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
@@ -200,19 +200,19 @@ def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
     import torch
     from transformers import Qwen2_5_VLConfig
 
-    from sglang.testing.tiny_common import _qwen_ids
-    from sglang.testing.tiny_models import _build_tokenizer, _patch_json
+    from sglang.testing.tiny import build_tokenizer
+    from sglang.testing.tiny.common import patch_json, qwen_ids
 
-    tok = _build_tokenizer("qwen2_5_vl")
+    tok = build_tokenizer("qwen2_5_vl")
     eot, eos = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
     text = {**dims["text"], "bos_token_id": eot, "eos_token_id": eos}
     config = Qwen2_5_VLConfig(
-        text_config=text, vision_config=dims["vision"], tie_word_embeddings=False, **_qwen_ids(tok)
+        text_config=text, vision_config=dims["vision"], tie_word_embeddings=False, **qwen_ids(tok)
     )
     config.dtype = torch.bfloat16
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
-    _patch_json(out / "config.json", torch_dtype="bfloat16")
+    patch_json(out / "config.json", torch_dtype="bfloat16")
     tok.model_max_length = dims["text"]["max_position_embeddings"]
     _write_processor_files(out, tok)
     _write_weights(out, _tensor_specs(config), seed)

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from benchmark.common import chat, cpu_info, cpu_line, markdown_table, pyplot, write_json
 from benchmark.servers import launch
-from sglang.testing.tiny_models import tiny_model_path
+from sglang.testing.tiny import tiny_model_path
 from sglang.testing.video_clips import encode_clip, random_frames
 
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"

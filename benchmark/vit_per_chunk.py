@@ -32,7 +32,7 @@ from benchmark.common import (
     pyplot,
     write_json,
 )
-from sglang.testing.tiny_models import (
+from sglang.testing.tiny import (
     DEFAULT_FAMILY,
     IMAGE_PLACEHOLDER,
     SMALL_FAMILIES,

@@ -12,16 +12,17 @@ import torch
 import transformers
 from PIL import Image
 
+from sglang.srt.entrypoints.default_model import default_model_path
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.testing import tiny_models
-from sglang.testing.tiny_models import (
+from sglang.testing import tiny
+from sglang.testing.tiny import (
     FAMILIES,
     IMAGE_PLACEHOLDER,
     IMAGE_TOKEN,
     build_tiny_model,
-    default_model_path,
     tiny_model_path,
 )
+from sglang.testing.tiny import build as tiny_build
 
 TEXT_ONLY = tuple(f for f in FAMILIES if f not in IMAGE_PLACEHOLDER)
 # Placeholder tokens per image for a 64x64 and a 96x128 (h x w) image; pins the tiny recipes.
@@ -145,10 +146,10 @@ def test_default_model_path_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
     first = default_model_path()
     assert first.parent == tmp_path / "tiny-models"
-    assert first.name == f"qwen2_5_vl-v{tiny_models.RECIPE_VERSION}"
+    assert first.name == f"qwen2_5_vl-v{tiny.RECIPE_VERSION}"
     mtime = (first / "model.safetensors").stat().st_mtime_ns
     calls: list[str] = []
-    monkeypatch.setattr(tiny_models, "build_tiny_model", lambda *a, **k: calls.append("x"))
+    monkeypatch.setattr(tiny_build, "build_tiny_model", lambda *a, **k: calls.append("x"))
     assert default_model_path() == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
     assert not calls
@@ -170,6 +171,32 @@ def test_concurrent_cache_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    tiny_models.main(["--family", "llama", "--out", str(tmp_path / "cli")])
+    tiny.main(["--family", "llama", "--out", str(tmp_path / "cli")])
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
     assert (tmp_path / "cli" / "model.safetensors").is_file()
+
+
+def test_registry_derived_tuples_are_consistent() -> None:
+    registry = tiny.REGISTRY
+    assert all(name == family.name for name, family in registry.items())
+    groups = (tiny.BASE_VLM_FAMILIES, tiny.EXTRA_VLM_FAMILIES, tiny.HYBRID_VLM_FAMILIES)
+    assert sorted(name for group in groups for name in group) == sorted(tiny.VLM_FAMILIES)
+    assert tiny.FAMILIES == tiny.VLM_FAMILIES + tiny.TEXT_FAMILIES
+    assert sorted(FAMILIES) == sorted(registry) and len(set(FAMILIES)) == len(FAMILIES)
+    assert set(IMAGE_PLACEHOLDER) == set(IMAGE_TOKEN) == set(tiny.VLM_FAMILIES)
+    assert all(IMAGE_PLACEHOLDER[name] and IMAGE_TOKEN[name] for name in tiny.VLM_FAMILIES)
+    assert set(tiny.SMALL_FAMILIES) <= set(tiny.VLM_FAMILIES)
+    assert set(tiny.VIDEO_FAMILIES) <= set(tiny.VLM_FAMILIES)
+    assert tiny.DEFAULT_FAMILY in tiny.BASE_VLM_FAMILIES
+
+
+@pytest.mark.parametrize(
+    "family,size",
+    [(f, "tiny") for f in FAMILIES] + [(f, "small") for f in tiny.SMALL_FAMILIES],
+)
+def test_every_registered_family_builds(family: str, size: str, tmp_path: Path) -> None:
+    out = build_tiny_model(family, tmp_path / family, size=size)
+    files = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
+    assert ("preprocessor_config.json" in files) == (family in tiny.VLM_FAMILIES)
+    assert ("video_preprocessor_config.json" in files) == (family in tiny.VIDEO_FAMILIES)

@@ -15,7 +15,7 @@ import uuid
 
 import uvicorn
 
-from sglang.srt.entrypoints.engine import resolve_model_path
+from sglang.srt.entrypoints.default_model import resolve_model_path
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger("sglang.launch_server")

@@ -18,6 +18,7 @@ from sglang.srt.core.io_struct import (
     token_ids_per_request,
 )
 from sglang.srt.core.req import Req
+from sglang.srt.entrypoints.default_model import resolve_model_path
 from sglang.srt.managers.constraints import MAX_TOP_LOGPROBS
 from sglang.srt.managers.inputs import check_mm_limits, split_generate_inputs, tokenize
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
@@ -29,14 +30,6 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_model_path(model_path: str | None) -> str:
-    if model_path is not None:
-        return model_path
-    from sglang.testing.tiny_models import default_model_path
-
-    return str(default_model_path())
 
 
 class Engine:
