@@ -27,7 +27,7 @@ from sglang.srt.core.io_struct import (
     logprob_meta,
     output_logprob_meta,
 )
-from sglang.srt.entrypoints.engine import decode_output
+from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.inputs import GenerateInput, check_mm_limits, tokenize
 from sglang.srt.multimodal.media_fetch import (
     fetch_image_source,
@@ -222,27 +222,21 @@ class TokenizerManager:
         state = ReqState(tokenized)
         self._states[tokenized.rid] = state
         await self._to_scheduler.send_pyobj(tokenized)
-        params = tokenized.sampling_params
-        interval = params.stream_interval or 1
-        hold = max((len(s) for s in params.stop or []), default=1) - 1
-        sent_text, shown = "", 0
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer, tokenized.sampling_params, self.skipped_ids
+        )
         try:
             while True:
                 out: RequestOutput = await state.queue.get()
                 self._absorb(state, out)
                 state.finished = out.finish_reason is not None
-                if not state.finished and shown and len(state.output_ids) - shown < interval:
-                    continue
-                shown = len(state.output_ids)
-                text = decode_output(self.tokenizer, state.output_ids, params, out.finish_reason)
-                if not state.finished:
-                    # Hold back what may still turn into a stop string or a multi-byte char.
-                    text = text[: len(text) - hold].rstrip("\ufffd")
-                delta = text[len(sent_text) :] if text.startswith(sent_text) else ""
-                sent_text = sent_text + delta
+                if state.finished:
+                    detokenizer.finish(out.finish_reason, out.new_token_ids)
+                elif detokenizer.feed(out.new_token_ids) is None:
+                    continue  # stream_interval: no event due yet
                 yield StreamEvent(
-                    text if state.finished else sent_text,
-                    delta,
+                    detokenizer.text,
+                    detokenizer.delta,
                     list(state.output_ids),
                     out.finish_reason,
                     self._meta(state, out),
