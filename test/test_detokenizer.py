@@ -75,12 +75,25 @@ def _draw_ids(data: Any, family: str, complete: bool) -> list[int]:
     return [i for p in chosen for i in p]
 
 
+def _shown_by_whole_decode(tok: Any, ids: list[int], params: SamplingParams, sent: str) -> str:
+    """What an event showed when streaming decoded the whole output each time (except that a
+    text shorter than the held-back characters showed a part of itself: ``text[:-k]``)."""
+    text = _whole(tok, ids, params)
+    hold = max((len(s) for s in params.stop or []), default=1) - 1
+    text = text[: max(0, len(text) - hold)].rstrip("\ufffd")
+    return sent + (text[len(sent) :] if text.startswith(sent) else "")
+
+
 def _stream(detokenizer: IncrementalDetokenizer, groups: list[list[int]]) -> list[str]:
-    deltas = []
+    """Feed each group; check each event shows what a whole decode showed; the deltas."""
+    tok, params = detokenizer.tokenizer, detokenizer.params
+    deltas: list[str] = []
     for group in groups:
         delta = detokenizer.feed(group)
         assert delta is not None and delta == detokenizer.delta
         deltas.append(delta)
+        want = _shown_by_whole_decode(tok, detokenizer.output_ids, params, "".join(deltas[:-1]))
+        assert detokenizer.text == want
     return deltas
 
 
@@ -94,13 +107,14 @@ def test_streamed_deltas_add_up_to_the_whole_decode(family: str, data: Any) -> N
     params = _params(
         skip_special_tokens=data.draw(st.booleans(), label="skip_special_tokens"),
         spaces_between_special_tokens=data.draw(st.booleans(), label="spaces"),
+        stop=data.draw(st.lists(st.text(min_size=1, max_size=6), max_size=2), label="stops"),
     )
     whole = _whole(tok, ids, params)
     detokenizer = IncrementalDetokenizer(tok, params, skipped_token_ids(tok))
     deltas = _stream(detokenizer, _groups(data, ids))
     assert "".join(deltas) == detokenizer.text
     assert whole.startswith(detokenizer.text)
-    if complete:  # nothing waits for more bytes: the stream has shown all of it
+    if complete and not params.stop:  # nothing waits for more bytes or a possible stop string
         assert detokenizer.text == whole
     assert detokenizer.finish(FinishReason.length_limit(len(ids))) == whole
     assert "".join(deltas) + detokenizer.delta == detokenizer.text == whole
@@ -144,6 +158,16 @@ def test_hold_back_is_the_longest_stop_string_less_one_character() -> None:
     assert detokenizer.text == " hello "  # five characters held back
     assert detokenizer.finish(FinishReason.length_limit(len(ids))) == " hello world"
     assert detokenizer.delta == "world"
+
+
+def test_a_text_shorter_than_the_hold_back_shows_nothing() -> None:
+    tok = _tokenizer("qwen2_5_vl")
+    detokenizer = IncrementalDetokenizer(tok, _params(stop=["abcd"]))
+    # streaming by whole decodes showed "a" here (text[: len(text) - 3] is text[:-1])
+    assert detokenizer.feed(tok("ab", add_special_tokens=False)["input_ids"]) == ""
+    last = tok("cd", add_special_tokens=False)["input_ids"]
+    assert detokenizer.finish(FinishReason.stop("abcd"), last) == ""
+    assert detokenizer.delta == ""
 
 
 def test_stream_interval_decides_which_outputs_are_events() -> None:

@@ -1,13 +1,15 @@
 """Output ids -> text, one request at a time: incremental while streaming, whole when finished.
 
 Streaming decodes a window, not the whole output (as SGLang's DetokenizerManager, vLLM's
-``detokenize_incrementally`` and HF's ``DecodeStream`` do): ``prefix`` ids already shown give
+``detokenize_incrementally`` and HF's ``DecodeStream`` do): ``prefix`` ids already decoded give
 the context and ``read`` marks where they end. An event decodes ``window[:read]`` and the whole
 window; what the latter adds is new text, unless it ends in U+FFFD (a character whose bytes have
-not all arrived), in which case the window waits for more ids. After new text the window starts
-at the old ``read``, so each event decodes about two events' worth of ids, however long the
-output. With ``skip_special_tokens`` the ids that decode to nothing never enter the window (the
-tokenizer drops them before decoding anyway), so a run of them does not grow it.
+not all arrived): then it stays pending and the window waits for more ids. After new text the
+window starts at the old ``read``, so each event decodes about two events' worth of ids, however
+long the output. With ``skip_special_tokens`` the ids that decode to nothing never enter the
+window (the tokenizer drops them before decoding anyway), so a run of them does not grow it. An
+event shows the decoded and pending text less the characters that may still become a stop string
+and less a trailing U+FFFD: what the whole decode gave before, without decoding it all.
 
 The final text is one decode of all the ids, then stop-trimmed: exactly what a whole decode
 gives, even for a tokenizer whose decode of a window is not a suffix of the whole decode (e.g.
@@ -46,7 +48,8 @@ class IncrementalDetokenizer:
         self.output_ids: list[int] = []
         self.text = ""
         self.delta = ""
-        self._decoded = ""  # text of the ids before the window's read offset, never held back
+        self._decoded = ""  # text of the ids before the window's read offset
+        self._pending = ""  # the window's text after it, while it ends in an incomplete char
         self._window: list[int] = []  # ids from the prefix offset on
         self._read = 0  # the read offset, within the window
         self._shown = 0  # output ids when the latest event was due
@@ -59,9 +62,11 @@ class IncrementalDetokenizer:
         if self._shown and len(self.output_ids) - self._shown < self.interval:
             return None
         self._shown = len(self.output_ids)
-        self._decoded += self._read_window()
-        shown = len(self._decoded) - self.hold
-        self.delta = self._decoded[len(self.text) : shown] if shown > len(self.text) else ""
+        self._read_window()
+        start, end = len(self.text), len(self._decoded) + len(self._pending) - self.hold
+        # As a whole decode would show it: less the held-back characters, less a trailing
+        # incomplete character.
+        self.delta = self._shown_text(start, end).rstrip(INCOMPLETE_CHAR) if end > start else ""
         self.text += self.delta
         return self.delta
 
@@ -78,16 +83,24 @@ class IncrementalDetokenizer:
         self.text = final
         return final
 
-    def _read_window(self) -> str:
-        """The window's new complete text (moving the offsets past it), or "" while it ends in
-        an incomplete character or adds nothing."""
+    def _read_window(self) -> None:
+        """Decode the window: its new text joins the decoded text (and the offsets move past it)
+        unless it ends in an incomplete character; then it stays pending."""
         prefix_text = self._decode(self._window[: self._read])
         window_text = self._decode(self._window)
-        if len(window_text) <= len(prefix_text) or window_text.endswith(INCOMPLETE_CHAR):
-            return ""
+        new_text = window_text[len(prefix_text) :]
+        if not new_text or new_text.endswith(INCOMPLETE_CHAR):
+            self._pending = new_text
+            return
+        self._decoded += new_text
+        self._pending = ""
         del self._window[: self._read]
         self._read = len(self._window)
-        return window_text[len(prefix_text) :]
+
+    def _shown_text(self, start: int, end: int) -> str:
+        """Characters ``start:end`` of the decoded and then the pending text."""
+        n = len(self._decoded)
+        return self._decoded[start:end] + self._pending[max(0, start - n) : max(0, end - n)]
 
     def _decode(self, ids: list[int]) -> str:
         if not ids:
