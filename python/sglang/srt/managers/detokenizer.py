@@ -8,8 +8,9 @@ not all arrived): then it stays pending and the window waits for more ids. After
 window starts at the old ``read``, so each event decodes about two events' worth of ids, however
 long the output. With ``skip_special_tokens`` the ids that decode to nothing never enter the
 window (the tokenizer drops them before decoding anyway), so a run of them does not grow it. An
-event shows the decoded and pending text less the characters that may still become a stop string
-and less a trailing U+FFFD: what the whole decode gave before, without decoding it all.
+event shows the decoded and pending text less a trailing U+FFFD, less the characters that may
+still become a stop string (the length of the longest less one), less a U+FFFD that cut leaves
+at the end.
 
 The final text is one decode of all the ids, then stop-trimmed: exactly what a whole decode
 gives, even for a tokenizer whose decode of a window is not a suffix of the whole decode (e.g.
@@ -63,9 +64,8 @@ class IncrementalDetokenizer:
             return None
         self._shown = len(self.output_ids)
         self._read_window()
-        start, end = len(self.text), len(self._decoded) + len(self._pending) - self.hold
-        # As a whole decode would show it: less the held-back characters, less a trailing
-        # incomplete character.
+        complete = len(self._decoded) + len(self._pending.rstrip(INCOMPLETE_CHAR))
+        start, end = len(self.text), complete - self.hold
         self.delta = self._shown_text(start, end).rstrip(INCOMPLETE_CHAR) if end > start else ""
         self.text += self.delta
         return self.delta

@@ -51,8 +51,8 @@ class RequestError(ValueError):
 @dataclass
 class ReqState:
     request: TokenizedRequest
+    detokenizer: IncrementalDetokenizer  # the output ids so far and their text
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    output_ids: list[int] = field(default_factory=list)
     # Logprob meta, extended by each output (every event's meta shares these lists, so a
     # stream of n tokens builds n entries, not n^2 / 2) and the prompt's, built once.
     output_meta: dict[str, list] = field(default_factory=dict)
@@ -219,12 +219,12 @@ class TokenizerManager:
         self._check_alive()
         if tokenized.rid in self._states:
             raise RequestError(f"request id {tokenized.rid!r} is already running")
-        state = ReqState(tokenized)
-        self._states[tokenized.rid] = state
-        await self._to_scheduler.send_pyobj(tokenized)
         detokenizer = IncrementalDetokenizer(
             self.tokenizer, tokenized.sampling_params, self.skipped_ids
         )
+        state = ReqState(tokenized, detokenizer)
+        self._states[tokenized.rid] = state
+        await self._to_scheduler.send_pyobj(tokenized)
         try:
             while True:
                 out: RequestOutput = await state.queue.get()
@@ -237,7 +237,7 @@ class TokenizerManager:
                 yield StreamEvent(
                     detokenizer.text,
                     detokenizer.delta,
-                    list(state.output_ids),
+                    list(detokenizer.output_ids),
                     out.finish_reason,
                     self._meta(state, out),
                 )
@@ -256,7 +256,6 @@ class TokenizerManager:
             state.finished = True  # the scheduler no longer holds it
             raise RequestError(reason.message or "request failed", status_code=reason.status_code)
         request = state.request
-        state.output_ids += out.new_token_ids
         text = self.token_text if request.return_text_in_logprobs else None
         if request.return_logprob:
             new = output_logprob_meta(
