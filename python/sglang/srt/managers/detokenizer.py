@@ -13,7 +13,7 @@ still become a stop string (the length of the longest less one), less a U+FFFD t
 at the end.
 
 The final text is one decode of all the ids, then stop-trimmed: exactly what a whole decode
-gives, even for a tokenizer whose decode of a window is not a suffix of the whole decode (e.g.
+gives, even for a tokenizer whose window decodes do not add up to the whole decode (e.g.
 clean-up of spaces around punctuation). The last event sends what that text adds to the streamed
 text (nothing if the two disagree: the final event's ``text`` is authoritative).
 """
