@@ -117,7 +117,7 @@ def test_skip_special_tokens_and_spaces_between_them(engine: sglang.Engine) -> N
 
 def test_decode_passes_spaces_between_special_tokens_to_the_tokenizer() -> None:
     from sglang.srt.core.finish import FinishReason
-    from sglang.srt.entrypoints.engine import decode_output
+    from sglang.srt.managers.detokenizer import IncrementalDetokenizer
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     class Recorder:
@@ -127,7 +127,8 @@ def test_decode_passes_spaces_between_special_tokens_to_the_tokenizer() -> None:
 
     tok = Recorder()
     params = SamplingParams.from_dict({"spaces_between_special_tokens": False, "stop": " b"})
-    assert decode_output(tok, [1, 2], params, FinishReason.stop(" b")) == "a</s>"
+    detokenizer = IncrementalDetokenizer(tok, params)
+    assert detokenizer.finish(FinishReason.stop(" b"), [1, 2]) == "a</s>"
     assert tok.kwargs == {"skip_special_tokens": True, "spaces_between_special_tokens": False}
 
 

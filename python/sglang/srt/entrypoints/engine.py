@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 import sglang
-from sglang.srt.core.finish import FinishReason, finish_json
+from sglang.srt.core.finish import finish_json
 from sglang.srt.core.io_struct import (
     TokenizedRequest,
     input_logprob_meta,
@@ -20,13 +20,13 @@ from sglang.srt.core.io_struct import (
 from sglang.srt.core.req import Req
 from sglang.srt.entrypoints.default_model import resolve_model_path
 from sglang.srt.managers.constraints import MAX_TOP_LOGPROBS
+from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.inputs import check_mm_limits, split_generate_inputs, tokenize
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.dtypes import dtype_name
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.multimodal.processor import MultimodalProcessor
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -170,25 +170,8 @@ class Engine:
         self.shutdown()
 
     def _decode(self, req: Req) -> str:
-        return decode_output(self.tokenizer, req.output_ids, req.sampling_params, req.finish_reason)
-
-
-def decode_output(
-    tokenizer: Any,
-    output_ids: list[int],
-    params: SamplingParams,
-    finish_reason: FinishReason | None,
-) -> str:
-    """Output text, cut before a matched stop string (after it with ``no_stop_trim``)."""
-    text = tokenizer.decode(
-        output_ids,
-        skip_special_tokens=params.skip_special_tokens,
-        spaces_between_special_tokens=params.spaces_between_special_tokens,
-    )
-    matched = None if finish_reason is None else finish_reason.matched
-    if isinstance(matched, str) and matched in text:
-        text = text[: text.find(matched) + (len(matched) if params.no_stop_trim else 0)]
-    return text
+        detokenizer = IncrementalDetokenizer(self.tokenizer, req.sampling_params)
+        return detokenizer.finish(req.finish_reason, req.output_ids)
 
 
 def load_report(scheduler: Scheduler) -> dict:

@@ -27,7 +27,7 @@ from sglang.srt.core.io_struct import (
     logprob_meta,
     output_logprob_meta,
 )
-from sglang.srt.entrypoints.engine import decode_output
+from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.inputs import GenerateInput, check_mm_limits, tokenize
 from sglang.srt.multimodal.media_fetch import (
     fetch_image_source,
@@ -51,8 +51,8 @@ class RequestError(ValueError):
 @dataclass
 class ReqState:
     request: TokenizedRequest
+    detokenizer: IncrementalDetokenizer  # the output ids so far and their text
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    output_ids: list[int] = field(default_factory=list)
     # Logprob meta, extended by each output (every event's meta shares these lists, so a
     # stream of n tokens builds n entries, not n^2 / 2) and the prompt's, built once.
     output_meta: dict[str, list] = field(default_factory=dict)
@@ -219,31 +219,25 @@ class TokenizerManager:
         self._check_alive()
         if tokenized.rid in self._states:
             raise RequestError(f"request id {tokenized.rid!r} is already running")
-        state = ReqState(tokenized)
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer, tokenized.sampling_params, self.skipped_ids
+        )
+        state = ReqState(tokenized, detokenizer)
         self._states[tokenized.rid] = state
         await self._to_scheduler.send_pyobj(tokenized)
-        params = tokenized.sampling_params
-        interval = params.stream_interval or 1
-        hold = max((len(s) for s in params.stop or []), default=1) - 1
-        sent_text, shown = "", 0
         try:
             while True:
                 out: RequestOutput = await state.queue.get()
                 self._absorb(state, out)
                 state.finished = out.finish_reason is not None
-                if not state.finished and shown and len(state.output_ids) - shown < interval:
-                    continue
-                shown = len(state.output_ids)
-                text = decode_output(self.tokenizer, state.output_ids, params, out.finish_reason)
-                if not state.finished:
-                    # Hold back what may still turn into a stop string or a multi-byte char.
-                    text = text[: len(text) - hold].rstrip("\ufffd")
-                delta = text[len(sent_text) :] if text.startswith(sent_text) else ""
-                sent_text = sent_text + delta
+                if state.finished:
+                    detokenizer.finish(out.finish_reason, out.new_token_ids)
+                elif detokenizer.feed(out.new_token_ids) is None:
+                    continue  # stream_interval: no event due yet
                 yield StreamEvent(
-                    text if state.finished else sent_text,
-                    delta,
-                    list(state.output_ids),
+                    detokenizer.text,
+                    detokenizer.delta,
+                    list(detokenizer.output_ids),
                     out.finish_reason,
                     self._meta(state, out),
                 )
@@ -262,7 +256,6 @@ class TokenizerManager:
             state.finished = True  # the scheduler no longer holds it
             raise RequestError(reason.message or "request failed", status_code=reason.status_code)
         request = state.request
-        state.output_ids += out.new_token_ids
         text = self.token_text if request.return_text_in_logprobs else None
         if request.return_logprob:
             new = output_logprob_meta(
