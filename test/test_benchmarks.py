@@ -280,3 +280,15 @@ def test_memory_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert run["request"]["decode_tok_per_s"] > 0
     assert data["cpu"]["model_name"] and "avx512f" in data["cpu"]["isa"]
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_detokenize_smoke(tiny_model: str, tmp_path: Path) -> None:
+    from benchmark.detokenize import main
+
+    out = tmp_path / "detok"
+    main(["--model-path", tiny_model, "--tokens", "300", "--repeats", "1", "--out", str(out)])
+    data = _load(out)
+    assert {r["method"] for r in data["results"]} == {"whole", "incremental"}
+    for r in data["results"]:
+        assert len(r["us_per_event"]) == 2 and all(us > 0 for us in r["us_per_event"])
+    assert out.with_suffix(".png").exists()
