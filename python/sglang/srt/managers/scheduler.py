@@ -68,6 +68,7 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.grammar_queue: list[Req] = []  # constrained requests whose grammar is compiling
+        self.bidirectional = runner.adapter.bidirectional  # what attends both ways in a prompt
         self.forward_steps = 0
         self.mixed_steps = 0  # prompt-chunk batches that also carried decode steps
         self.decode_threads = (
@@ -136,7 +137,7 @@ class Scheduler:
             top_logprobs_num=tokenized.top_logprobs_num,
             logprob_start_len=tokenized.logprob_start_len,
             token_ids_logprob=tokenized.token_ids_logprob,
-            bidirectional=self.runner.adapter.bidirectional,
+            bidirectional=self.bidirectional,
         )
         self._set_mrope_positions(req)
         req.arrival_time = time.perf_counter()
