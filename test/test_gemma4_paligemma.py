@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sglang
-from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.prefill_planner import PrefillPlanner
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.models.adapters import ModelAdapter
 from sglang.srt.multimodal.hf_processor import load_hf_processor
@@ -252,11 +252,8 @@ def test_planned_chunks_never_end_inside_a_span(spans, start, budget) -> None:
         bidirectional_spans=lambda: spans,
         extend_len=0,
     )
-    scheduler = SimpleNamespace(bidirectional="images")
-    scheduler._avoid_splitting_spans = lambda r, s, e: Scheduler._avoid_splitting_spans(
-        scheduler, r, s, e
-    )
-    n = Scheduler._plan_extend(scheduler, req, budget, may_exceed=False)
+    planner = SimpleNamespace(bidirectional="images")
+    n = PrefillPlanner._plan_extend(planner, req, budget, may_exceed=False)
     end = start + n
     assert n > 0 and all(not (a < end < e) for a, e in spans)
     assert n <= budget or any(a == start and e > start + budget for a, e in spans)

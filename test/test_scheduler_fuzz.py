@@ -183,7 +183,7 @@ def test_a_failing_encode_aborts_only_its_request(monkeypatch) -> None:
 
 
 def test_a_failing_sample_aborts_only_its_request(monkeypatch) -> None:
-    from sglang.srt.managers import scheduler as scheduler_module
+    from sglang.srt.managers import output_processor as scheduler_module
 
     engine = _engine()
     real = scheduler_module.sample

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 import torch
 
-import sglang
 from sglang.srt.core.finish import finish_json
 from sglang.srt.core.io_struct import (
     TokenizedRequest,
@@ -24,7 +22,6 @@ from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.inputs import check_mm_limits, split_generate_inputs, tokenize
 from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.model_executor.dtypes import dtype_name
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.multimodal.processor import MultimodalProcessor
 from sglang.srt.server_args import ServerArgs
@@ -153,7 +150,7 @@ class Engine:
         return out
 
     def get_server_info(self) -> dict:
-        return server_info(self.server_args, self.scheduler)
+        return self.scheduler.info()
 
     def flush_cache(self) -> bool:
         return self.scheduler.flush_cache()
@@ -172,66 +169,3 @@ class Engine:
     def _decode(self, req: Req) -> str:
         detokenizer = IncrementalDetokenizer(self.tokenizer, req.sampling_params)
         return detokenizer.finish(req.finish_reason, req.output_ids)
-
-
-def load_report(scheduler: Scheduler) -> dict:
-    """The load entry sglang-router reads from ``GET /get_load`` (one per data-parallel rank;
-    this server has one). ``num_reqs`` counts running and waiting requests; ``num_tokens`` is
-    the KV slots that running requests hold (cached prefixes nobody uses are free to evict, so
-    they do not count) plus the prompt tokens still waiting for a slot."""
-    held = (
-        scheduler.kv_pool.size - scheduler.kv_pool.available_size() - scheduler.tree.evictable_size
-    )
-    waiting = [*scheduler.waiting, *scheduler.grammar_queue]  # compiling a grammar is waiting
-    queued = sum(len(req.input_ids) for req in waiting)
-    return {
-        "dp_rank": 0,
-        "num_reqs": len(scheduler.running) + len(waiting),
-        "num_waiting_reqs": len(waiting),
-        "num_tokens": held + queued,
-    }
-
-
-def server_info(args: ServerArgs, scheduler: Scheduler) -> dict:
-    runner = scheduler.runner
-    cache, stats = runner.embedder.cache, runner.embedder.stats
-    hybrid = {"linear_state": scheduler.states.stats()} if scheduler.states is not None else {}
-    return {
-        **hybrid,
-        **{k: v for k, v in dataclasses.asdict(args).items() if k != "api_key"},
-        "dtype": dtype_name(runner.dtype),  # in use, after --dtype auto is resolved
-        "kv_cache_dtype": dtype_name(runner.kv_cache_dtype),
-        "version": sglang.__version__,
-        "dp_size": 1,
-        "tp_size": 1,
-        "load": load_report(scheduler),
-        "max_total_num_tokens": runner.max_total_tokens,
-        "max_running_requests": runner.max_running_requests,
-        "context_length": runner.context_length,
-        "chunked_prefill_size": scheduler.chunk_size or -1,
-        "forward_steps": scheduler.forward_steps,
-        "mixed_steps": scheduler.mixed_steps,
-        "num_running_reqs": len(scheduler.running),
-        "num_queue_reqs": len(scheduler.waiting) + len(scheduler.grammar_queue),
-        "token_usage": 1 - scheduler.kv_pool.available_size() / scheduler.kv_pool.size,
-        "kv_evictable_tokens": scheduler.tree.evictable_size,
-        "mm_embedding_cache": {
-            "mode": args.mm_cache_mode,
-            "hits": cache.counters.hits,
-            "misses": cache.counters.misses,
-            "encoded_items": stats.encoded_items,
-            "encoded_tokens": stats.encoded_tokens,
-            "encoder_calls": stats.encoder_calls,
-            "evictions": cache.counters.evictions,
-            "entries": len(cache),
-            "bytes_used": cache.bytes_used,
-            "capacity_bytes": cache.capacity_bytes,
-            "encoder_seconds": stats.encoder_seconds,
-            "max_encoder_call_tokens": stats.max_call_tokens,
-            "preprocess_skipped": stats.preprocess_skipped,
-            "pinned": cache.num_pinned,
-        },
-        "perf": runner.perf.as_dict(),
-        "weight_quantization": runner.quantization.as_dict() if runner.quantization else None,
-        "memory": runner.memory_report.as_dict(),
-    }

@@ -2,11 +2,14 @@
 
 Each ``step()`` runs one batch: an extend batch (new prompts and prompt chunks, prefill first)
 when there is prefill work that fits, otherwise one decode token for every running request.
-Requests join and leave between steps.
+Requests join and leave between steps. The parts: ``PrefillPlanner`` (admission, prompt chunks,
+release), ``BatchBuilder`` (KV slots and the ``ForwardBatch``), ``OutputProcessor`` (sampling,
+logprobs, finish checks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,24 +21,26 @@ from typing import Any
 
 import torch
 
+import sglang
 from sglang.srt.core.finish import FinishReason
 from sglang.srt.core.forward_batch import ForwardBatch
 from sglang.srt.core.io_struct import TokenizedRequest
-from sglang.srt.core.req import Req, ReqStatus, logprob_alternatives
+from sglang.srt.core.req import Req
+from sglang.srt.managers.batch_builder import BatchBuilder
 from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
 from sglang.srt.managers.constraints import ConstraintManager
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
+from sglang.srt.managers.output_processor import OutputProcessor
+from sglang.srt.managers.prefill_planner import PrefillPlanner, ready_to_decode
+from sglang.srt.managers.step_failure import StepFailure
 from sglang.srt.mem_cache.hybrid_radix_cache import HybridRadixCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.model_executor.dtypes import dtype_name
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.sampling.sampler import apply_penalties, sample
-from sglang.srt.sampling.stop_strings import matched_stop, matched_stop_regex, skipped_token_ids
+from sglang.srt.multimodal.embedder import EncoderStats
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CHUNK_CPU = 2048
-DEFAULT_CHUNK_GPU = 8192
 
 
 @dataclass
@@ -46,7 +51,7 @@ class StepOutput:
 
 
 class RequestFailed(Exception):
-    """A failure that belongs to one request (its input, positions, forward or sampling)."""
+    """A request that cannot be queued (its M-RoPE positions failed): the API answers 500."""
 
 
 class Scheduler:
@@ -54,32 +59,16 @@ class Scheduler:
         self.args = args
         self.runner = runner
         self.tokenizer = tokenizer
-        self.special_ids = skipped_token_ids(tokenizer)
         self.eos_token_ids = eos_token_ids(runner.model_path, tokenizer)
         self.seed = args.random_seed if args.random_seed is not None else random.randrange(2**31)
         self._num_reqs = 0
         self.kv_pool = runner.kv_pool
         self.req_to_token = runner.req_to_token_pool
-        self.tree = RadixCache(self.kv_pool.free)
-        self.states: LinearStateManager | None = None  # hybrid models' linear-attention state
-        if runner.state_pool is not None:
-            self.tree = HybridRadixCache(
-                self.kv_pool.free, runner.state_pool, runner.state_snapshot_slots
-            )
-            self.states = LinearStateManager(
-                runner.state_pool,
-                self.tree,
-                runner.max_running_requests,
-                caching=not args.disable_radix_cache,
-                turn_start_id=turn_start_token(tokenizer),
-            )
+        self.tree, self.states = prefix_caches(args, runner, tokenizer)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
-        chunk = args.chunked_prefill_size
-        if chunk is None:
-            chunk = DEFAULT_CHUNK_CPU if runner.device == "cpu" else DEFAULT_CHUNK_GPU
-        self.chunk_size: int | None = None if chunk == -1 else chunk
-        self.bidirectional = runner.adapter.bidirectional
+        self.grammar_queue: list[Req] = []  # constrained requests whose grammar is compiling
+        self.bidirectional = runner.adapter.bidirectional  # what attends both ways in a prompt
         self.forward_steps = 0
         self.mixed_steps = 0  # prompt-chunk batches that also carried decode steps
         self.decode_threads = (
@@ -88,7 +77,18 @@ class Scheduler:
             else None
         )
         self.constraints = ConstraintManager(tokenizer, runner.vocab_size, self.eos_token_ids, args)
-        self.grammar_queue: list[Req] = []  # constrained requests whose grammar is compiling
+        self.planner = PrefillPlanner(args, runner, self.tree, self.states)
+        self.builder = BatchBuilder(runner, self.tree, self.states, self.constraints)
+        self.outputs = OutputProcessor(runner, tokenizer, self.constraints, self.states)
+
+    @property
+    def chunk_size(self) -> int | None:
+        """Prompt tokens per extend batch; None when prompts are not chunked."""
+        return self.planner.chunk_size
+
+    @chunk_size.setter
+    def chunk_size(self, value: int | None) -> None:
+        self.planner.chunk_size = value
 
     # Intake ------------------------------------------------------------------------------------
     def check_request(self, tokenized: TokenizedRequest) -> None:
@@ -139,14 +139,7 @@ class Scheduler:
             token_ids_logprob=tokenized.token_ids_logprob,
             bidirectional=self.bidirectional,
         )
-        if self.runner.adapter.uses_mrope:
-            try:
-                req.mrope_positions, req.mrope_delta = self.runner.adapter.mrope(
-                    req.input_ids, [item.layout for item in req.mm_items]
-                )
-            except Exception as exc:
-                logger.exception("positions of request %s failed", req.rid)
-                raise RequestFailed(f"cannot compute the positions of this prompt: {exc}") from exc
+        self._set_mrope_positions(req)
         req.arrival_time = time.perf_counter()
         if self.constraints.attach(req):
             self.grammar_queue.append(req)
@@ -154,22 +147,29 @@ class Scheduler:
             self.waiting.append(req)
         return req
 
+    def _set_mrope_positions(self, req: Req) -> None:
+        adapter = self.runner.adapter
+        if not adapter.uses_mrope:
+            return
+        try:
+            req.mrope_positions, req.mrope_delta = adapter.mrope(
+                req.input_ids, [item.layout for item in req.mm_items]
+            )
+        except Exception as exc:
+            logger.exception("positions of request %s failed", req.rid)
+            raise RequestFailed(f"cannot compute the positions of this prompt: {exc}") from exc
+
     def abort(self, rid: str) -> bool:
-        for req in self.grammar_queue:
-            if req.rid == rid:
-                self.grammar_queue.remove(req)
-                req.finish_reason = FinishReason.abort()
-                return True
-        for req in list(self.waiting):
-            if req.rid == rid:
-                self.waiting.remove(req)
-                req.finish_reason = FinishReason.abort()
-                return True
+        for queue in (self.grammar_queue, self.waiting):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    req.finish_reason = FinishReason.abort()
+                    return True
         for req in self.running:
             if req.rid == rid:
                 req.finish_reason = FinishReason.abort()
-                self._release(req)
-                self.running.remove(req)
+                self._retire(req)
                 return True
         return False
 
@@ -179,20 +179,21 @@ class Scheduler:
 
     # One step ----------------------------------------------------------------------------------
     def step(self) -> StepOutput:
-        """Run one batch. A failure that belongs to a request (its positions, its forward, its
-        sampling) aborts that request alone; it is returned with the others."""
-        self._failed: list[Req] = self._take_compiled_grammars()
-        batch = self._schedule_extend() or self._schedule_decode()
-        done: list[Req] = []
+        """Run one batch: schedule it, forward it, turn its logits into tokens. A failure that
+        belongs to one request (its inputs, its forward, its sampling) ends that request alone;
+        it is returned with the others."""
+        out = self._take_compiled_grammars()  # those whose grammar failed to compile
+        batch, failed = self._schedule()
         if batch is not None:
             with intra_op_threads(self.decode_threads if batch.is_decode else None):
-                batch, logits = self._forward(batch)
+                batch, logits, failed_forward = self._forward(batch)
+                failed += failed_forward
                 if batch is not None:
-                    self.forward_steps += 1
-                    started = time.perf_counter()
-                    done = self._process(batch, logits)
-                    self.runner.perf.sampling_seconds += time.perf_counter() - started
-        return StepOutput(self._failed + done)
+                    produced, failed_sampling = self._process_outputs(batch, logits)
+                    failed += failed_sampling
+                    out += produced
+        self._end_failed(failed)
+        return StepOutput([f.req for f in failed] + out)
 
     def _take_compiled_grammars(self) -> list[Req]:
         """Queue the requests whose grammar compiled; return those whose compile failed."""
@@ -203,23 +204,42 @@ class Scheduler:
         self.waiting.extend(ready)
         return failed
 
-    def _forward(self, batch: ForwardBatch) -> tuple[ForwardBatch | None, torch.Tensor]:
+    def _schedule(self) -> tuple[ForwardBatch | None, list[StepFailure]]:
+        """An extend batch when prompt work fits; else, or when every request of that batch
+        failed, a decode batch of the running requests past their prompt."""
+        failed: list[StepFailure] = []
+        plan = self.planner.plan(self.waiting, self.running)
+        if plan is not None:
+            self.mixed_steps += bool(plan.decoding)
+            batch, failed = self.builder.build(plan.reqs, is_decode=False)
+            if batch is not None:
+                return batch, failed
+        failing = {id(f.req) for f in failed}
+        reqs = ready_to_decode([r for r in self.running if id(r) not in failing])
+        if not reqs:
+            return None, failed
+        batch, failed_decode = self.builder.build(reqs, is_decode=True)
+        return batch, failed + failed_decode
+
+    def _forward(
+        self, batch: ForwardBatch
+    ) -> tuple[ForwardBatch | None, torch.Tensor, list[StepFailure]]:
         """Logits of ``batch``. When a batch of several requests fails, each request runs alone
-        so that only the failing ones are aborted; returns the batch of the survivors."""
+        so that only the failing ones fail; returns the batch of the survivors."""
         try:
-            return batch, self.runner.forward(batch)
+            return batch, self.runner.forward(batch), []
         except Exception:
             if len(batch.reqs) > 1:
                 logger.warning("a batch of %d requests failed; rerunning one by one", batch.size)
             else:
                 logger.exception("forward failed for request %s", batch.reqs[0].rid)
+        message = "internal error in the forward pass"
         if len(batch.reqs) == 1:
-            self._fail_in_step(batch.reqs[0], "internal error in the forward pass")
-            return None, torch.empty(0)
-        rows, survivors, prompt_logprobs = [], [], []
+            return None, torch.empty(0), [StepFailure(batch.reqs[0], message)]
+        rows, survivors, prompt_logprobs, failed = [], [], [], []
         for i, req in enumerate(batch.reqs):
             if self.states is not None and self.states.is_dirty(req):
-                self._fail_in_step(req, "internal error in the forward pass")
+                failed.append(StepFailure(req, message))
                 continue  # the failed forward already changed its linear-attention state
             try:
                 alone = batch.select([i])
@@ -228,310 +248,40 @@ class Scheduler:
                 prompt_logprobs.append(alone.prompt_logprobs[0] if alone.prompt_logprobs else None)
             except Exception:
                 logger.exception("forward failed for request %s", req.rid)
-                self._fail_in_step(req, "internal error in the forward pass")
+                failed.append(StepFailure(req, message))
         if not survivors:
-            return None, torch.empty(0)
+            return None, torch.empty(0), failed
         kept = batch.select(survivors)
         if any(p is not None for p in prompt_logprobs):
             kept.prompt_logprobs = prompt_logprobs
-        return kept, torch.cat(rows)
+        return kept, torch.cat(rows), failed
 
-    def _fail(self, req: Req, message: str, status_code: int = 500) -> None:
-        """Abort a running request that holds no KV slots of the current step."""
-        req.finish_reason = FinishReason.error(message, status_code)
-        self._release(req)
-        self.running.remove(req)
-        self._failed.append(req)
-
-    def _fail_in_step(self, req: Req, message: str) -> None:
-        """Abort a request whose slots for this step are already allocated."""
-        row = req.req_pool_idx
-        start, end = req.computed_len, req.computed_len + req.extend_len
-        self.kv_pool.free(self.req_to_token.req_to_token[row, start:end].clone())
-        req.extend_len = 0
-        self._fail(req, message)
-
-    def _schedule_extend(self) -> ForwardBatch | None:
-        decoding = self._decodes_to_mix()
-        budget = min(self.chunk_size or self.args.max_prefill_tokens, self.args.max_prefill_tokens)
-        budget = max(budget - len(decoding), 1)
-        unbounded = self.chunk_size is None
-        chosen: list[Req] = []
-        for req in self.running:
-            if req.is_prefilling and budget > 0:
-                budget -= self._plan_extend(req, budget, unbounded and not chosen)
-                chosen.append(req)
-        while self.waiting and budget > 0 and len(self.running) < self.runner.max_running_requests:
-            req = self.waiting[0]
-            if not self._admit(req):
-                break
-            self.waiting.popleft()
-            self.running.append(req)
-            budget -= self._plan_extend(req, budget, unbounded and not chosen)
-            chosen.append(req)
-        chosen = [r for r in chosen if r.extend_len > 0]
-        if not chosen:
-            return None
-        if decoding:
-            self.mixed_steps += 1
-        return self._build_batch(chosen + decoding, is_decode=False)
-
-    def _decodes_to_mix(self) -> list[Req]:
-        """With ``--enable-mixed-chunk``, the running requests past their prompt, which then
-        take their decode step in the prompt chunk's batch. Linear-attention models keep separate
-        decode batches: their one-token step has its own recurrent kernel."""
-        if not self.args.enable_mixed_chunk or self.states is not None:
-            return []
-        return self._ready_to_decode()
-
-    def _schedule_decode(self) -> ForwardBatch | None:
-        reqs = self._ready_to_decode()
-        return self._build_batch(reqs, is_decode=True) if reqs else None
-
-    def _ready_to_decode(self) -> list[Req]:
-        """The running requests past their prompt, each set to extend by its one new token."""
-        reqs = [r for r in self.running if not r.is_prefilling]
-        for req in reqs:
-            req.extend_len = 1
-        return reqs
-
-    def _admit(self, req: Req) -> bool:
-        """Match the radix prefix, reserve KV for the whole request, take a request row."""
-        if self.args.disable_radix_cache:
-            slots, node = torch.empty(0, dtype=torch.int64), self.tree.root
-        else:
-            slots, node = self.tree.match_prefix(req.radix_key(req.uncached_from))
-        self.tree.inc_lock_ref(node)
-        req.cached_len = req.computed_len = len(slots)
-        need = self._footprint(req) + sum(self._footprint(r) for r in self.running)
-        states_full = self.states is not None and not self.states.can_admit()
-        if states_full or need > self.kv_pool.available_size() + self.tree.evictable_size:
-            self.tree.dec_lock_ref(node)
-            req.cached_len = req.computed_len = 0
-            return False
-        row = self.req_to_token.alloc()
-        assert row is not None, "request rows are sized to max_running_requests"
-        req.req_pool_idx, req.last_node, req.status = row, node, ReqStatus.RUNNING
-        self.req_to_token.req_to_token[row, : len(slots)] = slots
-        if self.states is not None:
-            self.states.admit(req, node)
-        return True
-
-    def _footprint(self, req: Req) -> int:
-        """KV slots the request still needs to finish: the rest of its prompt and decode."""
-        decode_left = req.sampling_params.max_new_tokens - len(req.output_ids)
-        return max(len(req.input_ids) - req.computed_len, 0) + max(decode_left, 0)
-
-    def _plan_extend(self, req: Req, budget: int, may_exceed: bool) -> int:
-        start = req.computed_len
-        end = len(req.input_ids) if may_exceed else min(len(req.input_ids), start + budget)
-        if self.bidirectional:
-            end = self._avoid_splitting_spans(req, start, end)
-        req.extend_len = end - start
-        return req.extend_len
-
-    def _avoid_splitting_spans(self, req: Req, start: int, end: int) -> int:
-        """Move ``end`` off any bidirectional span it cuts (an image; a prefix-LM's prompt):
-        back to the span's start, or past the span when the chunk starts inside or at it (a
-        chunk then exceeds the budget rather than split it)."""
-        for s, e in req.bidirectional_spans():
-            if s < end < e:
-                return s if s > start else e
-        return end
-
-    def _build_batch(self, reqs: list[Req], is_decode: bool) -> ForwardBatch | None:
-        ids, positions, locs, kept = [], [], [], []
-        for req in reqs:
-            start, end = req.computed_len, req.computed_len + req.extend_len
-            try:
-                req_ids, req_positions = req.token_ids(start, end), req.positions(start, end)
-            except Exception as exc:
-                logger.exception("inputs of request %s failed", req.rid)
-                req.extend_len = 0
-                self._fail(req, f"cannot prepare the inputs of this request: {exc}")
-                continue
-            slots = self._alloc_slots(req.extend_len)
-            self.req_to_token.req_to_token[req.req_pool_idx, start:end] = slots
-            ids.extend(req_ids)
-            positions.append(req_positions)
-            locs.append(slots)
-            kept.append(req)
-        if not kept:
-            return None
-        device = self.runner.device
-        spans = [r.bidirectional_spans() for r in kept]
-        self.constraints.prepare(kept)
-        batch = ForwardBatch(
-            reqs=kept,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-            positions=torch.cat(positions, dim=-1).to(device),
-            out_cache_loc=torch.cat(locs).to(device),
-            req_pool_indices=[r.req_pool_idx for r in kept],  # type: ignore[misc]
-            prefix_lens=[r.computed_len for r in kept],
-            extend_lens=[r.extend_len for r in kept],
-            bidirectional_spans=spans,
-            is_decode=is_decode,
-        )
-        if self.states is not None:
-            batch.state_plan = self.states.plan(batch)
-        return batch
-
-    def _alloc_slots(self, n: int) -> torch.Tensor:
-        slots = self.kv_pool.alloc(n)
-        if slots is None:
-            self.tree.evict(n - self.kv_pool.available_size())
-            slots = self.kv_pool.alloc(n)
-        if slots is None:
-            raise RuntimeError("KV pool exhausted despite admission control")
-        return slots
-
-    # Results -----------------------------------------------------------------------------------
-    def _process(self, batch: ForwardBatch, logits: torch.Tensor) -> list[Req]:
-        if self.states is not None:
-            self.states.step_done(batch)
-        sampled_rows, sampled_reqs = [], []
-        for i, req in enumerate(batch.reqs):
-            if batch.prompt_logprobs is not None and batch.prompt_logprobs[i] is not None:
-                chosen, top, by_id = batch.prompt_logprobs[i]
-                req.input_logprobs += chosen
-                req.input_top_logprobs += top if top is not None else [None] * len(chosen)
-                req.input_token_ids_logprobs += by_id if by_id is not None else [None] * len(chosen)
-            req.computed_len += req.extend_len
-            req.extend_len = 0
-            self.runner.embedder.release(req, req.computed_len)
-            if not req.is_prefilling:
-                sampled_rows.append(i)
-                sampled_reqs.append(req)
-        if not sampled_reqs:
-            return []
-        logits = logits[sampled_rows]
-        tokens = self._sample(sampled_reqs, logits)
-        logprobs = None
-        if any(r.return_logprob for r in sampled_reqs):
-            logprobs = torch.log_softmax(logits, dim=-1)  # before logit_bias and grammar masks
-        now = time.perf_counter()
-        done = []
-        for i, (req, token) in enumerate(zip(sampled_reqs, tokens)):
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if token is None:  # nothing to generate (max_new_tokens == 0) or a failed row
-                if not req.finished:
-                    req.finish_reason = FinishReason.length_limit(0)
-            else:
-                req.output_ids.append(token)
-                if req.return_logprob:
-                    self._take_logprobs(req, token, logprobs[i : i + 1])
-                self.constraints.accept(req, token)
-                self._check_finished(req)
+    def _process_outputs(
+        self, batch: ForwardBatch, logits: torch.Tensor
+    ) -> tuple[list[Req], list[StepFailure]]:
+        """Sample the batch's requests and retire those that finished."""
+        self.forward_steps += 1
+        started = time.perf_counter()
+        produced, failed = self.outputs.process(batch, logits)
+        for req in produced:
             if req.finished:
-                self._release(req)
-                self.running.remove(req)
-            done.append(req)
-        return done
+                self._retire(req)
+        self.runner.perf.sampling_seconds += time.perf_counter() - started
+        return produced, failed
 
-    @staticmethod
-    def _take_logprobs(req: Req, token: int, logprobs: torch.Tensor) -> None:
-        """Record the sampled token's logprob from its (1, vocab) row, with its top
-        alternatives and the logprobs of the request's ``token_ids_logprob``."""
-        req.output_logprobs.append(float(logprobs[0, token]))
-        top, by_id = logprob_alternatives(logprobs, req.top_logprobs_num, req.token_ids_logprob)
-        if top is not None:
-            req.output_top_logprobs += top
-        if by_id is not None:
-            req.output_token_ids_logprobs += by_id
+    def _end_failed(self, failed: list[StepFailure]) -> None:
+        """Abort the requests that failed in this step: this step's KV slots go back, the rest
+        is released as for a finished request."""
+        for failure in failed:
+            self.builder.free_step_slots(failure.req)
+            failure.req.finish_reason = FinishReason.error(failure.message)
+            self._retire(failure.req)
 
-    def _sample(self, reqs: list[Req], logits: torch.Tensor) -> list[int | None]:
-        """One token per request; None for requests that get none (``max_new_tokens == 0``,
-        or a request-specific failure, which marks the request aborted)."""
-        params = [r.sampling_params for r in reqs]
-        if any(sp.has_penalties or sp.min_new_tokens for sp in params):
-            apply_penalties(
-                logits,
-                params,
-                [r.input_ids for r in reqs],
-                [r.output_ids for r in reqs],
-                [self._banned_ids(r) for r in reqs],
-            )
-        shaped = self.constraints.shaped(logits, reqs)
-        tokens: list[int | None] = [None] * len(reqs)
-        bad = torch.isnan(logits).any(dim=-1).tolist()
-        greedy = shaped.argmax(dim=-1).tolist()  # what ``sample`` gives a greedy row
-        for i, req in enumerate(reqs):
-            if req.sampling_params.max_new_tokens == 0:
-                continue
-            if bad[i]:
-                req.finish_reason = FinishReason.error(
-                    "the model produced NaN logits for this request"
-                )
-                continue
-            if params[i].is_greedy:
-                tokens[i] = greedy[i]
-                continue
-            try:
-                tokens[i] = sample(shaped[i : i + 1], [params[i]], [req.generator])[0]
-            except Exception as exc:
-                logger.exception("sampling failed for request %s", req.rid)
-                req.finish_reason = FinishReason.error(f"sampling failed: {exc}")
-        return tokens
+    def _retire(self, req: Req) -> None:
+        self.planner.release(req)
+        self.running.remove(req)
 
-    def _banned_ids(self, req: Req) -> list[int]:
-        sp = req.sampling_params
-        if len(req.output_ids) >= sp.min_new_tokens:
-            return []
-        eos = [] if sp.ignore_eos else list(req.eos_token_ids)
-        return [t for t in (*eos, *(sp.stop_token_ids or ())) if 0 <= t < self.runner.vocab_size]
-
-    def _check_finished(self, req: Req) -> None:
-        sp, token = req.sampling_params, req.output_ids[-1]
-        if req.finished:  # the grammar rejected the token
-            return
-        if req.grammar is not None and req.grammar.terminated:
-            req.finish_reason = FinishReason.stop(token)
-            return
-        if token in (sp.stop_token_ids or ()) or (not sp.ignore_eos and token in req.eos_token_ids):
-            req.finish_reason = FinishReason.stop(token)
-        elif len(req.output_ids) >= sp.max_new_tokens:
-            req.finish_reason = FinishReason.length_limit(len(req.output_ids))
-        if req.finish_reason is None:
-            stop = self._matched_stop(req)
-            if stop is not None:
-                req.finish_reason = FinishReason.stop(stop)
-
-    def _matched_stop(self, req: Req) -> str | None:
-        """The stop string or stop_regex pattern that the output now ends with (None if none).
-        As in SGLang, a regex is reported by its pattern and the text is cut only where that
-        pattern appears literally, so what a regex matched stays in the output."""
-        sp, ids = req.sampling_params, req.output_ids
-        skip = sp.skip_special_tokens
-        if sp.stop:
-            stop = matched_stop(self.tokenizer, ids, sp.stop, skip, self.special_ids)
-            if stop is not None:
-                return stop
-        if sp.stop_regex:
-            return matched_stop_regex(self.tokenizer, ids, sp.stop_regex, skip, self.special_ids)
-        return None
-
-    def _release(self, req: Req) -> None:
-        """Hand the request's KV (and linear-attention state) to the radix cache (or free it)
-        and drop its pins."""
-        row = req.req_pool_idx
-        assert row is not None
-        slots = self.req_to_token.req_to_token[row, : req.computed_len].clone()
-        if self.args.disable_radix_cache:
-            self.kv_pool.free(slots[req.cached_len :])
-        else:
-            dup = self.tree.insert(req.radix_key(req.computed_len), slots)
-            self.kv_pool.free(slots[req.cached_len : dup])
-        if self.states is not None:
-            self.states.release(req)
-        self.tree.dec_lock_ref(req.last_node)
-        self.req_to_token.free(row)
-        req.req_pool_idx = None
-        req.status = ReqStatus.FINISHED
-        req.finish_time = time.perf_counter()
-        self.runner.embedder.release(req)
-
-    # Maintenance -------------------------------------------------------------------------------
+    # Maintenance and reports -------------------------------------------------------------------
     def flush_cache(self) -> bool:
         if self.running:
             return False
@@ -548,6 +298,85 @@ class Scheduler:
         self.runner.embedder.cache.check_integrity()
         if self.states is not None:
             self.states.check_integrity(self.running)
+
+    def load(self) -> dict[str, int]:
+        """The load entry sglang-router reads from ``GET /get_load`` (one per data-parallel
+        rank; this server has one). ``num_reqs`` counts running and waiting requests;
+        ``num_tokens`` is the KV slots that running requests hold (cached prefixes nobody uses
+        are free to evict, so they do not count) plus the prompt tokens still waiting for a
+        slot."""
+        held = self.kv_pool.size - self.kv_pool.available_size() - self.tree.evictable_size
+        waiting = [*self.waiting, *self.grammar_queue]  # compiling a grammar is waiting
+        return {
+            "dp_rank": 0,
+            "num_reqs": len(self.running) + len(waiting),
+            "num_waiting_reqs": len(waiting),
+            "num_tokens": held + sum(len(req.input_ids) for req in waiting),
+        }
+
+    def info(self) -> dict[str, Any]:
+        """What ``/server_info`` answers: the server arguments (but the API key), the resolved
+        model settings, the queues, and the counters of the caches, the encoder and the runner."""
+        runner = self.runner
+        hybrid = {"linear_state": self.states.stats()} if self.states is not None else {}
+        return {
+            **hybrid,
+            **{k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"},
+            "dtype": dtype_name(runner.dtype),  # in use, after --dtype auto is resolved
+            "kv_cache_dtype": dtype_name(runner.kv_cache_dtype),
+            "version": sglang.__version__,
+            "dp_size": 1,
+            "tp_size": 1,
+            "load": self.load(),
+            "max_total_num_tokens": runner.max_total_tokens,
+            "max_running_requests": runner.max_running_requests,
+            "context_length": runner.context_length,
+            "chunked_prefill_size": self.chunk_size or -1,
+            "forward_steps": self.forward_steps,
+            "mixed_steps": self.mixed_steps,
+            "num_running_reqs": len(self.running),
+            "num_queue_reqs": len(self.waiting) + len(self.grammar_queue),
+            "token_usage": 1 - self.kv_pool.available_size() / self.kv_pool.size,
+            "kv_evictable_tokens": self.tree.evictable_size,
+            "mm_embedding_cache": {
+                "mode": self.args.mm_cache_mode,
+                **encoder_counters(runner.embedder.stats),
+                **runner.embedder.cache.stats(),
+            },
+            "perf": runner.perf.as_dict(),
+            "weight_quantization": runner.quantization.as_dict() if runner.quantization else None,
+            "memory": runner.memory_report.as_dict(),
+        }
+
+
+def prefix_caches(
+    args: ServerArgs, runner: ModelRunner, tokenizer: Any
+) -> tuple[RadixCache, LinearStateManager | None]:
+    """The radix cache over the KV pool and, for hybrid models, the manager of the
+    linear-attention state (whose snapshots the radix cache then holds too)."""
+    if runner.state_pool is None:
+        return RadixCache(runner.kv_pool.free), None
+    tree = HybridRadixCache(runner.kv_pool.free, runner.state_pool, runner.state_snapshot_slots)
+    states = LinearStateManager(
+        runner.state_pool,
+        tree,
+        runner.max_running_requests,
+        caching=not args.disable_radix_cache,
+        turn_start_id=turn_start_token(tokenizer),
+    )
+    return tree, states
+
+
+def encoder_counters(stats: EncoderStats) -> dict[str, int | float]:
+    """The vision encoder's counters under their ``/server_info`` names."""
+    return {
+        "encoded_items": stats.encoded_items,
+        "encoded_tokens": stats.encoded_tokens,
+        "encoder_calls": stats.encoder_calls,
+        "encoder_seconds": stats.encoder_seconds,
+        "max_encoder_call_tokens": stats.max_call_tokens,
+        "preprocess_skipped": stats.preprocess_skipped,
+    }
 
 
 def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:

@@ -43,9 +43,8 @@ class SchedulerReady:
 
 
 class SchedulerLoop:
-    def __init__(self, scheduler: Scheduler, args: ServerArgs, recv: zmq.Socket, send: zmq.Socket):
+    def __init__(self, scheduler: Scheduler, recv: zmq.Socket, send: zmq.Socket) -> None:
         self.scheduler = scheduler
-        self.args = args
         self.recv = recv
         self.send = send
         self.sent: dict[str, int] = {}  # rid -> tokens already sent
@@ -106,13 +105,11 @@ class SchedulerLoop:
             self.send.send_pyobj(BatchOutput(outputs))
 
     def _rpc(self, msg: RpcRequest) -> RpcResponse:
-        from sglang.srt.entrypoints.engine import load_report, server_info
-
         try:
             if msg.method == "server_info":
-                return RpcResponse(msg.call_id, server_info(self.args, self.scheduler))
+                return RpcResponse(msg.call_id, self.scheduler.info())
             if msg.method == "load":  # what /get_load answers, without the rest of server_info
-                return RpcResponse(msg.call_id, load_report(self.scheduler))
+                return RpcResponse(msg.call_id, self.scheduler.load())
             if msg.method == "flush_cache":
                 return RpcResponse(msg.call_id, self.scheduler.flush_cache())
             if msg.method == "check_integrity":
@@ -197,7 +194,7 @@ def run_scheduler_process(
             runner.config.model_type,
         )
     )
-    loop = SchedulerLoop(scheduler, args, recv, send)
+    loop = SchedulerLoop(scheduler, recv, send)
     threading.Thread(
         target=_watchdog, args=(loop, parent_pid, args.watchdog_timeout), daemon=True
     ).start()

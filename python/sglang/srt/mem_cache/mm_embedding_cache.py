@@ -116,6 +116,18 @@ class MultimodalEmbeddingCache:
     def num_pinned(self) -> int:
         return sum(self._pins.values())
 
+    def stats(self) -> dict[str, int]:
+        """Counters and occupancy, as ``/server_info`` reports them."""
+        return {
+            "hits": self.counters.hits,
+            "misses": self.counters.misses,
+            "evictions": self.counters.evictions,
+            "entries": len(self),
+            "bytes_used": self.bytes_used,
+            "capacity_bytes": self.capacity_bytes,
+            "pinned": self.num_pinned,
+        }
+
     def clear(self) -> None:
         """Drop every unpinned entry."""
         for key in [k for k in self._entries if k not in self._pins]:
