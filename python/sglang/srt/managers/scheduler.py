@@ -37,7 +37,6 @@ from sglang.srt.mem_cache.hybrid_radix_cache import HybridRadixCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.dtypes import dtype_name
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.multimodal.embedder import EncoderStats
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -340,7 +339,7 @@ class Scheduler:
             "kv_evictable_tokens": self.tree.evictable_size,
             "mm_embedding_cache": {
                 "mode": self.args.mm_cache_mode,
-                **encoder_counters(runner.embedder.stats),
+                **runner.embedder.stats.as_dict(),
                 **runner.embedder.cache.stats(),
             },
             "perf": runner.perf.as_dict(),
@@ -365,18 +364,6 @@ def prefix_caches(
         turn_start_id=turn_start_token(tokenizer),
     )
     return tree, states
-
-
-def encoder_counters(stats: EncoderStats) -> dict[str, int | float]:
-    """The vision encoder's counters under their ``/server_info`` names."""
-    return {
-        "encoded_items": stats.encoded_items,
-        "encoded_tokens": stats.encoded_tokens,
-        "encoder_calls": stats.encoder_calls,
-        "encoder_seconds": stats.encoder_seconds,
-        "max_encoder_call_tokens": stats.max_call_tokens,
-        "preprocess_skipped": stats.preprocess_skipped,
-    }
 
 
 def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:

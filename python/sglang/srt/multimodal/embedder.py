@@ -36,6 +36,17 @@ class EncoderStats:
     preprocess_skipped: int = 0
     max_call_tokens: int = 0
 
+    def as_dict(self) -> dict[str, int | float]:
+        """The counters under their ``/server_info`` names."""
+        return {
+            "encoded_items": self.encoded_items,
+            "encoded_tokens": self.encoded_tokens,
+            "encoder_calls": self.encoder_calls,
+            "encoder_seconds": self.encoder_seconds,
+            "max_encoder_call_tokens": self.max_call_tokens,
+            "preprocess_skipped": self.preprocess_skipped,
+        }
+
 
 def _move_items_to_device(
     items: list[MultimodalItem], device: torch.device | str, dtype: torch.dtype | None = None
