@@ -87,7 +87,10 @@ def _add_info_routes(app: FastAPI, manager: TokenizerManager, args: ServerArgs) 
         app.add_api_route(path, info.server_info, methods=["GET"])
     app.add_api_route("/get_load", info.get_load, methods=["GET"])
     app.add_api_route("/flush_cache", info.flush_cache, methods=["GET", "POST"])
-    app.add_api_route("/debug/check_integrity", info.check_integrity, methods=["GET"])
+    # response_model documents the body (an object) that the JSONResponse carries
+    app.add_api_route(
+        "/debug/check_integrity", info.check_integrity, methods=["GET"], response_model=dict
+    )
     if args.enable_metrics:
         from sglang.srt.entrypoints.metrics import Metrics
 

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 
 from sglang.srt.entrypoints.http_utils import error_response
+from sglang.srt.entrypoints.openai.serving_base import served_model_name
 from sglang.srt.managers.inputs import GenerateInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -21,7 +22,7 @@ class InfoHandler:
     def __init__(self, manager: TokenizerManager, args: ServerArgs) -> None:
         self.manager = manager
         self.args = args
-        self.model_name = args.served_model_name or args.model_path or "default"
+        self.model_name = served_model_name(args)
 
     def _unavailable(self) -> Response | None:
         if self.manager.alive:

@@ -28,7 +28,7 @@ class OpenAIServingBase:
     def __init__(self, manager: TokenizerManager, args: ServerArgs) -> None:
         self.manager = manager
         self.args = args
-        self.model_name = args.served_model_name or args.model_path or "default"
+        self.model_name = served_model_name(args)
         self.fingerprint = system_fingerprint(args)
 
     async def start_choices(self, tokenized: list[TokenizedRequest]) -> Choices:
@@ -93,6 +93,10 @@ class OpenAIServingBase:
                 "usage": self.usage(finals, choices),
             }
         )
+
+
+def served_model_name(args: ServerArgs) -> str:
+    return args.served_model_name or args.model_path or "default"
 
 
 def system_fingerprint(args: ServerArgs) -> str:
