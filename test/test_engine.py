@@ -264,8 +264,8 @@ def test_default_model_and_context_manager(tmp_path, monkeypatch) -> None:
 def test_rendered_chat_prompt_keeps_a_single_bos() -> None:
     from types import SimpleNamespace
 
-    from sglang.srt.entrypoints.http_server import _render_chat
-    from sglang.srt.entrypoints.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import render_chat as _render_chat
     from sglang.srt.server_args import ServerArgs
 
     eng = sglang.Engine(model_path=model_dir("gemma3"))

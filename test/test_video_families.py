@@ -600,8 +600,8 @@ def test_request_sampling_options(family: str, options: dict, kept: int) -> None
 def test_chat_video_part_renders_the_family_placeholder(family: str) -> None:
     """An OpenAI ``video_url`` part goes through the model's chat template to the family's
     video placeholder, and its options to the video's sampling."""
-    from sglang.srt.entrypoints.http_server import _render_chat
-    from sglang.srt.entrypoints.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import render_chat as _render_chat
     from sglang.srt.server_args import ServerArgs
 
     engine = _engine(family)

@@ -20,7 +20,7 @@ from sglang.srt.entrypoints.default_model import resolve_model_path
 from sglang.srt.managers.constraints import MAX_TOP_LOGPROBS
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.inputs import check_mm_limits, split_generate_inputs, tokenize
-from sglang.srt.managers.parallel_sampling import prefill_request, sample_copies
+from sglang.srt.managers.parallel_sampling import fan_out
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.multimodal.processor import MultimodalProcessor
@@ -86,12 +86,10 @@ class Engine:
         return reqs
 
     def _fan_out(self, tokenized: list[TokenizedRequest]) -> list[TokenizedRequest]:
-        parallel = [t for t in tokenized if t.sampling_params.n > 1]
+        plan = fan_out(tokenized)
         if not self.server_args.disable_radix_cache:
-            self._run([prefill_request(t) for t in parallel])
-        return [
-            c for t in tokenized for c in (sample_copies(t) if t.sampling_params.n > 1 else [t])
-        ]
+            self._run(list(plan.prefills.values()))
+        return plan.requests
 
     def tokenize(
         self,

@@ -1,0 +1,332 @@
+"""OpenAI ``POST /v1/chat/completions``: messages -> the model's chat template -> one tokenized
+request -> choices (streamed or whole), with tools, reasoning and logprobs."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, NamedTuple
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from sglang.srt.entrypoints.http_utils import merge_streams, parse_body, sse_response
+from sglang.srt.entrypoints.openai.logprobs import LogprobFormatter
+from sglang.srt.entrypoints.openai.protocol import (
+    UNIMPLEMENTED_CHAT_FIELDS,
+    ChatCompletionRequest,
+    ChatMessage,
+    reject_unimplemented,
+    sampling_dict,
+)
+from sglang.srt.entrypoints.openai.serving_base import (
+    OpenAIServingBase,
+    UsageOf,
+    extra_sampling,
+    finish_reason,
+)
+from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
+from sglang.srt.function_call import get_tool_call_parser
+from sglang.srt.managers.inputs import GenerateInput
+from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, TokenizerManager
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+
+@dataclass
+class ChatFormat:
+    """What shapes a chat answer: the tool-call parser (when tools are active), logprobs, and
+    (with --reasoning-parser) a maker of per-choice reasoning splitters, applied first."""
+
+    parser: ModuleType | None
+    logprobs: LogprobFormatter | None
+    reasoning: Callable[[], ReasoningParser] | None = None
+
+
+class OpenAIServingChat(OpenAIServingBase):
+    body_model = ChatCompletionRequest
+
+    def __init__(self, manager: TokenizerManager, args: ServerArgs) -> None:
+        super().__init__(manager, args)
+        self.tool_parser = get_tool_call_parser(args.tool_call_parser)
+
+    async def handle(self, request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest)
+        reject_unimplemented(body, UNIMPLEMENTED_CHAT_FIELDS)
+        sampling = self._sampling_dict(body)
+        tools = active_tools(body)
+        chat = render_chat(self.manager, body, self.args, tools)
+        sampling = extra_sampling(body, sampling)
+        self._add_tool_choice_grammar(body, sampling)
+        tokenized = await self.manager.tokenize(self._input(chat, sampling))
+        tokenized.ask_logprobs((body.top_logprobs or 0) if body.logprobs else None)
+        choices = await self.start_choices([tokenized])
+        fmt = ChatFormat(
+            self.tool_parser if tools else None,
+            self.logprob_formatter(body.skip_special_tokens) if body.logprobs else None,
+            self._reasoning_parsers(body, chat.prompt),
+        )
+        rid = f"chatcmpl-{tokenized.rid}"
+        if body.stream:
+            head = self.head(rid, "chat.completion.chunk")
+            usage = self.stream_usage(body, choices)
+            merged = merge_streams(choices.streams)
+            return sse_response(
+                chat_chunks(merged, head, len(choices.streams), fmt, usage), request
+            )
+        return await self.respond_whole(
+            rid, "chat.completion", choices, request, lambda i, e: chat_choice(i, e, fmt)
+        )
+
+    def _sampling_dict(self, body: ChatCompletionRequest) -> dict[str, Any]:
+        """Without max_tokens, the answer may run to the context length."""
+        max_new = body.max_completion_tokens
+        max_new = body.max_tokens if max_new is None else max_new
+        sampling = sampling_dict(body, max_new)
+        if max_new is None:
+            sampling["max_new_tokens"] = self.manager.context_length
+        return sampling
+
+    def _input(self, chat: RenderedChat, sampling: dict[str, Any]) -> GenerateInput:
+        bos = self.manager.tokenizer.bos_token
+        return GenerateInput(
+            uuid.uuid4().hex,
+            chat.prompt,
+            None,
+            chat.images,
+            SamplingParams.from_dict(sampling),
+            add_special_tokens=not (bos and chat.prompt.startswith(bos)),  # the template's BOS
+            videos=chat.videos,
+            video_options=chat.video_options,
+        )
+
+    def _add_tool_choice_grammar(self, body: ChatCompletionRequest, params: dict) -> None:
+        """``tool_choice: "required"`` or a named function: a structural tag that forces the
+        call(s) in the parser's format."""
+        choice = body.tool_choice
+        if choice is None or choice in ("none", "auto"):  # clients send "auto" without tools too
+            return
+        if not body.tools:
+            raise RequestError("tool_choice needs tools")
+        if self.tool_parser is None:
+            raise RequestError(
+                "tool_choice 'required' or a named function needs the server to run with "
+                "--tool-call-parser"
+            )
+        tools = active_tools(body) or []
+        choice_value = choice if isinstance(choice, str) else choice.model_dump()
+        if isinstance(choice_value, dict):
+            name = choice_value["function"]["name"]
+            if name not in {t["function"]["name"] for t in tools}:
+                raise RequestError(f"tool_choice names function {name!r}, which is not in tools")
+        tag = self.tool_parser.structural_tag(tools, choice_value, body.parallel_tool_calls)
+        params["structural_tag"] = json.dumps(tag)
+
+    def _reasoning_parsers(
+        self, body: ChatCompletionRequest, prompt: str
+    ) -> Callable[[], ReasoningParser] | None:
+        """With --reasoning-parser (and the request not opting out), a maker of per-choice
+        parsers that start inside the reasoning block when the rendered prompt opened it."""
+        name = self.args.reasoning_parser
+        if name is None or not body.separate_reasoning:
+            return None
+        opened = prompt_opens_reasoning(prompt, name)
+        return lambda: ReasoningParser(name, in_reasoning=opened)
+
+
+def active_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The tools the template shows the model (none with ``tool_choice: "none"``)."""
+    if not body.tools or body.tool_choice == "none":
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in body.tools]
+
+
+# The chat template ---------------------------------------------------------------------------
+class RenderedChat(NamedTuple):
+    """The prompt, the image and video references in order, and each video's sampling options
+    (the request's ``mm_processor_kwargs``, then the part's own)."""
+
+    prompt: str
+    images: list[str]
+    videos: list[str]
+    video_options: list[dict[str, Any]]
+
+
+def render_chat(
+    manager: Any,
+    body: ChatCompletionRequest,
+    args: ServerArgs,
+    tools: list[dict] | None = None,
+) -> RenderedChat:
+    """The chat template (``manager.tokenizer``'s, or --chat-template) over messages whose
+    image and video parts become the template's image and video entries."""
+    if body.mm_processor_kwargs is not None and not isinstance(body.mm_processor_kwargs, dict):
+        raise RequestError("mm_processor_kwargs must be an object")
+    chat = RenderedChat("", [], [], [])
+    messages = [_template_message(msg, body, chat) for msg in body.messages]
+    tokenizer = manager.tokenizer
+    template = _chat_template(args)
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise RequestError("the model has no chat template; use /v1/completions or /generate")
+    kwargs = body.chat_template_kwargs or {}
+    reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_ARGS)
+    if reserved:
+        raise RequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    extra = {**kwargs, "tools": tools} if tools else kwargs
+    try:
+        prompt = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, chat_template=template, **extra
+        )
+    except Exception as exc:  # the template's own checks (roles, tool messages) fail here
+        raise RequestError(f"the chat template cannot render these messages: {exc}") from exc
+    return chat._replace(prompt=prompt)
+
+
+_RESERVED_TEMPLATE_ARGS = {
+    "messages", "conversation", "tokenize", "add_generation_prompt", "chat_template",
+    "return_dict", "return_tensors", "continue_final_message", "tools", "documents",
+}  # fmt: skip
+
+
+def _template_message(
+    msg: ChatMessage, body: ChatCompletionRequest, media: RenderedChat
+) -> dict[str, Any]:
+    """One message as templates take it; its image and video references join ``media``."""
+    content: Any = msg.content or ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if part.type == "text":
+                parts.append({"type": "text", "text": part.text})
+            elif part.type == "video_url":
+                media.videos.append(part.video_url.url)
+                options = {**(body.mm_processor_kwargs or {}), **part.video_url.options()}
+                media.video_options.append(options)
+                parts.append({"type": "video"})
+            else:
+                media.images.append(part.image_url.url)
+                parts.append({"type": "image"})
+        content = parts
+        if msg.role == "tool":  # templates print a tool result as text
+            content = "".join(p["text"] for p in parts if p["type"] == "text")
+    return {"role": msg.role, "content": content, **_tool_fields(msg)}
+
+
+def _tool_fields(msg: ChatMessage) -> dict[str, Any]:
+    """Tool calls of an assistant turn (arguments as objects, as templates expect) and the id of
+    a tool result."""
+    out: dict[str, Any] = {}
+    if msg.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name,
+             "arguments": _arguments(c.function.arguments)}}
+            for c in msg.tool_calls
+        ]  # fmt: skip
+    if msg.tool_call_id is not None:
+        out["tool_call_id"] = msg.tool_call_id
+    if msg.name is not None:
+        out["name"] = msg.name
+    return out
+
+
+def _arguments(arguments: str | dict | None) -> Any:
+    if not isinstance(arguments, str):
+        return arguments or {}
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+def _chat_template(args: ServerArgs) -> str | None:
+    if not args.chat_template:
+        return None
+    if args.chat_template.endswith(".jinja"):
+        with open(args.chat_template) as f:
+            return f.read()
+    return args.chat_template
+
+
+# Responses -----------------------------------------------------------------------------------
+def chat_choice(index: int, event: StreamEvent, fmt: ChatFormat) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": event.text}
+    if fmt.reasoning is not None:
+        message["reasoning_content"], message["content"] = fmt.reasoning().parse(event.text)
+    finish = finish_reason(event.finish_reason)
+    if fmt.parser is not None:
+        content, calls = fmt.parser.parse(message["content"])
+        if calls:
+            message["content"] = content
+            message["tool_calls"] = [c.to_openai() for c in calls]
+            finish = "tool_calls"
+    logprobs = None if fmt.logprobs is None else {"content": fmt.logprobs.chat(event.meta)}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+
+
+@dataclass
+class _ChoiceState:
+    tools: Any = None  # the parser's StreamParser
+    reasoning: ReasoningParser | None = None
+    sent_logprobs: int = 0
+    calls: int = 0
+    started: bool = False  # its first chunk has gone out
+
+
+async def chat_chunks(
+    merged: AsyncIterator[tuple[int, StreamEvent]],
+    head: dict[str, Any],
+    num_choices: int,
+    fmt: ChatFormat,
+    final_usage: UsageOf | None = None,
+) -> AsyncIterator[dict]:
+    """SSE chunks of a chat stream: per choice a role chunk, sent with its first token (as
+    SGLang and vLLM do: a client timing the first chunk measures the time to the first token),
+    content / tool-call deltas (with their logprobs), an empty delta carrying the finish reason,
+    then usage if asked for."""
+    states = [
+        _ChoiceState(
+            fmt.parser.StreamParser() if fmt.parser else None,
+            fmt.reasoning() if fmt.reasoning else None,
+        )
+        for _ in range(num_choices)
+    ]
+    finals: list[StreamEvent | None] = [None] * num_choices
+    async for i, event in merged:
+        state, finish = states[i], finish_reason(event.finish_reason)
+        if not state.started:
+            state.started = True
+            yield _chunk(head, i, {"role": "assistant", "content": ""})
+        content, calls = event.delta, []
+        if state.reasoning is not None:
+            reasoning, content = state.reasoning.feed(content, final=finish is not None)
+            if reasoning:
+                yield _chunk(head, i, {"reasoning_content": reasoning})
+        if state.tools is not None:
+            content, calls = state.tools.feed(content)
+            if finish is not None:
+                content += state.tools.finish()
+                finish = "tool_calls" if state.tools.calls else finish
+        logprobs = None
+        if fmt.logprobs is not None:
+            logprobs = {"content": fmt.logprobs.chat(event.meta, state.sent_logprobs)}
+            state.sent_logprobs = len(event.meta.get("output_token_logprobs", ()))
+        if content or (logprobs and logprobs["content"]):
+            yield _chunk(head, i, {"content": content}, logprobs=logprobs)
+        for call in calls:
+            yield _chunk(head, i, {"tool_calls": [call.to_openai(index=state.calls)]})
+            state.calls += 1
+        if finish is not None:
+            finals[i] = event
+            yield _chunk(head, i, {}, finish=finish)
+    if final_usage is not None:
+        yield {**head, "choices": [], "usage": final_usage([e for e in finals if e is not None])}
+
+
+def _chunk(
+    head: dict[str, Any], index: int, delta: dict, logprobs: Any = None, finish: str | None = None
+) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return {**head, "choices": [choice]}
