@@ -1,0 +1,493 @@
+// Causal prefill (extend) attention over the engine's paged KV pool, all requests of a batch in
+// one call. Request i's queries are rows [q_start, q_start + q_len) of q at sequence positions
+// [prefix, prefix + q_len); its keys and values sit at the pool slots req_to_token[row, :seq_len].
+//
+// Two phases, each spread over threads by a shared counter (costliest tasks first):
+// 1. Pack: per (request, KV head, block of kKeys keys), the scattered K/V rows are copied once
+//    into contiguous blocks in the layout the dot products want (zero-padded to kKeys keys).
+// 2. Attend: per (request, KV head, block of query positions), the rows of all query heads of
+//    the KV group (GQA: K/V read once for all of them) take flash-style passes over the key
+//    blocks they may see: scores, online softmax in float32 (running max and sum), P.V
+//    accumulated in float32. Key blocks wholly outside the causal mask or the window are skipped.
+//
+// Layouts, chosen at compile time for the ISA present (-march=native):
+// - bfloat16 with AVX512-BF16: K as [dim/2][keys][2] and V as [keys/2][dim][2] (pairs for
+//   vdpbf16ps: 16 key scores, or 16 output dims, per instruction); P is rounded to bfloat16.
+// - otherwise float32 blocks, K as [dim][keys] and V as [keys][dim], with AVX-512F micro-kernels
+//   where present and portable loops elsewhere (SGLANG_PORTABLE_KERNELS forces those).
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__) && !defined(SGLANG_PORTABLE_KERNELS)
+#include <immintrin.h>
+#define SGLANG_AVX512 1
+#if defined(__AVX512BF16__)
+#define SGLANG_AVX512_BF16 1
+#endif
+#endif
+
+namespace {
+
+constexpr int64_t kKeys = 64;        // keys per packed block (4 vectors of 16 floats)
+constexpr int64_t kTaskRows = 32;    // query rows (positions x heads of a KV group) per task
+constexpr int kRowTile = 4;          // query rows per micro-kernel call
+constexpr int kDimTile = 4;          // 16-wide output vectors per P.V micro-kernel call
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+
+// ---- exp of a float vector (softmax) ----
+#ifdef SGLANG_AVX512
+inline __m512 exp512(__m512 x) {
+  // 2^(x log2 e) = 2^n 2^f, |f| <= 1/2; degree-6 Taylor of 2^f: relative error < 2e-7.
+  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// ---- float32 blocks: K [dim][kKeys], V [kKeys][dim] ----
+struct FloatLayout {
+  using Elem = float;
+  static constexpr int64_t kKeyStep = 1;  // P.V consumes keys one at a time
+
+  template <typename T>
+  static void pack_k(const T* const* keys, int64_t n, int64_t dim, float* dst) {
+    for (int64_t d = 0; d < dim; ++d)
+      for (int64_t j = 0; j < kKeys; ++j) dst[d * kKeys + j] = j < n ? to_float(keys[j][d]) : 0.f;
+  }
+  template <typename T>
+  static void pack_v(const T* const* values, int64_t n, int64_t dim, float* dst) {
+    for (int64_t j = 0; j < kKeys; ++j)
+      for (int64_t d = 0; d < dim; ++d) dst[j * dim + d] = j < n ? to_float(values[j][d]) : 0.f;
+  }
+
+  // scores[r][j] = q[r] . k[j] for rows [0, R) and all kKeys keys of the block
+  template <int R>
+  static void qk(const float* q, const float* k, int64_t dim, float* scores) {
+#ifdef SGLANG_AVX512
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; ++d) {
+      __m512 kv[4];
+      for (int v = 0; v < 4; ++v) kv[v] = _mm512_loadu_ps(k + d * kKeys + 16 * v);
+      for (int r = 0; r < R; ++r) {
+        const __m512 b = _mm512_set1_ps(q[r * dim + d]);
+        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(b, kv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + 16 * v, acc[r][v]);
+#else
+    for (int r = 0; r < R; ++r) {
+      float* row = scores + r * kKeys;
+      for (int64_t j = 0; j < kKeys; ++j) row[j] = 0.f;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float b = q[r * dim + d];
+        for (int64_t j = 0; j < kKeys; ++j) row[j] += b * k[d * kKeys + j];
+      }
+    }
+#endif
+  }
+
+  // acc[r][d0 : d0 + 16 NV] += sum_j p[r][j] v[j][d0 : ...] over keys [0, n)
+  template <int R, int NV>
+  static void pv(const float* p, const float* v, int64_t dim, int64_t n, int64_t d0, float* acc) {
+#ifdef SGLANG_AVX512
+    __m512 a[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) a[r][c] = _mm512_loadu_ps(acc + r * dim + d0 + 16 * c);
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 vv[NV];
+      for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(v + j * dim + d0 + 16 * c);
+      for (int r = 0; r < R; ++r) {
+        const __m512 b = _mm512_set1_ps(p[r * kKeys + j]);
+        for (int c = 0; c < NV; ++c) a[r][c] = _mm512_fmadd_ps(b, vv[c], a[r][c]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * dim + d0 + 16 * c, a[r][c]);
+#else
+    for (int r = 0; r < R; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        const float b = p[r * kKeys + j];
+        float* out = acc + r * dim + d0;
+        for (int64_t d = 0; d < 16 * NV; ++d) out[d] += b * v[j * dim + d0 + d];
+      }
+#endif
+  }
+};
+
+// ---- bfloat16 pairs for vdpbf16ps: K [dim/2][kKeys][2], V [kKeys/2][dim][2] ----
+#ifdef SGLANG_AVX512_BF16
+struct PairLayout {
+  using Elem = c10::BFloat16;
+  static constexpr int64_t kKeyStep = 2;  // P.V consumes keys in pairs
+
+  static void pack_k(const c10::BFloat16* const* keys, int64_t n, int64_t dim, Elem* dst) {
+    for (int64_t d = 0; d < dim; d += 2)
+      for (int64_t j = 0; j < kKeys; ++j) {
+        Elem* pair = dst + (d / 2 * kKeys + j) * 2;
+        pair[0] = j < n ? keys[j][d] : Elem(0.f);
+        pair[1] = j < n ? keys[j][d + 1] : Elem(0.f);
+      }
+  }
+  static void pack_v(const c10::BFloat16* const* values, int64_t n, int64_t dim, Elem* dst) {
+    for (int64_t j = 0; j < kKeys; ++j)
+      for (int64_t d = 0; d < dim; ++d)
+        dst[(j / 2 * dim + d) * 2 + j % 2] = j < n ? values[j][d] : Elem(0.f);
+  }
+
+  static __m512i pair_at(const Elem* p) {
+    int32_t bits;
+    std::memcpy(&bits, p, sizeof(bits));
+    return _mm512_set1_epi32(bits);
+  }
+
+  template <int R>
+  static void qk(const Elem* q, const Elem* k, int64_t dim, float* scores) {
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 2) {
+      __m512bh kv[4];
+      for (int v = 0; v < 4; ++v)
+        kv[v] = (__m512bh)_mm512_loadu_si512(k + (d / 2 * kKeys + 16 * v) * 2);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh b = (__m512bh)pair_at(q + r * dim + d);
+        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kv[v], b);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + 16 * v, acc[r][v]);
+  }
+
+  template <int R, int NV>
+  static void pv(const Elem* p, const Elem* v, int64_t dim, int64_t n, int64_t d0, float* acc) {
+    __m512 a[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) a[r][c] = _mm512_loadu_ps(acc + r * dim + d0 + 16 * c);
+    for (int64_t j = 0; j < n; j += 2) {
+      __m512bh vv[NV];
+      for (int c = 0; c < NV; ++c)
+        vv[c] = (__m512bh)_mm512_loadu_si512(v + (j / 2 * dim + d0 + 16 * c) * 2);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh b = (__m512bh)pair_at(p + r * kKeys + j);
+        for (int c = 0; c < NV; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], vv[c], b);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * dim + d0 + 16 * c, a[r][c]);
+  }
+};
+#endif
+
+// ---- the batch ----
+struct Request {
+  int64_t row, q_start, prefix, q_len;
+  int64_t first_block;  // first key block any of its queries sees (sliding window)
+  int64_t blocks;       // packed key blocks from first_block on
+  int64_t packed;       // index of its first packed block (KV head 0)
+  int64_t seq_len() const { return prefix + q_len; }
+};
+
+struct Problem {
+  std::vector<Request> reqs;
+  int64_t heads, kv_heads, groups, dim, window;  // window <= 0: none
+  float scale;
+};
+
+// A request's keys in [lo, hi) that query position pos may see.
+inline int64_t first_visible(int64_t pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+}
+
+// Runs task(t, worker) for t in [0, n) on all threads, each taking the next t when done with
+// one (callers put costly tasks first); worker < at::get_num_threads() names its scratch.
+template <typename F>
+void run_tasks(int64_t n, const F& task) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t worker = begin; worker < end; ++worker)
+      for (int64_t t; (t = next.fetch_add(1)) < n;) task(t, worker);
+  });
+}
+
+// Scaled, masked scores of one row -> P (rounded to Elem) for keys [0, n_padded); updates the
+// row's running max and sum and rescales its accumulator. Keys outside [j0, j1) get P = 0.
+template <typename Elem>
+void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, float scale,
+                  float& row_max, float& row_sum, float* acc, int64_t dim, Elem* p) {
+  float block_max = kNegInf;
+  for (int64_t j = j0; j < j1; ++j) block_max = std::max(block_max, s[j] * scale);
+  const float new_max = std::max(row_max, block_max);
+  const float alpha = row_max == kNegInf ? 0.f : std::exp(row_max - new_max);
+  float sum = 0.f;
+  int64_t j = 0;
+#ifdef SGLANG_AVX512
+  const __m512 vscale = _mm512_set1_ps(scale), vmax = _mm512_set1_ps(new_max);
+  __m512 vsum = _mm512_setzero_ps();
+  for (; j + 16 <= n_padded; j += 16) {
+    const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - j, 0, 16));
+    const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - j, 0, 16));
+    const __mmask16 valid = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+    const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, vmax);
+    __m512 e = _mm512_maskz_mov_ps(valid, exp512(x));
+    if constexpr (std::is_same_v<Elem, float>) {
+      _mm512_storeu_ps(p + j, e);
+    } else {
+#ifdef SGLANG_AVX512_BF16
+      const __m256bh rounded = _mm512_cvtneps_pbh(e);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)rounded);
+      e = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)rounded), 16));
+#endif
+    }
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  sum = _mm512_reduce_add_ps(vsum);
+#endif
+  for (; j < n_padded; ++j) {
+    const Elem e = Elem(j >= j0 && j < j1 ? std::exp(s[j] * scale - new_max) : 0.f);
+    p[j] = e;
+    sum += to_float(e);  // the sum of the weights as rounded: the output is their mean
+  }
+  row_sum = row_sum * alpha + sum;
+  row_max = new_max;
+  if (alpha != 1.f)
+    for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+}
+
+template <typename Layout, int NV>
+void pv_rows(const typename Layout::Elem* p, const typename Layout::Elem* v, int64_t rows,
+             int64_t dim, int64_t n, int64_t d0, float* acc) {
+  int64_t r = 0;
+  for (; r + kRowTile <= rows; r += kRowTile)
+    Layout::template pv<kRowTile, NV>(p + r * kKeys, v, dim, n, d0, acc + r * dim);
+  const int64_t left = rows - r;
+  p += r * kKeys, acc += r * dim;
+  if (left == 3) Layout::template pv<3, NV>(p, v, dim, n, d0, acc);
+  if (left == 2) Layout::template pv<2, NV>(p, v, dim, n, d0, acc);
+  if (left == 1) Layout::template pv<1, NV>(p, v, dim, n, d0, acc);
+}
+
+template <typename Layout>
+void qk_rows(const typename Layout::Elem* q, const typename Layout::Elem* k, int64_t rows,
+             int64_t dim, float* scores) {
+  int64_t r = 0;
+  for (; r + kRowTile <= rows; r += kRowTile)
+    Layout::template qk<kRowTile>(q + r * dim, k, dim, scores + r * kKeys);
+  const int64_t left = rows - r;
+  q += r * dim, scores += r * kKeys;
+  if (left == 3) Layout::template qk<3>(q, k, dim, scores);
+  if (left == 2) Layout::template qk<2>(q, k, dim, scores);
+  if (left == 1) Layout::template qk<1>(q, k, dim, scores);
+}
+
+template <typename Layout>
+void pv_all_dims(const typename Layout::Elem* p, const typename Layout::Elem* v, int64_t rows,
+                 int64_t dim, int64_t n, float* acc) {
+  for (int64_t d0 = 0; d0 < dim; d0 += 16 * kDimTile) {
+    const int64_t vectors = std::min<int64_t>(kDimTile, (dim - d0) / 16);
+    if (vectors == 4) pv_rows<Layout, 4>(p, v, rows, dim, n, d0, acc);
+    if (vectors == 3) pv_rows<Layout, 3>(p, v, rows, dim, n, d0, acc);
+    if (vectors == 2) pv_rows<Layout, 2>(p, v, rows, dim, n, d0, acc);
+    if (vectors == 1) pv_rows<Layout, 1>(p, v, rows, dim, n, d0, acc);
+  }
+}
+
+struct Scratch {
+  std::vector<float> scores, acc, row_max, row_sum;
+};
+
+// One task: query positions [p0, p0 + positions) of request `req`, all heads of KV head `kvh`.
+template <typename Layout, typename T>
+void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int64_t positions,
+            const T* q, int64_t q_stride0, int64_t q_stride1, const typename Layout::Elem* k_pack,
+            const typename Layout::Elem* v_pack, T* out, Scratch& sc,
+            std::vector<typename Layout::Elem>& q_rows, std::vector<typename Layout::Elem>& p) {
+  using Elem = typename Layout::Elem;
+  const int64_t dim = pb.dim, groups = pb.groups, rows = positions * groups;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = req.q_start + p0 - req.prefix + r / groups;
+    const T* src = q + token * q_stride0 + (kvh * groups + r % groups) * q_stride1;
+    for (int64_t d = 0; d < dim; ++d) q_rows[r * dim + d] = Elem(to_float(src[d]));
+  }
+  std::fill(sc.acc.begin(), sc.acc.begin() + rows * dim, 0.f);
+  std::fill(sc.row_max.begin(), sc.row_max.begin() + rows, kNegInf);
+  std::fill(sc.row_sum.begin(), sc.row_sum.begin() + rows, 0.f);
+  const int64_t last = p0 + positions - 1;
+  const int64_t block_begin = first_visible(p0, pb.window) / kKeys, block_end = last / kKeys + 1;
+  const int64_t block_elems = kKeys * dim;
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    const int64_t key0 = b * kKeys, n = std::min(kKeys, req.seq_len() - key0);
+    const int64_t slot = req.packed + kvh * req.blocks + b - req.first_block;
+    qk_rows<Layout>(q_rows.data(), k_pack + slot * block_elems, rows, dim, sc.scores.data());
+    const int64_t n_padded = (n + Layout::kKeyStep - 1) / Layout::kKeyStep * Layout::kKeyStep;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = p0 + r / groups;
+      const int64_t j0 = std::max<int64_t>(first_visible(pos, pb.window) - key0, 0);
+      const int64_t j1 = std::min<int64_t>(pos + 1 - key0, n);
+      softmax_step(sc.scores.data() + r * kKeys, j0, std::max(j0, j1), n_padded, pb.scale,
+                   sc.row_max[r], sc.row_sum[r], sc.acc.data() + r * dim, dim,
+                   p.data() + r * kKeys);
+    }
+    pv_all_dims<Layout>(p.data(), v_pack + slot * block_elems, rows, dim, n_padded,
+                        sc.acc.data());
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = req.q_start + p0 - req.prefix + r / groups;
+    T* dst = out + (token * pb.heads + kvh * groups + r % groups) * dim;
+    const float inv = 1.f / sc.row_sum[r];
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(sc.acc[r * dim + d] * inv);
+  }
+}
+
+template <typename Layout, typename T>
+void prefill_impl(Problem& pb, const at::Tensor& q, const at::Tensor& k_buf,
+                  const at::Tensor& v_buf, const at::Tensor& req_to_token, at::Tensor& out) {
+  using Elem = typename Layout::Elem;
+  const int64_t dim = pb.dim, kv_heads = pb.kv_heads, block_elems = kKeys * dim;
+  int64_t total_blocks = 0;
+  std::vector<std::pair<int64_t, int64_t>> packs;  // (request, block)
+  for (int64_t i = 0; i < static_cast<int64_t>(pb.reqs.size()); ++i) {
+    Request& r = pb.reqs[i];
+    r.first_block = first_visible(r.prefix, pb.window) / kKeys;
+    r.blocks = (r.seq_len() + kKeys - 1) / kKeys - r.first_block;
+    r.packed = total_blocks * kv_heads;
+    total_blocks += r.blocks;
+    for (int64_t b = r.first_block; b < r.first_block + r.blocks; ++b) packs.emplace_back(i, b);
+  }
+  std::vector<Elem> k_pack(total_blocks * kv_heads * block_elems);
+  std::vector<Elem> v_pack(k_pack.size());
+  const T* k_ptr = k_buf.data_ptr<T>();
+  const T* v_ptr = v_buf.data_ptr<T>();
+  const int64_t* table = req_to_token.data_ptr<int64_t>();
+  const int64_t table_stride = req_to_token.stride(0);
+  run_tasks(static_cast<int64_t>(packs.size()) * kv_heads, [&](int64_t t, int64_t) {
+    const auto [i, b] = packs[t / kv_heads];
+    const int64_t kvh = t % kv_heads;
+    const Request& r = pb.reqs[i];
+    const int64_t key0 = b * kKeys, n = std::min(kKeys, r.seq_len() - key0);
+    const T* keys[kKeys];
+    const T* values[kKeys];
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot = table[r.row * table_stride + key0 + j];
+      keys[j] = k_ptr + slot * k_buf.stride(0) + kvh * k_buf.stride(1);
+      values[j] = v_ptr + slot * v_buf.stride(0) + kvh * v_buf.stride(1);
+    }
+    const int64_t at = r.packed + kvh * r.blocks + b - r.first_block;
+    Layout::pack_k(keys, n, dim, k_pack.data() + at * block_elems);
+    Layout::pack_v(values, n, dim, v_pack.data() + at * block_elems);
+  });
+
+  struct Task {
+    int64_t req, p0, positions, cost;
+  };
+  std::vector<Task> tasks;
+  const int64_t positions = std::max<int64_t>(1, kTaskRows / pb.groups);
+  for (int64_t i = 0; i < static_cast<int64_t>(pb.reqs.size()); ++i) {
+    const Request& r = pb.reqs[i];
+    for (int64_t p0 = r.prefix; p0 < r.seq_len(); p0 += positions) {
+      const int64_t n = std::min(positions, r.seq_len() - p0);
+      tasks.push_back({i, p0, n, p0 + n - first_visible(p0, pb.window)});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  const T* q_ptr = q.data_ptr<T>();
+  T* out_ptr = out.data_ptr<T>();
+  const int64_t rows = positions * pb.groups;
+  const int64_t workers = at::get_num_threads();
+  std::vector<Scratch> scratch(workers);
+  std::vector<std::vector<Elem>> q_rows(workers), probs(workers);
+  for (int64_t w = 0; w < workers; ++w) {
+    scratch[w] = {std::vector<float>(rows * kKeys), std::vector<float>(rows * dim),
+                  std::vector<float>(rows), std::vector<float>(rows)};
+    q_rows[w].resize(rows * dim);
+    probs[w].resize(rows * kKeys);
+  }
+  run_tasks(static_cast<int64_t>(tasks.size()) * kv_heads, [&](int64_t t, int64_t w) {
+    const Task& task = tasks[t / kv_heads];
+    attend<Layout, T>(pb, pb.reqs[task.req], t % kv_heads, task.p0, task.positions, q_ptr,
+                      q.stride(0), q.stride(1), k_pack.data(), v_pack.data(), out_ptr,
+                      scratch[w], q_rows[w], probs[w]);
+  });
+}
+
+void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_buf,
+                       const at::Tensor& v_buf, const at::Tensor& req_to_token,
+                       const at::Tensor& rows, const at::Tensor& q_starts,
+                       const at::Tensor& prefix_lens, const at::Tensor& q_lens, double scale,
+                       int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q (T,H,D), kv (S,KVH,D)");
+  TORCH_CHECK(q.stride(2) == 1 && k_buf.stride(2) == 1 && v_buf.stride(2) == 1,
+              "rows of q and KV must be contiguous");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() &&
+                  out.scalar_type() == q.scalar_type(),
+              "out must be a contiguous tensor like q");
+  TORCH_CHECK(q.scalar_type() == k_buf.scalar_type() && q.scalar_type() == v_buf.scalar_type(),
+              "q and the KV pool must share a dtype");
+  TORCH_CHECK(q.size(1) % k_buf.size(1) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(q.size(2) == k_buf.size(2) && q.size(2) == v_buf.size(2), "head dims differ");
+  TORCH_CHECK(q.size(2) % 16 == 0, "head dim must be a multiple of 16");
+  for (const at::Tensor* t : {&req_to_token, &rows, &q_starts, &prefix_lens, &q_lens})
+    TORCH_CHECK(t->scalar_type() == at::kLong, "index tensors must be int64");
+  TORCH_CHECK(req_to_token.stride(1) == 1, "req_to_token rows must be contiguous");
+  const int64_t batch = rows.numel();
+  TORCH_CHECK(q_starts.numel() == batch && prefix_lens.numel() == batch && q_lens.numel() == batch,
+              "one row, q start, prefix and q length per request");
+  auto rows_c = rows.contiguous(), starts_c = q_starts.contiguous();
+  auto prefix_c = prefix_lens.contiguous(), lens_c = q_lens.contiguous();
+  Problem pb;
+  pb.heads = q.size(1), pb.kv_heads = k_buf.size(1), pb.groups = pb.heads / pb.kv_heads;
+  pb.dim = q.size(2), pb.window = window, pb.scale = static_cast<float>(scale);
+  for (int64_t i = 0; i < batch; ++i) {
+    Request r{rows_c.data_ptr<int64_t>()[i], starts_c.data_ptr<int64_t>()[i],
+              prefix_c.data_ptr<int64_t>()[i], lens_c.data_ptr<int64_t>()[i], 0, 0, 0};
+    TORCH_CHECK(r.prefix >= 0 && r.q_start >= 0 && r.q_start + r.q_len <= q.size(0) &&
+                    r.seq_len() <= req_to_token.size(1),
+                "a request's queries or keys are out of range");
+    if (r.q_len > 0) pb.reqs.push_back(r);
+  }
+  if (q.scalar_type() == at::kFloat) {
+    prefill_impl<FloatLayout, float>(pb, q, k_buf, v_buf, req_to_token, out);
+  } else if (q.scalar_type() == at::kBFloat16) {
+#ifdef SGLANG_AVX512_BF16
+    prefill_impl<PairLayout, c10::BFloat16>(pb, q, k_buf, v_buf, req_to_token, out);
+#else
+    prefill_impl<FloatLayout, c10::BFloat16>(pb, q, k_buf, v_buf, req_to_token, out);
+#endif
+  } else {
+    TORCH_CHECK(false, "prefill_attention takes float32 or bfloat16");
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("prefill_attention", &prefill_attention,
+        "Causal prefill attention of a batch of requests over the paged KV pool, into out");
+}
