@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -52,7 +53,6 @@ inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 #ifdef SGLANG_AVX512
 inline __m512 exp512(__m512 x) {
   // 2^(x log2 e) = 2^n 2^f, |f| <= 1/2; degree-6 Taylor of 2^f: relative error < 2e-7.
-  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
@@ -65,6 +65,12 @@ inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
   return _mm512_scalef_ps(p, n);
 }
+#endif
+
+#ifdef SGLANG_AVX512
+// Keeps a loaded vector in a register: without this the compiler folds the load into each FMA
+// that uses it, one load per FMA, and the float32 micro-kernels become load-bound.
+inline void in_register(__m512& x) { asm("" : "+v"(x)); }
 #endif
 
 // ---- float32 blocks: K [dim][kKeys], V [kKeys][dim] ----
@@ -92,7 +98,10 @@ struct FloatLayout {
       for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dim; ++d) {
       __m512 kv[4];
-      for (int v = 0; v < 4; ++v) kv[v] = _mm512_loadu_ps(k + d * kKeys + 16 * v);
+      for (int v = 0; v < 4; ++v) {
+        kv[v] = _mm512_loadu_ps(k + d * kKeys + 16 * v);
+        in_register(kv[v]);
+      }
       for (int r = 0; r < R; ++r) {
         const __m512 b = _mm512_set1_ps(q[r * dim + d]);
         for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(b, kv[v], acc[r][v]);
@@ -121,7 +130,10 @@ struct FloatLayout {
       for (int c = 0; c < NV; ++c) a[r][c] = _mm512_loadu_ps(acc + r * dim + d0 + 16 * c);
     for (int64_t j = 0; j < n; ++j) {
       __m512 vv[NV];
-      for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(v + j * dim + d0 + 16 * c);
+      for (int c = 0; c < NV; ++c) {
+        vv[c] = _mm512_loadu_ps(v + j * dim + d0 + 16 * c);
+        in_register(vv[c]);
+      }
       for (int r = 0; r < R; ++r) {
         const __m512 b = _mm512_set1_ps(p[r * kKeys + j]);
         for (int c = 0; c < NV; ++c) a[r][c] = _mm512_fmadd_ps(b, vv[c], a[r][c]);
@@ -237,44 +249,57 @@ void run_tasks(int64_t n, const F& task) {
 }
 
 // Scaled, masked scores of one row -> P (rounded to Elem) for keys [0, n_padded); updates the
-// row's running max and sum and rescales its accumulator. Keys outside [j0, j1) get P = 0.
+// row's running max and its sum (kept as 16 partial sums) and rescales its accumulator. Keys
+// outside [j0, j1) get P = 0. The sum is of the weights before rounding to Elem, so rounding
+// perturbs each normalized weight by at most Elem's unit roundoff.
 template <typename Elem>
 void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, float scale,
-                  float& row_max, float& row_sum, float* acc, int64_t dim, Elem* p) {
-  float block_max = kNegInf;
-  for (int64_t j = j0; j < j1; ++j) block_max = std::max(block_max, s[j] * scale);
-  const float new_max = std::max(row_max, block_max);
-  const float alpha = row_max == kNegInf ? 0.f : std::exp(row_max - new_max);
-  float sum = 0.f;
+                  float& row_max, float* sum_lanes, float* acc, int64_t dim, Elem* p) {
+  if (j0 >= j1) {  // no key of this block is visible to the row
+    std::fill(p, p + n_padded, Elem(0.f));
+    return;
+  }
   int64_t j = 0;
 #ifdef SGLANG_AVX512
-  const __m512 vscale = _mm512_set1_ps(scale), vmax = _mm512_set1_ps(new_max);
-  __m512 vsum = _mm512_setzero_ps();
+  auto valid = [&](int64_t at) {
+    const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - at, 0, 16));
+    const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - at, 0, 16));
+    return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+  };
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+  for (int64_t at = j0 / 16 * 16; at < j1; at += 16)
+    vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
+  const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax) * scale);
+#else
+  float block_max = kNegInf;
+  for (int64_t at = j0; at < j1; ++at) block_max = std::max(block_max, s[at]);
+  const float new_max = std::max(row_max, block_max * scale);
+#endif
+  const float alpha = row_max == new_max ? 1.f : std::exp(row_max - new_max);  // 0 at first
+#ifdef SGLANG_AVX512
+  const __m512 vscale = _mm512_set1_ps(scale), shift = _mm512_set1_ps(new_max);
+  __m512 vsum = _mm512_mul_ps(_mm512_loadu_ps(sum_lanes), _mm512_set1_ps(alpha));
   for (; j + 16 <= n_padded; j += 16) {
-    const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - j, 0, 16));
-    const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - j, 0, 16));
-    const __mmask16 valid = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
-    const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, vmax);
-    __m512 e = _mm512_maskz_mov_ps(valid, exp512(x));
+    const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift);
+    const __m512 e = _mm512_maskz_mov_ps(valid(j), exp512(x));
     if constexpr (std::is_same_v<Elem, float>) {
       _mm512_storeu_ps(p + j, e);
     } else {
 #ifdef SGLANG_AVX512_BF16
-      const __m256bh rounded = _mm512_cvtneps_pbh(e);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)rounded);
-      e = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)rounded), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
 #endif
     }
     vsum = _mm512_add_ps(vsum, e);
   }
-  sum = _mm512_reduce_add_ps(vsum);
+  _mm512_storeu_ps(sum_lanes, vsum);
+#else
+  for (int l = 0; l < 16; ++l) sum_lanes[l] *= alpha;
 #endif
   for (; j < n_padded; ++j) {
-    const Elem e = Elem(j >= j0 && j < j1 ? std::exp(s[j] * scale - new_max) : 0.f);
-    p[j] = e;
-    sum += to_float(e);  // the sum of the weights as rounded: the output is their mean
+    const float e = j >= j0 && j < j1 ? std::exp(s[j] * scale - new_max) : 0.f;
+    p[j] = Elem(e);
+    sum_lanes[j % 16] += e;
   }
-  row_sum = row_sum * alpha + sum;
   row_max = new_max;
   if (alpha != 1.f)
     for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
@@ -319,7 +344,7 @@ void pv_all_dims(const typename Layout::Elem* p, const typename Layout::Elem* v,
 }
 
 struct Scratch {
-  std::vector<float> scores, acc, row_max, row_sum;
+  std::vector<float> scores, acc, row_max, row_sum;  // row_sum: 16 partial sums per row
 };
 
 // One task: query positions [p0, p0 + positions) of request `req`, all heads of KV head `kvh`.
@@ -337,7 +362,7 @@ void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int6
   }
   std::fill(sc.acc.begin(), sc.acc.begin() + rows * dim, 0.f);
   std::fill(sc.row_max.begin(), sc.row_max.begin() + rows, kNegInf);
-  std::fill(sc.row_sum.begin(), sc.row_sum.begin() + rows, 0.f);
+  std::fill(sc.row_sum.begin(), sc.row_sum.begin() + rows * 16, 0.f);
   const int64_t last = p0 + positions - 1;
   const int64_t block_begin = first_visible(p0, pb.window) / kKeys, block_end = last / kKeys + 1;
   const int64_t block_elems = kKeys * dim;
@@ -351,7 +376,7 @@ void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int6
       const int64_t j0 = std::max<int64_t>(first_visible(pos, pb.window) - key0, 0);
       const int64_t j1 = std::min<int64_t>(pos + 1 - key0, n);
       softmax_step(sc.scores.data() + r * kKeys, j0, std::max(j0, j1), n_padded, pb.scale,
-                   sc.row_max[r], sc.row_sum[r], sc.acc.data() + r * dim, dim,
+                   sc.row_max[r], sc.row_sum.data() + r * 16, sc.acc.data() + r * dim, dim,
                    p.data() + r * kKeys);
     }
     pv_all_dims<Layout>(p.data(), v_pack + slot * block_elems, rows, dim, n_padded,
@@ -360,7 +385,8 @@ void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int6
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t token = req.q_start + p0 - req.prefix + r / groups;
     T* dst = out + (token * pb.heads + kvh * groups + r % groups) * dim;
-    const float inv = 1.f / sc.row_sum[r];
+    const float* lanes = sc.row_sum.data() + r * 16;
+    const float inv = 1.f / std::accumulate(lanes, lanes + 16, 0.f);
     for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(sc.acc[r * dim + d] * inv);
   }
 }
@@ -425,7 +451,7 @@ void prefill_impl(Problem& pb, const at::Tensor& q, const at::Tensor& k_buf,
   std::vector<std::vector<Elem>> q_rows(workers), probs(workers);
   for (int64_t w = 0; w < workers; ++w) {
     scratch[w] = {std::vector<float>(rows * kKeys), std::vector<float>(rows * dim),
-                  std::vector<float>(rows), std::vector<float>(rows)};
+                  std::vector<float>(rows), std::vector<float>(rows * 16)};
     q_rows[w].resize(rows * dim);
     probs[w].resize(rows * kKeys);
   }
@@ -453,6 +479,7 @@ void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k
   TORCH_CHECK(q.size(1) % k_buf.size(1) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(q.size(2) == k_buf.size(2) && q.size(2) == v_buf.size(2), "head dims differ");
   TORCH_CHECK(q.size(2) % 16 == 0, "head dim must be a multiple of 16");
+  TORCH_CHECK(scale > 0, "the scale must be positive");
   for (const at::Tensor* t : {&req_to_token, &rows, &q_starts, &prefix_lens, &q_lens})
     TORCH_CHECK(t->scalar_type() == at::kLong, "index tensors must be int64");
   TORCH_CHECK(req_to_token.stride(1) == 1, "req_to_token rows must be contiguous");
