@@ -110,3 +110,86 @@ def test_prefill_kernel_leaves_rows_of_other_requests_and_checks_inputs() -> Non
         KERNEL.prefill_attention(
             out, q, k_buf, v_buf, table, rows, starts, prefixes + 600, lens, 0.125, -1
         )
+
+
+@needs_kernel
+@pytest.mark.parametrize("window", [None, 6])
+def test_backend_splits_requests_between_kernel_and_torch(window) -> None:
+    """A batch whose first request has a bidirectional span: the others go through the kernel
+    in one call, the first through torch, and the output equals the torch-only backend's."""
+    from sglang.srt.core.forward_batch import ForwardBatch
+    from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
+    from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 6, 2, 32
+    pool = KVPool(512, [(kv_heads, dim)], torch.float32, "cpu")
+    rows = ReqToTokenPool(4, 128, "cpu")
+    reqs = [(5, 9, [(3, 8)]), (0, 17, []), (40, 3, [])]  # prefix, extend, spans
+    out_locs, row_ids = [], []
+    for prefix, extend, _ in reqs:
+        row, slots = rows.alloc(), pool.alloc(prefix + extend)[torch.randperm(prefix + extend)]
+        rows.req_to_token[row, : prefix + extend] = slots
+        kv = torch.randn(prefix, kv_heads, dim)
+        pool.set_kv(0, slots[:prefix], kv, kv.flip(0))
+        out_locs.append(slots[prefix:])
+        row_ids.append(row)
+    n = sum(e for _, e, _ in reqs)
+    batch = ForwardBatch(
+        reqs=[],
+        input_ids=torch.zeros(n, dtype=torch.int64),
+        positions=torch.zeros(n),
+        out_cache_loc=torch.cat(out_locs),
+        req_pool_indices=row_ids,
+        prefix_lens=[p for p, _, _ in reqs],
+        extend_lens=[e for _, e, _ in reqs],
+        bidirectional_spans=[s for _, _, s in reqs],
+        is_decode=False,
+    )
+    q = torch.randn(1, n, heads, dim).transpose(1, 2)
+    k, v = torch.randn(1, kv_heads, n, dim), torch.randn(1, kv_heads, n, dim)
+    calls = []
+
+    class Counting:
+        def prefill_attention(self, out, q, k_buf, v_buf, table, rows, *args):
+            calls.append(rows.tolist())
+            return KERNEL.prefill_attention(out, q, k_buf, v_buf, table, rows, *args)
+
+    outputs = []
+    for kernel in (Counting(), None):
+        backend = TorchNativeAttnBackend(pool, rows)
+        backend.prefill_kernel = kernel
+        backend.prepare_metadata(batch)
+        outputs.append(backend.forward(q, k, v, 0, batch, scaling=0.2, sliding_window=window))
+    assert calls == [row_ids[1:]]
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_engine_prefills_through_the_kernel(monkeypatch) -> None:
+    """Prefill batches call the kernel once per layer; greedy output equals the torch path's."""
+    from conftest import make_image, model_dir, placeholder
+
+    import sglang
+
+    prompts = [f"Describe {placeholder('qwen2_5_vl')} briefly.", "Only text, a bit longer."]
+    images = [[make_image(1)], []]
+    params = {"temperature": 0, "max_new_tokens": 6}
+    calls = []
+    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"))
+    backend = engine.runner.attn_backend
+    real = backend.prefill_kernel
+
+    class Counting:
+        def prefill_attention(self, out, q, *args):
+            calls.append(q.shape[0])
+            return real.prefill_attention(out, q, *args)
+
+    monkeypatch.setattr(backend, "prefill_kernel", Counting())
+    with_kernel = engine.generate(prompts, params, image_data=images)
+    assert len(calls) >= engine.runner.text_config.num_hidden_layers and max(calls) > 1
+    monkeypatch.setattr(backend, "prefill_kernel", None)
+    engine.flush_cache()
+    without = engine.generate(prompts, params, image_data=images)
+    assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]
+    engine.shutdown()
