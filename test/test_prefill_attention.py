@@ -193,3 +193,14 @@ def test_engine_prefills_through_the_kernel(monkeypatch) -> None:
     without = engine.generate(prompts, params, image_data=images)
     assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]
     engine.shutdown()
+
+
+@needs_kernel
+def test_benchmark_smoke(tmp_path) -> None:
+    from benchmark.prefill_attention import main
+
+    out = tmp_path / "prefill_attention"
+    result = main(["--heads", "4", "--kv-heads", "2", "--dim", "64", "--q-lens", "40",
+                   "--prefixes", "0,70", "--repeats", "1", "--out", str(out)])  # fmt: skip
+    assert len(result["rows"]) == 4 and all(r["kernel_gflops"] > 0 for r in result["rows"])
+    assert out.with_suffix(".png").exists() and out.with_suffix(".json").exists()
