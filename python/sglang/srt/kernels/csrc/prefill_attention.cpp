@@ -40,7 +40,8 @@
 
 namespace {
 
-constexpr int64_t kKeys = 64;        // keys per packed block (4 vectors of 16 floats)
+constexpr int64_t kKeys = 128;       // keys per packed block (one online-softmax step)
+constexpr int64_t kKeyTile = 64;     // keys per score micro-kernel call (4 vectors of 16)
 constexpr int64_t kTaskRows = 32;    // query rows (positions x heads of a KV group) per task
 constexpr int kRowTile = 4;          // query rows per micro-kernel call
 constexpr int kDimTile = 4;          // 16-wide output vectors per P.V micro-kernel call
@@ -89,9 +90,9 @@ struct FloatLayout {
       for (int64_t d = 0; d < dim; ++d) dst[j * dim + d] = j < n ? to_float(values[j][d]) : 0.f;
   }
 
-  // scores[r][j] = q[r] . k[j] for rows [0, R) and all kKeys keys of the block
+  // scores[r][h + j] = q[r] . k[h + j] for rows [0, R) and the kKeyTile keys from h on
   template <int R>
-  static void qk(const float* q, const float* k, int64_t dim, float* scores) {
+  static void qk(const float* q, const float* k, int64_t dim, int64_t h, float* scores) {
 #ifdef SGLANG_AVX512
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
@@ -99,7 +100,7 @@ struct FloatLayout {
     for (int64_t d = 0; d < dim; ++d) {
       __m512 kv[4];
       for (int v = 0; v < 4; ++v) {
-        kv[v] = _mm512_loadu_ps(k + d * kKeys + 16 * v);
+        kv[v] = _mm512_loadu_ps(k + d * kKeys + h + 16 * v);
         in_register(kv[v]);
       }
       for (int r = 0; r < R; ++r) {
@@ -108,14 +109,14 @@ struct FloatLayout {
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + 16 * v, acc[r][v]);
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
 #else
     for (int r = 0; r < R; ++r) {
-      float* row = scores + r * kKeys;
-      for (int64_t j = 0; j < kKeys; ++j) row[j] = 0.f;
+      float* row = scores + r * kKeys + h;
+      for (int64_t j = 0; j < kKeyTile; ++j) row[j] = 0.f;
       for (int64_t d = 0; d < dim; ++d) {
         const float b = q[r * dim + d];
-        for (int64_t j = 0; j < kKeys; ++j) row[j] += b * k[d * kKeys + j];
+        for (int64_t j = 0; j < kKeyTile; ++j) row[j] += b * k[d * kKeys + h + j];
       }
     }
 #endif
@@ -179,21 +180,21 @@ struct PairLayout {
   }
 
   template <int R>
-  static void qk(const Elem* q, const Elem* k, int64_t dim, float* scores) {
+  static void qk(const Elem* q, const Elem* k, int64_t dim, int64_t h, float* scores) {
     __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dim; d += 2) {
       __m512bh kv[4];
       for (int v = 0; v < 4; ++v)
-        kv[v] = (__m512bh)_mm512_loadu_si512(k + (d / 2 * kKeys + 16 * v) * 2);
+        kv[v] = (__m512bh)_mm512_loadu_si512(k + (d / 2 * kKeys + h + 16 * v) * 2);
       for (int r = 0; r < R; ++r) {
         const __m512bh b = (__m512bh)pair_at(q + r * dim + d);
         for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kv[v], b);
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + 16 * v, acc[r][v]);
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
   }
 
   template <int R, int NV>
@@ -318,17 +319,21 @@ void pv_rows(const typename Layout::Elem* p, const typename Layout::Elem* v, int
   if (left == 1) Layout::template pv<1, NV>(p, v, dim, n, d0, acc);
 }
 
+// Scores of all rows for the block's first `keys` keys (rounded up to whole kKeyTile tiles).
 template <typename Layout>
 void qk_rows(const typename Layout::Elem* q, const typename Layout::Elem* k, int64_t rows,
-             int64_t dim, float* scores) {
-  int64_t r = 0;
-  for (; r + kRowTile <= rows; r += kRowTile)
-    Layout::template qk<kRowTile>(q + r * dim, k, dim, scores + r * kKeys);
-  const int64_t left = rows - r;
-  q += r * dim, scores += r * kKeys;
-  if (left == 3) Layout::template qk<3>(q, k, dim, scores);
-  if (left == 2) Layout::template qk<2>(q, k, dim, scores);
-  if (left == 1) Layout::template qk<1>(q, k, dim, scores);
+             int64_t dim, int64_t keys, float* scores) {
+  for (int64_t h = 0; h < keys; h += kKeyTile) {
+    int64_t r = 0;
+    for (; r + kRowTile <= rows; r += kRowTile)
+      Layout::template qk<kRowTile>(q + r * dim, k, dim, h, scores + r * kKeys);
+    const int64_t left = rows - r;
+    const auto* q_left = q + r * dim;
+    float* s_left = scores + r * kKeys;
+    if (left == 3) Layout::template qk<3>(q_left, k, dim, h, s_left);
+    if (left == 2) Layout::template qk<2>(q_left, k, dim, h, s_left);
+    if (left == 1) Layout::template qk<1>(q_left, k, dim, h, s_left);
+  }
 }
 
 template <typename Layout>
@@ -367,14 +372,16 @@ void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int6
   const int64_t block_begin = first_visible(p0, pb.window) / kKeys, block_end = last / kKeys + 1;
   const int64_t block_elems = kKeys * dim;
   for (int64_t b = block_begin; b < block_end; ++b) {
-    const int64_t key0 = b * kKeys, n = std::min(kKeys, req.seq_len() - key0);
+    const int64_t key0 = b * kKeys;
+    const int64_t used = std::min(kKeys, last + 1 - key0);  // keys any row of the task may see
     const int64_t slot = req.packed + kvh * req.blocks + b - req.first_block;
-    qk_rows<Layout>(q_rows.data(), k_pack + slot * block_elems, rows, dim, sc.scores.data());
-    const int64_t n_padded = (n + Layout::kKeyStep - 1) / Layout::kKeyStep * Layout::kKeyStep;
+    qk_rows<Layout>(q_rows.data(), k_pack + slot * block_elems, rows, dim, used,
+                    sc.scores.data());
+    const int64_t n_padded = (used + Layout::kKeyStep - 1) / Layout::kKeyStep * Layout::kKeyStep;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t pos = p0 + r / groups;
       const int64_t j0 = std::max<int64_t>(first_visible(pos, pb.window) - key0, 0);
-      const int64_t j1 = std::min<int64_t>(pos + 1 - key0, n);
+      const int64_t j1 = std::min<int64_t>(pos + 1 - key0, used);
       softmax_step(sc.scores.data() + r * kKeys, j0, std::max(j0, j1), n_padded, pb.scale,
                    sc.row_max[r], sc.row_sum.data() + r * 16, sc.acc.data() + r * dim, dim,
                    p.data() + r * kKeys);
