@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <type_traits>
 #include <vector>
@@ -234,8 +235,9 @@ void prefill_impl(Problem& pb, const at::Tensor& q, const at::Tensor& k_buf,
     total_blocks += r.blocks;
     for (int64_t b = r.first_block; b < r.first_block + r.blocks; ++b) packs.emplace_back(i, b);
   }
-  std::vector<Elem> k_pack(total_blocks * kv_heads * block_elems);
-  std::vector<Elem> v_pack(k_pack.size());
+  // Left uninitialized: packing writes every element, padding included.
+  const std::unique_ptr<Elem[]> k_pack(new Elem[total_blocks * kv_heads * block_elems]);
+  const std::unique_ptr<Elem[]> v_pack(new Elem[total_blocks * kv_heads * block_elems]);
   const T* k_ptr = k_buf.data_ptr<T>();
   const T* v_ptr = v_buf.data_ptr<T>();
   const int64_t* table = req_to_token.data_ptr<int64_t>();
@@ -253,8 +255,8 @@ void prefill_impl(Problem& pb, const at::Tensor& q, const at::Tensor& k_buf,
       values[j] = v_ptr + slot * v_buf.stride(0) + kvh * v_buf.stride(1);
     }
     const int64_t at = r.packed + kvh * r.blocks + b - r.first_block;
-    Layout::pack_k(keys, n, dim, k_pack.data() + at * block_elems);
-    Layout::pack_v(values, n, dim, v_pack.data() + at * block_elems);
+    Layout::pack_k(keys, n, dim, k_pack.get() + at * block_elems);
+    Layout::pack_v(values, n, dim, v_pack.get() + at * block_elems);
   });
 
   struct Task {
@@ -286,7 +288,7 @@ void prefill_impl(Problem& pb, const at::Tensor& q, const at::Tensor& k_buf,
   run_tasks(static_cast<int64_t>(tasks.size()) * kv_heads, [&](int64_t t, int64_t w) {
     const Task& task = tasks[t / kv_heads];
     attend<Layout, T>(pb, pb.reqs[task.req], t % kv_heads, task.p0, task.positions, q_ptr,
-                      q.stride(0), q.stride(1), k_pack.data(), v_pack.data(), out_ptr,
+                      q.stride(0), q.stride(1), k_pack.get(), v_pack.get(), out_ptr,
                       scratch[w], q_rows[w], probs[w]);
   });
 }
