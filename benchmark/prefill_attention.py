@@ -115,7 +115,8 @@ def markdown(result: dict[str, Any]) -> str:
 def plot(result: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    labels = [f"{r['dtype'][:4]}\np{r['prefix']} q{r['q_len']}" for r in result["rows"]]
+    short = {"bfloat16": "bf16", "float32": "fp32"}
+    labels = [f"{short[r['dtype']]}\np{r['prefix']} q{r['q_len']}" for r in result["rows"]]
     x = range(len(labels))
     for offset, path_name in ((-0.2, "kernel"), (0.2, "torch")):
         values = [r[f"{path_name}_gflops"] for r in result["rows"]]
