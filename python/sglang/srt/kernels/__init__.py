@@ -2,9 +2,10 @@
 
 The build uses the installed torch (no build isolation, no CUDA), ``-O3 -march=native`` (the
 code is compiled for the ISA present; the build directory is keyed by the CPU's flags, the torch
-version and the source, so a machine never loads a kernel built for another) and OpenMP for
-``at::parallel_for``. Where no compiler is found or the build fails, ``load`` returns None and
-callers keep their torch path; ``SGLANG_DISABLE_CPU_KERNELS=1`` forces that.
+version and the source with its ``<name>*.h`` headers, so a machine never loads a kernel built
+for another) and OpenMP for ``at::parallel_for``. Where no compiler is found or the build fails,
+``load`` returns None and callers keep their torch path; ``SGLANG_DISABLE_CPU_KERNELS=1`` forces
+that.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ def _build_dir(name: str, source: Path) -> Path:
     import torch
 
     key = hashlib.sha256()
-    for part in (torch.__version__, " ".join(sorted(cpu_flags())), source.read_text()):
+    headers = sorted(source.parent.glob(f"{name}*.h"))  # the headers of its own it includes
+    texts = [source.read_text(), *(h.read_text() for h in headers)]
+    for part in (torch.__version__, " ".join(sorted(cpu_flags())), *texts):
         key.update(part.encode())
     root = os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang"
     return Path(root) / "kernels" / f"{name}-{key.hexdigest()[:16]}"

@@ -132,26 +132,36 @@ class _ReqAttn:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    """Prefill: per request, fused flash calls over pool views (plain causal) or SDPA with a
-    mask (spans, windows, soft-capping). Decode on a CPU: the native decode kernel, all requests
-    in one call (``kernels/csrc/decode_attention.cpp``), where it is built and the pool holds the
-    queries' dtype; else the per-request path."""
+    """Prefill on a CPU: the native prefill kernel (``kernels/csrc/prefill_attention.cpp``) for
+    all requests without bidirectional spans in one call, where it is built, the pool holds the
+    queries' dtype, there is no soft-capping and the head dim is a multiple of 16. Other
+    requests: fused flash calls over pool views (plain causal) or SDPA with a mask (spans,
+    windows, soft-capping). Decode on a CPU: the native decode kernel, all requests in one call
+    (``kernels/csrc/decode_attention.cpp``), under the same dtype rule; else the per-request
+    path."""
 
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool) -> None:
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token_pool.req_to_token
         self._reqs: list[_ReqAttn] = []
+        self._req_rows: list[int] = []  # each request's row of req_to_token
         self._keys_seen = 0.0  # of the batch's queries, for the FLOPs of each layer
-        self.decode_kernel = None
+        self.decode_kernel = self.prefill_kernel = None
         if kv_pool.device == "cpu":
             from sglang.srt import kernels
 
             self.decode_kernel = kernels.load("decode_attention")
+            self.prefill_kernel = kernels.load("prefill_attention")
+        # (rows, q starts, prefixes, q lengths) of the requests given to the prefill kernel, by
+        # which requests those are (layers may differ: spans can matter in some layers only)
+        self._prefill_args: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
         self._decode_rows: torch.Tensor | None = None  # request rows and lengths of a decode
         self._decode_lens: torch.Tensor | None = None
 
     def prepare_metadata(self, batch: ForwardBatch) -> None:
         self._reqs = []
+        self._req_rows = [int(row) for row in batch.req_pool_indices]
+        self._prefill_args = {}
         self._decode_rows = self._decode_lens = None
         if batch.is_decode and self.decode_kernel is not None:
             self._decode_rows = torch.tensor(batch.req_pool_indices, dtype=torch.int64)
@@ -195,7 +205,12 @@ class TorchNativeAttnBackend(AttentionBackend):
             return out
         use_spans = sliding_window is not None or not self.spans_in_sliding_layers_only
         out = q.new_empty(q.shape[2], q.shape[1], q.shape[3])
-        for r in self._reqs:
+        on_kernel: set[int] = set()
+        if self._prefill_kernel_takes(q, k_buf, softcap):
+            on_kernel = self._prefill(out, q, k_buf, v_buf, scaling, sliding_window, use_spans)
+        for i, r in enumerate(self._reqs):
+            if i in on_kernel:
+                continue
             qi = q[:, :, r.q_start : r.q_start + r.q_len]
             if (
                 not softcap
@@ -226,6 +241,53 @@ class TorchNativeAttnBackend(AttentionBackend):
             flops = causal_attention_flops(q.shape[1], q.shape[3], self._keys_seen)
             self.perf.add_lm_attention(time.perf_counter() - started, flops)
         return out.unsqueeze(0)
+
+    def _prefill_kernel_takes(
+        self, q: torch.Tensor, k_buf: torch.Tensor, softcap: float | None
+    ) -> bool:
+        return (
+            self.prefill_kernel is not None
+            and not softcap
+            and q.device.type == "cpu"
+            and k_buf.dtype == q.dtype
+            and q.shape[3] % 16 == 0
+        )
+
+    def _prefill(
+        self,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        scaling: float,
+        sliding_window: int | None,
+        use_spans: bool,
+    ) -> set[int]:
+        """The requests without bidirectional spans in this layer, in one kernel call writing
+        their rows of ``out`` (tokens, heads, dim); returns their indices."""
+        chosen = tuple(i for i, r in enumerate(self._reqs) if not (use_spans and r.spans))
+        if not chosen:
+            return set()
+        if chosen not in self._prefill_args:
+            reqs = [self._reqs[i] for i in chosen]
+            rows = [self._req_rows[i] for i in chosen]
+            columns = (rows, [r.q_start for r in reqs], [r.prefix for r in reqs],
+                       [r.q_len for r in reqs])  # fmt: skip
+            self._prefill_args[chosen] = tuple(torch.tensor(c, dtype=torch.int64) for c in columns)
+        tokens_first = q[0].transpose(0, 1)  # (tokens, heads, dim), rows must be contiguous
+        if tokens_first.stride(2) != 1:
+            tokens_first = tokens_first.contiguous()
+        self.prefill_kernel.prefill_attention(
+            out,
+            tokens_first,
+            k_buf,
+            v_buf,
+            self.req_to_token,
+            *self._prefill_args[chosen],
+            scaling,
+            sliding_window or -1,
+        )
+        return set(chosen)
 
     def _decode(
         self,

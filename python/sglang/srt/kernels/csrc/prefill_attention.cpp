@@ -1,0 +1,350 @@
+// Causal prefill (extend) attention over the engine's paged KV pool, all requests of a batch in
+// one call. Request i's queries are rows [q_start, q_start + q_len) of q at sequence positions
+// [prefix, prefix + q_len); its keys and values sit at the pool slots req_to_token[row, :seq_len].
+//
+// Two phases, each spread over threads by a shared counter (costliest tasks first):
+// 1. Pack: per (request, KV head, block of kKeys keys), the scattered K/V rows are copied once
+//    into contiguous blocks in the layout the dot products want (zero-padded to kKeys keys).
+// 2. Attend: per (request, KV head, block of query positions), the rows of all query heads of
+//    the KV group (GQA: K/V read once for all of them) take flash-style passes over the key
+//    blocks they may see: scores, online softmax in float32 (running max and sum), P.V
+//    accumulated in float32. Key blocks wholly outside the causal mask or the window are skipped.
+//
+// The block layouts and micro-kernels, chosen at compile time for the ISA present
+// (-march=native), are in prefill_attention_tiles.h: bfloat16 pairs for vdpbf16ps where
+// AVX512-BF16 is present (P is then rounded to bfloat16), float32 blocks otherwise.
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "prefill_attention_tiles.h"
+
+namespace {
+
+using namespace prefill_tiles;
+
+constexpr int64_t kTaskRows = 32;  // query rows (positions x heads of a KV group) per task
+
+// ---- the batch ----
+struct Request {
+  int64_t row, q_start, prefix, q_len;
+  int64_t first_block;  // first key block any of its queries sees (sliding window)
+  int64_t blocks;       // packed key blocks from first_block on
+  int64_t packed;       // index of its first packed block (KV head 0)
+  int64_t seq_len() const { return prefix + q_len; }
+};
+
+struct Problem {
+  std::vector<Request> reqs;
+  int64_t heads, kv_heads, groups, dim, window;  // window <= 0: none
+  float scale;
+};
+
+// A request's keys in [lo, hi) that query position pos may see.
+inline int64_t first_visible(int64_t pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+}
+
+// Runs task(t, worker) for t in [0, n) on all threads, each taking the next t when done with
+// one (callers put costly tasks first); worker < at::get_num_threads() names its scratch.
+template <typename F>
+void run_tasks(int64_t n, const F& task) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t worker = begin; worker < end; ++worker)
+      for (int64_t t; (t = next.fetch_add(1)) < n;) task(t, worker);
+  });
+}
+
+// Scaled, masked scores of one row -> P (rounded to Elem) for keys [0, n_padded); updates the
+// row's running max and its sum (kept as 16 partial sums) and rescales its accumulator. Keys
+// outside [j0, j1) get P = 0. The sum is of the weights before rounding to Elem, so rounding
+// perturbs each normalized weight by at most Elem's unit roundoff.
+template <typename Elem>
+void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, float scale,
+                  float& row_max, float* sum_lanes, float* acc, int64_t dim, Elem* p) {
+  if (j0 >= j1) {  // no key of this block is visible to the row
+    std::fill(p, p + n_padded, Elem(0.f));
+    return;
+  }
+  int64_t j = 0;
+#ifdef SGLANG_AVX512
+  const bool all_valid = j0 == 0 && j1 == n_padded;  // the common case: no mask to build
+  auto valid = [&](int64_t at) -> __mmask16 {
+    if (all_valid) return 0xFFFF;
+    const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - at, 0, 16));
+    const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - at, 0, 16));
+    return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+  };
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+  for (int64_t at = j0 / 16 * 16; at < j1; at += 16)
+    vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
+  const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax) * scale);
+#else
+  float block_max = kNegInf;
+  for (int64_t at = j0; at < j1; ++at) block_max = std::max(block_max, s[at]);
+  const float new_max = std::max(row_max, block_max * scale);
+#endif
+  const float alpha = row_max == new_max ? 1.f : std::exp(row_max - new_max);  // 0 at first
+#ifdef SGLANG_AVX512
+  const __m512 vscale = _mm512_set1_ps(scale), shift = _mm512_set1_ps(new_max);
+  __m512 vsum = _mm512_mul_ps(_mm512_loadu_ps(sum_lanes), _mm512_set1_ps(alpha));
+  for (; j + 16 <= n_padded; j += 16) {
+    const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift);
+    const __m512 e = _mm512_maskz_mov_ps(valid(j), exp512(x));
+    if constexpr (std::is_same_v<Elem, float>) {
+      _mm512_storeu_ps(p + j, e);
+    } else {
+#ifdef SGLANG_AVX512_BF16
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+#endif
+    }
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  _mm512_storeu_ps(sum_lanes, vsum);
+#else
+  for (int l = 0; l < 16; ++l) sum_lanes[l] *= alpha;
+#endif
+  for (; j < n_padded; ++j) {
+    const float e = j >= j0 && j < j1 ? std::exp(s[j] * scale - new_max) : 0.f;
+    p[j] = Elem(e);
+    sum_lanes[j % 16] += e;
+  }
+  row_max = new_max;
+  if (alpha != 1.f)
+    for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+}
+
+template <typename Layout, int NV>
+void pv_rows(const typename Layout::Elem* p, const typename Layout::Elem* v, int64_t rows,
+             int64_t dim, int64_t n, int64_t d0, float* acc) {
+  int64_t r = 0;
+  for (; r + kRowTile <= rows; r += kRowTile)
+    Layout::template pv<kRowTile, NV>(p + r * kKeys, v, dim, n, d0, acc + r * dim);
+  const int64_t left = rows - r;
+  p += r * kKeys, acc += r * dim;
+  if (left == 3) Layout::template pv<3, NV>(p, v, dim, n, d0, acc);
+  if (left == 2) Layout::template pv<2, NV>(p, v, dim, n, d0, acc);
+  if (left == 1) Layout::template pv<1, NV>(p, v, dim, n, d0, acc);
+}
+
+// Scores of all rows for the block's first `keys` keys (rounded up to whole kKeyTile tiles).
+template <typename Layout>
+void qk_rows(const typename Layout::Elem* q, const typename Layout::Elem* k, int64_t rows,
+             int64_t dim, int64_t keys, float* scores) {
+  for (int64_t h = 0; h < keys; h += kKeyTile) {
+    int64_t r = 0;
+    for (; r + kRowTile <= rows; r += kRowTile)
+      Layout::template qk<kRowTile>(q + r * dim, k, dim, h, scores + r * kKeys);
+    const int64_t left = rows - r;
+    const auto* q_left = q + r * dim;
+    float* s_left = scores + r * kKeys;
+    if (left == 3) Layout::template qk<3>(q_left, k, dim, h, s_left);
+    if (left == 2) Layout::template qk<2>(q_left, k, dim, h, s_left);
+    if (left == 1) Layout::template qk<1>(q_left, k, dim, h, s_left);
+  }
+}
+
+template <typename Layout>
+void pv_all_dims(const typename Layout::Elem* p, const typename Layout::Elem* v, int64_t rows,
+                 int64_t dim, int64_t n, float* acc) {
+  for (int64_t d0 = 0; d0 < dim; d0 += 16 * kDimTile) {
+    const int64_t vectors = std::min<int64_t>(kDimTile, (dim - d0) / 16);
+    if (vectors == 4) pv_rows<Layout, 4>(p, v, rows, dim, n, d0, acc);
+    if (vectors == 3) pv_rows<Layout, 3>(p, v, rows, dim, n, d0, acc);
+    if (vectors == 2) pv_rows<Layout, 2>(p, v, rows, dim, n, d0, acc);
+    if (vectors == 1) pv_rows<Layout, 1>(p, v, rows, dim, n, d0, acc);
+  }
+}
+
+struct Scratch {
+  std::vector<float> scores, acc, row_max, row_sum;  // row_sum: 16 partial sums per row
+};
+
+// One task: query positions [p0, p0 + positions) of request `req`, all heads of KV head `kvh`.
+template <typename Layout, typename T>
+void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int64_t positions,
+            const T* q, int64_t q_stride0, int64_t q_stride1, const typename Layout::Elem* k_pack,
+            const typename Layout::Elem* v_pack, T* out, Scratch& sc,
+            std::vector<typename Layout::Elem>& q_rows, std::vector<typename Layout::Elem>& p) {
+  using Elem = typename Layout::Elem;
+  const int64_t dim = pb.dim, groups = pb.groups, rows = positions * groups;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = req.q_start + p0 - req.prefix + r / groups;
+    const T* src = q + token * q_stride0 + (kvh * groups + r % groups) * q_stride1;
+    for (int64_t d = 0; d < dim; ++d) q_rows[r * dim + d] = Elem(to_float(src[d]));
+  }
+  std::fill(sc.acc.begin(), sc.acc.begin() + rows * dim, 0.f);
+  std::fill(sc.row_max.begin(), sc.row_max.begin() + rows, kNegInf);
+  std::fill(sc.row_sum.begin(), sc.row_sum.begin() + rows * 16, 0.f);
+  const int64_t last = p0 + positions - 1;
+  const int64_t block_begin = first_visible(p0, pb.window) / kKeys, block_end = last / kKeys + 1;
+  const int64_t block_elems = kKeys * dim;
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    const int64_t key0 = b * kKeys;
+    const int64_t used = std::min(kKeys, last + 1 - key0);  // keys any row of the task may see
+    const int64_t slot = req.packed + kvh * req.blocks + b - req.first_block;
+    qk_rows<Layout>(q_rows.data(), k_pack + slot * block_elems, rows, dim, used,
+                    sc.scores.data());
+    const int64_t n_padded = (used + Layout::kKeyStep - 1) / Layout::kKeyStep * Layout::kKeyStep;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t pos = p0 + r / groups;
+      const int64_t j0 = std::max<int64_t>(first_visible(pos, pb.window) - key0, 0);
+      const int64_t j1 = std::min<int64_t>(pos + 1 - key0, used);
+      softmax_step(sc.scores.data() + r * kKeys, j0, std::max(j0, j1), n_padded, pb.scale,
+                   sc.row_max[r], sc.row_sum.data() + r * 16, sc.acc.data() + r * dim, dim,
+                   p.data() + r * kKeys);
+    }
+    pv_all_dims<Layout>(p.data(), v_pack + slot * block_elems, rows, dim, n_padded,
+                        sc.acc.data());
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = req.q_start + p0 - req.prefix + r / groups;
+    T* dst = out + (token * pb.heads + kvh * groups + r % groups) * dim;
+    const float* lanes = sc.row_sum.data() + r * 16;
+    const float inv = 1.f / std::accumulate(lanes, lanes + 16, 0.f);
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(sc.acc[r * dim + d] * inv);
+  }
+}
+
+template <typename Layout, typename T>
+void prefill_impl(Problem& pb, const at::Tensor& q, const at::Tensor& k_buf,
+                  const at::Tensor& v_buf, const at::Tensor& req_to_token, at::Tensor& out) {
+  using Elem = typename Layout::Elem;
+  const int64_t dim = pb.dim, kv_heads = pb.kv_heads, block_elems = kKeys * dim;
+  int64_t total_blocks = 0;
+  std::vector<std::pair<int64_t, int64_t>> packs;  // (request, block)
+  for (int64_t i = 0; i < static_cast<int64_t>(pb.reqs.size()); ++i) {
+    Request& r = pb.reqs[i];
+    r.first_block = first_visible(r.prefix, pb.window) / kKeys;
+    r.blocks = (r.seq_len() + kKeys - 1) / kKeys - r.first_block;
+    r.packed = total_blocks * kv_heads;
+    total_blocks += r.blocks;
+    for (int64_t b = r.first_block; b < r.first_block + r.blocks; ++b) packs.emplace_back(i, b);
+  }
+  // Left uninitialized: packing writes every element, padding included.
+  const std::unique_ptr<Elem[]> k_pack(new Elem[total_blocks * kv_heads * block_elems]);
+  const std::unique_ptr<Elem[]> v_pack(new Elem[total_blocks * kv_heads * block_elems]);
+  const T* k_ptr = k_buf.data_ptr<T>();
+  const T* v_ptr = v_buf.data_ptr<T>();
+  const int64_t* table = req_to_token.data_ptr<int64_t>();
+  const int64_t table_stride = req_to_token.stride(0);
+  run_tasks(static_cast<int64_t>(packs.size()) * kv_heads, [&](int64_t t, int64_t) {
+    const auto [i, b] = packs[t / kv_heads];
+    const int64_t kvh = t % kv_heads;
+    const Request& r = pb.reqs[i];
+    const int64_t key0 = b * kKeys, n = std::min(kKeys, r.seq_len() - key0);
+    const T* keys[kKeys];
+    const T* values[kKeys];
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot = table[r.row * table_stride + key0 + j];
+      keys[j] = k_ptr + slot * k_buf.stride(0) + kvh * k_buf.stride(1);
+      values[j] = v_ptr + slot * v_buf.stride(0) + kvh * v_buf.stride(1);
+    }
+    const int64_t at = r.packed + kvh * r.blocks + b - r.first_block;
+    Layout::pack_k(keys, n, dim, k_pack.get() + at * block_elems);
+    Layout::pack_v(values, n, dim, v_pack.get() + at * block_elems);
+  });
+
+  struct Task {
+    int64_t req, p0, positions, cost;
+  };
+  std::vector<Task> tasks;
+  const int64_t positions = std::max<int64_t>(1, kTaskRows / pb.groups);
+  for (int64_t i = 0; i < static_cast<int64_t>(pb.reqs.size()); ++i) {
+    const Request& r = pb.reqs[i];
+    for (int64_t p0 = r.prefix; p0 < r.seq_len(); p0 += positions) {
+      const int64_t n = std::min(positions, r.seq_len() - p0);
+      tasks.push_back({i, p0, n, p0 + n - first_visible(p0, pb.window)});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(),
+                   [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  const T* q_ptr = q.data_ptr<T>();
+  T* out_ptr = out.data_ptr<T>();
+  const int64_t rows = positions * pb.groups;
+  const int64_t workers = at::get_num_threads();
+  std::vector<Scratch> scratch(workers);
+  std::vector<std::vector<Elem>> q_rows(workers), probs(workers);
+  for (int64_t w = 0; w < workers; ++w) {
+    scratch[w] = {std::vector<float>(rows * kKeys), std::vector<float>(rows * dim),
+                  std::vector<float>(rows), std::vector<float>(rows * 16)};
+    q_rows[w].resize(rows * dim);
+    probs[w].resize(rows * kKeys);
+  }
+  run_tasks(static_cast<int64_t>(tasks.size()) * kv_heads, [&](int64_t t, int64_t w) {
+    const Task& task = tasks[t / kv_heads];
+    attend<Layout, T>(pb, pb.reqs[task.req], t % kv_heads, task.p0, task.positions, q_ptr,
+                      q.stride(0), q.stride(1), k_pack.get(), v_pack.get(), out_ptr,
+                      scratch[w], q_rows[w], probs[w]);
+  });
+}
+
+void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_buf,
+                       const at::Tensor& v_buf, const at::Tensor& req_to_token,
+                       const at::Tensor& rows, const at::Tensor& q_starts,
+                       const at::Tensor& prefix_lens, const at::Tensor& q_lens, double scale,
+                       int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q (T,H,D), kv (S,KVH,D)");
+  TORCH_CHECK(q.stride(2) == 1 && k_buf.stride(2) == 1 && v_buf.stride(2) == 1,
+              "rows of q and KV must be contiguous");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() &&
+                  out.scalar_type() == q.scalar_type(),
+              "out must be a contiguous tensor like q");
+  TORCH_CHECK(q.scalar_type() == k_buf.scalar_type() && q.scalar_type() == v_buf.scalar_type(),
+              "q and the KV pool must share a dtype");
+  TORCH_CHECK(q.size(1) % k_buf.size(1) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(q.size(2) == k_buf.size(2) && q.size(2) == v_buf.size(2), "head dims differ");
+  TORCH_CHECK(q.size(2) % 16 == 0, "head dim must be a multiple of 16");
+  TORCH_CHECK(scale > 0, "the scale must be positive");
+  for (const at::Tensor* t : {&req_to_token, &rows, &q_starts, &prefix_lens, &q_lens})
+    TORCH_CHECK(t->scalar_type() == at::kLong, "index tensors must be int64");
+  TORCH_CHECK(req_to_token.stride(1) == 1, "req_to_token rows must be contiguous");
+  const int64_t batch = rows.numel();
+  TORCH_CHECK(q_starts.numel() == batch && prefix_lens.numel() == batch && q_lens.numel() == batch,
+              "one row, q start, prefix and q length per request");
+  auto rows_c = rows.contiguous(), starts_c = q_starts.contiguous();
+  auto prefix_c = prefix_lens.contiguous(), lens_c = q_lens.contiguous();
+  Problem pb;
+  pb.heads = q.size(1), pb.kv_heads = k_buf.size(1), pb.groups = pb.heads / pb.kv_heads;
+  pb.dim = q.size(2), pb.window = window, pb.scale = static_cast<float>(scale);
+  for (int64_t i = 0; i < batch; ++i) {
+    Request r{rows_c.data_ptr<int64_t>()[i], starts_c.data_ptr<int64_t>()[i],
+              prefix_c.data_ptr<int64_t>()[i], lens_c.data_ptr<int64_t>()[i], 0, 0, 0};
+    TORCH_CHECK(r.prefix >= 0 && r.q_start >= 0 && r.q_start + r.q_len <= q.size(0) &&
+                    r.seq_len() <= req_to_token.size(1),
+                "a request's queries or keys are out of range");
+    if (r.q_len > 0) pb.reqs.push_back(r);
+  }
+  if (q.scalar_type() == at::kFloat) {
+    prefill_impl<FloatLayout, float>(pb, q, k_buf, v_buf, req_to_token, out);
+  } else if (q.scalar_type() == at::kBFloat16) {
+#ifdef SGLANG_AVX512_BF16
+    prefill_impl<PairLayout, c10::BFloat16>(pb, q, k_buf, v_buf, req_to_token, out);
+#else
+    prefill_impl<FloatLayout, c10::BFloat16>(pb, q, k_buf, v_buf, req_to_token, out);
+#endif
+  } else {
+    TORCH_CHECK(false, "prefill_attention takes float32 or bfloat16");
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("prefill_attention", &prefill_attention,
+        "Causal prefill attention of a batch of requests over the paged KV pool, into out");
+}

@@ -1,0 +1,204 @@
+// Tiles of the prefill attention kernel (prefill_attention.cpp): the packed K/V block layouts,
+// their packing, and the micro-kernels that compute a tile of scores (Q.K^T) and accumulate a
+// tile of P.V, plus a vector exp for the softmax. One layout per storage and ISA:
+// - FloatLayout: float32 blocks, K as [dim][kKeys] and V as [kKeys][dim]; AVX-512F micro-kernels
+//   where present (SGLANG_AVX512), portable loops elsewhere.
+// - PairLayout (bfloat16 with AVX512-BF16): K as [dim/2][kKeys][2] and V as [kKeys/2][dim][2],
+//   pairs for vdpbf16ps (16 key scores, or 16 output dims, per instruction).
+// Micro-kernels take R query rows (R <= kRowTile) at once; scores and P rows are kKeys apart.
+
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(__AVX512F__) && !defined(SGLANG_PORTABLE_KERNELS)
+#include <immintrin.h>
+#define SGLANG_AVX512 1
+#if defined(__AVX512BF16__)
+#define SGLANG_AVX512_BF16 1
+#endif
+#endif
+
+namespace prefill_tiles {
+
+constexpr int64_t kKeys = 128;    // keys per packed block (one online-softmax step)
+constexpr int64_t kKeyTile = 64;  // keys per score micro-kernel call (4 vectors of 16)
+constexpr int kRowTile = 4;       // query rows per micro-kernel call
+constexpr int kDimTile = 4;       // 16-wide output vectors per P.V micro-kernel call
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+
+// ---- exp of a float vector (softmax) ----
+#ifdef SGLANG_AVX512
+inline __m512 exp512(__m512 x) {
+  // 2^(x log2 e) = 2^n 2^f, |f| <= 1/2; degree-6 Taylor of 2^f: relative error < 2e-7.
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+#ifdef SGLANG_AVX512
+// Keeps a loaded vector in a register: without this the compiler folds the load into each FMA
+// that uses it, one load per FMA, and the float32 micro-kernels become load-bound.
+inline void in_register(__m512& x) { asm("" : "+v"(x)); }
+#endif
+
+// ---- float32 blocks: K [dim][kKeys], V [kKeys][dim] ----
+struct FloatLayout {
+  using Elem = float;
+  static constexpr int64_t kKeyStep = 1;  // P.V consumes keys one at a time
+
+  template <typename T>
+  static void pack_k(const T* const* keys, int64_t n, int64_t dim, float* dst) {
+    for (int64_t d = 0; d < dim; ++d)
+      for (int64_t j = 0; j < kKeys; ++j) dst[d * kKeys + j] = j < n ? to_float(keys[j][d]) : 0.f;
+  }
+  template <typename T>
+  static void pack_v(const T* const* values, int64_t n, int64_t dim, float* dst) {
+    for (int64_t j = 0; j < kKeys; ++j)
+      for (int64_t d = 0; d < dim; ++d) dst[j * dim + d] = j < n ? to_float(values[j][d]) : 0.f;
+  }
+
+  // scores[r][h + j] = q[r] . k[h + j] for rows [0, R) and the kKeyTile keys from h on
+  template <int R>
+  static void qk(const float* q, const float* k, int64_t dim, int64_t h, float* scores) {
+#ifdef SGLANG_AVX512
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; ++d) {
+      __m512 kv[4];
+      for (int v = 0; v < 4; ++v) {
+        kv[v] = _mm512_loadu_ps(k + d * kKeys + h + 16 * v);
+        in_register(kv[v]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 b = _mm512_set1_ps(q[r * dim + d]);
+        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(b, kv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
+#else
+    for (int r = 0; r < R; ++r) {
+      float* row = scores + r * kKeys + h;
+      for (int64_t j = 0; j < kKeyTile; ++j) row[j] = 0.f;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float b = q[r * dim + d];
+        for (int64_t j = 0; j < kKeyTile; ++j) row[j] += b * k[d * kKeys + h + j];
+      }
+    }
+#endif
+  }
+
+  // acc[r][d0 : d0 + 16 NV] += sum_j p[r][j] v[j][d0 : ...] over keys [0, n)
+  template <int R, int NV>
+  static void pv(const float* p, const float* v, int64_t dim, int64_t n, int64_t d0, float* acc) {
+#ifdef SGLANG_AVX512
+    __m512 a[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) a[r][c] = _mm512_loadu_ps(acc + r * dim + d0 + 16 * c);
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 vv[NV];
+      for (int c = 0; c < NV; ++c) {
+        vv[c] = _mm512_loadu_ps(v + j * dim + d0 + 16 * c);
+        in_register(vv[c]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 b = _mm512_set1_ps(p[r * kKeys + j]);
+        for (int c = 0; c < NV; ++c) a[r][c] = _mm512_fmadd_ps(b, vv[c], a[r][c]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * dim + d0 + 16 * c, a[r][c]);
+#else
+    for (int r = 0; r < R; ++r)
+      for (int64_t j = 0; j < n; ++j) {
+        const float b = p[r * kKeys + j];
+        float* out = acc + r * dim + d0;
+        for (int64_t d = 0; d < 16 * NV; ++d) out[d] += b * v[j * dim + d0 + d];
+      }
+#endif
+  }
+};
+
+// ---- bfloat16 pairs for vdpbf16ps: K [dim/2][kKeys][2], V [kKeys/2][dim][2] ----
+#ifdef SGLANG_AVX512_BF16
+struct PairLayout {
+  using Elem = c10::BFloat16;
+  static constexpr int64_t kKeyStep = 2;  // P.V consumes keys in pairs
+
+  static void pack_k(const c10::BFloat16* const* keys, int64_t n, int64_t dim, Elem* dst) {
+    for (int64_t d = 0; d < dim; d += 2)
+      for (int64_t j = 0; j < kKeys; ++j) {
+        Elem* pair = dst + (d / 2 * kKeys + j) * 2;
+        pair[0] = j < n ? keys[j][d] : Elem(0.f);
+        pair[1] = j < n ? keys[j][d + 1] : Elem(0.f);
+      }
+  }
+  static void pack_v(const c10::BFloat16* const* values, int64_t n, int64_t dim, Elem* dst) {
+    for (int64_t j = 0; j < kKeys; ++j)
+      for (int64_t d = 0; d < dim; ++d)
+        dst[(j / 2 * dim + d) * 2 + j % 2] = j < n ? values[j][d] : Elem(0.f);
+  }
+
+  static __m512i pair_at(const Elem* p) {
+    int32_t bits;
+    std::memcpy(&bits, p, sizeof(bits));
+    return _mm512_set1_epi32(bits);
+  }
+
+  template <int R>
+  static void qk(const Elem* q, const Elem* k, int64_t dim, int64_t h, float* scores) {
+    __m512 acc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 2) {
+      __m512bh kv[4];
+      for (int v = 0; v < 4; ++v)
+        kv[v] = (__m512bh)_mm512_loadu_si512(k + (d / 2 * kKeys + h + 16 * v) * 2);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh b = (__m512bh)pair_at(q + r * dim + d);
+        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kv[v], b);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
+  }
+
+  template <int R, int NV>
+  static void pv(const Elem* p, const Elem* v, int64_t dim, int64_t n, int64_t d0, float* acc) {
+    __m512 a[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) a[r][c] = _mm512_loadu_ps(acc + r * dim + d0 + 16 * c);
+    for (int64_t j = 0; j < n; j += 2) {
+      __m512bh vv[NV];
+      for (int c = 0; c < NV; ++c)
+        vv[c] = (__m512bh)_mm512_loadu_si512(v + (j / 2 * dim + d0 + 16 * c) * 2);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh b = (__m512bh)pair_at(p + r * kKeys + j);
+        for (int c = 0; c < NV; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], vv[c], b);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * dim + d0 + 16 * c, a[r][c]);
+  }
+};
+#endif
+
+}  // namespace prefill_tiles
