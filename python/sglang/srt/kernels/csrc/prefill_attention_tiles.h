@@ -1,6 +1,7 @@
 // Tiles of the prefill attention kernel (prefill_attention.cpp): the packed K/V block layouts,
-// their packing, and the micro-kernels that compute a tile of scores (Q.K^T) and accumulate a
-// tile of P.V, plus a vector exp for the softmax. One layout per storage and ISA:
+// their packing, the micro-kernels that compute a tile of scores (Q.K^T) and accumulate a tile
+// of P.V, and the online-softmax step between them (with a vector exp). One layout per storage
+// and ISA:
 // - FloatLayout: float32 blocks, K as [dim][kKeys] and V as [kKeys][dim]; AVX-512F micro-kernels
 //   where present (SGLANG_AVX512), portable loops elsewhere.
 // - PairLayout (bfloat16 with AVX512-BF16): K as [dim/2][kKeys][2] and V as [kKeys/2][dim][2],
@@ -11,9 +12,12 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #if defined(__AVX512F__) && !defined(SGLANG_PORTABLE_KERNELS)
 #include <immintrin.h>
@@ -200,5 +204,64 @@ struct PairLayout {
   }
 };
 #endif
+
+// Scaled, masked scores of one row -> P (rounded to Elem) for keys [0, n_padded); updates the
+// row's running max and its sum (kept as 16 partial sums) and rescales its accumulator. Keys
+// outside [j0, j1) get P = 0. The sum is of the weights before rounding to Elem, so rounding
+// perturbs each normalized weight by at most Elem's unit roundoff.
+template <typename Elem>
+void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, float scale,
+                  float& row_max, float* sum_lanes, float* acc, int64_t dim, Elem* p) {
+  if (j0 >= j1) {  // no key of this block is visible to the row
+    std::fill(p, p + n_padded, Elem(0.f));
+    return;
+  }
+  int64_t j = 0;
+#ifdef SGLANG_AVX512
+  const bool all_valid = j0 == 0 && j1 == n_padded;  // the common case: no mask to build
+  auto valid = [&](int64_t at) -> __mmask16 {
+    if (all_valid) return 0xFFFF;
+    const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - at, 0, 16));
+    const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - at, 0, 16));
+    return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+  };
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+  for (int64_t at = j0 / 16 * 16; at < j1; at += 16)
+    vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
+  const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax) * scale);
+#else
+  float block_max = kNegInf;
+  for (int64_t at = j0; at < j1; ++at) block_max = std::max(block_max, s[at]);
+  const float new_max = std::max(row_max, block_max * scale);
+#endif
+  const float alpha = row_max == new_max ? 1.f : std::exp(row_max - new_max);  // 0 at first
+#ifdef SGLANG_AVX512
+  const __m512 vscale = _mm512_set1_ps(scale), shift = _mm512_set1_ps(new_max);
+  __m512 vsum = _mm512_mul_ps(_mm512_loadu_ps(sum_lanes), _mm512_set1_ps(alpha));
+  for (; j + 16 <= n_padded; j += 16) {
+    const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift);
+    const __m512 e = _mm512_maskz_mov_ps(valid(j), exp512(x));
+    if constexpr (std::is_same_v<Elem, float>) {
+      _mm512_storeu_ps(p + j, e);
+    } else {
+#ifdef SGLANG_AVX512_BF16
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+#endif
+    }
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  _mm512_storeu_ps(sum_lanes, vsum);
+#else
+  for (int l = 0; l < 16; ++l) sum_lanes[l] *= alpha;
+#endif
+  for (; j < n_padded; ++j) {
+    const float e = j >= j0 && j < j1 ? std::exp(s[j] * scale - new_max) : 0.f;
+    p[j] = Elem(e);
+    sum_lanes[j % 16] += e;
+  }
+  row_max = new_max;
+  if (alpha != 1.f)
+    for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+}
 
 }  // namespace prefill_tiles
