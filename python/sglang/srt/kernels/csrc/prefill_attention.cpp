@@ -40,13 +40,18 @@ namespace {
 using namespace prefill_tiles;
 
 constexpr int64_t kTaskRows = 32;  // query rows (positions x heads of a KV group) per task
+// Bidirectional requests of at most this many keys are one task per KV head, which packs the
+// K/V blocks into its worker's scratch and attends all their queries: for many short segments
+// (vision windows) this beats shared buffers, whose first touch costs more than the attention.
+constexpr int64_t kLocalKeys = 2 * kKeys;
 
 // ---- the batch ----
 struct Request {
   int64_t row, q_start, prefix, q_len;
   int64_t first_block;  // first key block any of its queries sees (sliding window)
   int64_t blocks;       // packed key blocks from first_block on
-  int64_t packed;       // index of its first packed block (KV head 0)
+  int64_t packed;       // index of its first packed block (KV head 0) in the shared buffers
+  bool packs_locally = false;  // short and bidirectional: each task packs its own K/V
   int64_t seq_len() const { return prefix + q_len; }
 };
 
@@ -136,22 +141,31 @@ void pv_all_dims(const typename Layout::Elem* p, const typename Layout::Elem* v,
   }
 }
 
+// A worker's buffers, reused across its tasks.
+template <typename Elem>
 struct Scratch {
   std::vector<float> scores, acc, row_max, row_sum;  // row_sum: 16 partial sums per row
+  std::vector<Elem> q_rows, p, k_local, v_local;     // k/v_local: blocks packed by a task
+
+  Scratch(int64_t rows, int64_t dim)
+      : scores(rows * kKeys), acc(rows * dim), row_max(rows), row_sum(rows * 16),
+        q_rows(rows * dim), p(rows * kKeys), k_local(kLocalKeys * dim), v_local(kLocalKeys * dim) {}
 };
 
-// One task: query positions [p0, p0 + positions) of request `req`, all heads of KV head `kvh`.
+// Query positions [p0, p0 + positions) of request `req`, all heads of KV head `kvh`, whose key
+// blocks from req.first_block on are packed at k_blocks and v_blocks.
 template <typename Layout, typename T>
 void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int64_t positions,
-            const Operands<T>& ops, const typename Layout::Elem* k_pack,
-            const typename Layout::Elem* v_pack, Scratch& sc,
-            std::vector<typename Layout::Elem>& q_rows, std::vector<typename Layout::Elem>& p) {
+            const Operands<T>& ops, const typename Layout::Elem* k_blocks,
+            const typename Layout::Elem* v_blocks, Scratch<typename Layout::Elem>& sc) {
   using Elem = typename Layout::Elem;
+  auto& q_rows = sc.q_rows;
+  auto& p = sc.p;
   const int64_t dim = pb.dim, groups = pb.groups, rows = positions * groups;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t token = req.q_start + p0 - req.prefix + r / groups;
     const T* src = ops.q + token * ops.q_stride0 + (kvh * groups + r % groups) * ops.q_stride1;
-    for (int64_t d = 0; d < dim; ++d) q_rows[r * dim + d] = Elem(to_float(src[d]));
+    copy_row(src, dim, q_rows.data() + r * dim);
   }
   std::fill(sc.acc.begin(), sc.acc.begin() + rows * dim, 0.f);
   std::fill(sc.row_max.begin(), sc.row_max.begin() + rows, kNegInf);
@@ -162,8 +176,8 @@ void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int6
   for (int64_t b = block_begin; b < block_end; ++b) {
     const int64_t key0 = b * kKeys;
     const int64_t used = std::min(kKeys, keys_end - key0);  // keys any row of the task may see
-    const int64_t slot = req.packed + kvh * req.blocks + b - req.first_block;
-    qk_rows<Layout>(q_rows.data(), k_pack + slot * block_elems, rows, dim, used,
+    const int64_t slot = b - req.first_block;
+    qk_rows<Layout>(q_rows.data(), k_blocks + slot * block_elems, rows, dim, used,
                     sc.scores.data());
     const int64_t n_padded = (used + Layout::kKeyStep - 1) / Layout::kKeyStep * Layout::kKeyStep;
     for (int64_t r = 0; r < rows; ++r) {
@@ -174,7 +188,7 @@ void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int6
                    sc.row_max[r], sc.row_sum.data() + r * 16, sc.acc.data() + r * dim, dim,
                    p.data() + r * kKeys);
     }
-    pv_all_dims<Layout>(p.data(), v_pack + slot * block_elems, rows, dim, n_padded,
+    pv_all_dims<Layout>(p.data(), v_blocks + slot * block_elems, rows, dim, n_padded,
                         sc.acc.data());
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -182,33 +196,17 @@ void attend(const Problem& pb, const Request& req, int64_t kvh, int64_t p0, int6
     T* dst = ops.out + (token * pb.heads + kvh * groups + r % groups) * dim;
     const float* lanes = sc.row_sum.data() + r * 16;
     const float inv = 1.f / std::accumulate(lanes, lanes + 16, 0.f);
-    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(sc.acc[r * dim + d] * inv);
+    store_scaled(sc.acc.data() + r * dim, inv, dim, dst);
   }
 }
 
-// Both phases for the requests of pb; key_row(request, j) is the row of k and v that holds the
-// request's key at sequence position j.
+// Packs key blocks [b_begin, b_end) of request r, KV head kvh, from block b_begin on at k_dst
+// and v_dst; key_row(r, j) is the row of k and v that holds its key at sequence position j.
 template <typename Layout, typename T, typename KeyRow>
-void attention_impl(Problem& pb, const Operands<T>& ops, const KeyRow& key_row) {
-  using Elem = typename Layout::Elem;
-  const int64_t dim = pb.dim, kv_heads = pb.kv_heads, block_elems = kKeys * dim;
-  int64_t total_blocks = 0;
-  std::vector<std::pair<int64_t, int64_t>> packs;  // (request, block)
-  for (int64_t i = 0; i < static_cast<int64_t>(pb.reqs.size()); ++i) {
-    Request& r = pb.reqs[i];
-    r.first_block = first_visible(r.prefix, pb.window) / kKeys;
-    r.blocks = (r.seq_len() + kKeys - 1) / kKeys - r.first_block;
-    r.packed = total_blocks * kv_heads;
-    total_blocks += r.blocks;
-    for (int64_t b = r.first_block; b < r.first_block + r.blocks; ++b) packs.emplace_back(i, b);
-  }
-  // Left uninitialized: packing writes every element, padding included.
-  const std::unique_ptr<Elem[]> k_pack(new Elem[total_blocks * kv_heads * block_elems]);
-  const std::unique_ptr<Elem[]> v_pack(new Elem[total_blocks * kv_heads * block_elems]);
-  run_tasks(static_cast<int64_t>(packs.size()) * kv_heads, [&](int64_t t, int64_t) {
-    const auto [i, b] = packs[t / kv_heads];
-    const int64_t kvh = t % kv_heads;
-    const Request& r = pb.reqs[i];
+void pack_blocks(const Request& r, int64_t kvh, int64_t b_begin, int64_t b_end, int64_t dim,
+                 const Operands<T>& ops, const KeyRow& key_row, typename Layout::Elem* k_dst,
+                 typename Layout::Elem* v_dst) {
+  for (int64_t b = b_begin; b < b_end; ++b) {
     const int64_t key0 = b * kKeys, n = std::min(kKeys, r.seq_len() - key0);
     const T* keys[kKeys];
     const T* values[kKeys];
@@ -217,9 +215,44 @@ void attention_impl(Problem& pb, const Operands<T>& ops, const KeyRow& key_row) 
       keys[j] = ops.k + row * ops.k_stride0 + kvh * ops.k_stride1;
       values[j] = ops.v + row * ops.v_stride0 + kvh * ops.v_stride1;
     }
-    const int64_t at = r.packed + kvh * r.blocks + b - r.first_block;
-    Layout::pack_k(keys, n, dim, k_pack.get() + at * block_elems);
-    Layout::pack_v(values, n, dim, v_pack.get() + at * block_elems);
+    for (int64_t j = 0; j < n; ++j)  // scattered rows: V's loads start while K is packed
+      for (int64_t at = 0; at < dim * static_cast<int64_t>(sizeof(T)); at += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(values[j]) + at);
+    Layout::pack_k(keys, n, dim, k_dst + (b - b_begin) * kKeys * dim);
+    Layout::pack_v(values, n, dim, v_dst + (b - b_begin) * kKeys * dim);
+  }
+}
+
+// Both phases for the requests of pb (see pack_blocks for key_row).
+template <typename Layout, typename T, typename KeyRow>
+void attention_impl(Problem& pb, const Operands<T>& ops, const KeyRow& key_row) {
+  using Elem = typename Layout::Elem;
+  const int64_t dim = pb.dim, kv_heads = pb.kv_heads, block_elems = kKeys * dim;
+  int64_t total_blocks = 0;
+  std::vector<std::pair<int64_t, int64_t>> packs;  // (request, block) in the shared buffers
+  for (int64_t i = 0; i < static_cast<int64_t>(pb.reqs.size()); ++i) {
+    Request& r = pb.reqs[i];
+    r.first_block = first_visible(r.prefix, pb.window) / kKeys;
+    r.blocks = (r.seq_len() + kKeys - 1) / kKeys - r.first_block;
+    r.packs_locally = !pb.causal && r.seq_len() <= kLocalKeys;
+    if (r.packs_locally) continue;
+    r.packed = total_blocks * kv_heads;
+    total_blocks += r.blocks;
+    for (int64_t b = r.first_block; b < r.first_block + r.blocks; ++b) packs.emplace_back(i, b);
+  }
+  // Left uninitialized: packing writes every element the micro-kernels read (packed_keys).
+  const std::unique_ptr<Elem[]> k_pack(new Elem[total_blocks * kv_heads * block_elems]);
+  const std::unique_ptr<Elem[]> v_pack(new Elem[total_blocks * kv_heads * block_elems]);
+  auto shared_blocks = [&](const Request& r, int64_t kvh) {
+    return (r.packed + kvh * r.blocks) * block_elems;
+  };
+  run_tasks(static_cast<int64_t>(packs.size()) * kv_heads, [&](int64_t t, int64_t) {
+    const auto [i, b] = packs[t / kv_heads];
+    const int64_t kvh = t % kv_heads;
+    const Request& r = pb.reqs[i];
+    const int64_t at = shared_blocks(r, kvh) + (b - r.first_block) * block_elems;
+    pack_blocks<Layout>(r, kvh, b, b + 1, dim, ops, key_row, k_pack.get() + at,
+                        v_pack.get() + at);
   });
 
   struct Task {
@@ -229,28 +262,34 @@ void attention_impl(Problem& pb, const Operands<T>& ops, const KeyRow& key_row) 
   const int64_t positions = std::max<int64_t>(1, kTaskRows / pb.groups);
   for (int64_t i = 0; i < static_cast<int64_t>(pb.reqs.size()); ++i) {
     const Request& r = pb.reqs[i];
-    for (int64_t p0 = r.prefix; p0 < r.seq_len(); p0 += positions) {
-      const int64_t n = std::min(positions, r.seq_len() - p0);
+    const int64_t step = r.packs_locally ? r.q_len : positions;
+    for (int64_t p0 = r.prefix; p0 < r.seq_len(); p0 += step) {
+      const int64_t n = std::min(step, r.seq_len() - p0);
       const int64_t keys = key_end(pb, r, p0 + n - 1) - first_visible(p0, pb.window);
       tasks.push_back({i, p0, n, keys * n});
     }
   }
   std::stable_sort(tasks.begin(), tasks.end(),
                    [](const Task& a, const Task& b) { return a.cost > b.cost; });
-  const int64_t rows = positions * pb.groups;
-  const int64_t workers = at::get_num_threads();
-  std::vector<Scratch> scratch(workers);
-  std::vector<std::vector<Elem>> q_rows(workers), probs(workers);
-  for (int64_t w = 0; w < workers; ++w) {
-    scratch[w] = {std::vector<float>(rows * kKeys), std::vector<float>(rows * dim),
-                  std::vector<float>(rows), std::vector<float>(rows * 16)};
-    q_rows[w].resize(rows * dim);
-    probs[w].resize(rows * kKeys);
-  }
+  std::vector<Scratch<Elem>> scratch;
+  for (int64_t w = 0; w < at::get_num_threads(); ++w)
+    scratch.emplace_back(positions * pb.groups, dim);
   run_tasks(static_cast<int64_t>(tasks.size()) * kv_heads, [&](int64_t t, int64_t w) {
     const Task& task = tasks[t / kv_heads];
-    attend<Layout, T>(pb, pb.reqs[task.req], t % kv_heads, task.p0, task.positions, ops,
-                      k_pack.get(), v_pack.get(), scratch[w], q_rows[w], probs[w]);
+    const Request& r = pb.reqs[task.req];
+    const int64_t kvh = t % kv_heads;
+    Scratch<Elem>& sc = scratch[w];
+    const Elem* k_blocks = k_pack.get() + shared_blocks(r, kvh);
+    const Elem* v_blocks = v_pack.get() + shared_blocks(r, kvh);
+    if (r.packs_locally) {
+      pack_blocks<Layout>(r, kvh, r.first_block, r.first_block + r.blocks, dim, ops, key_row,
+                          sc.k_local.data(), sc.v_local.data());
+      k_blocks = sc.k_local.data(), v_blocks = sc.v_local.data();
+    }
+    const int64_t end = task.p0 + task.positions;
+    for (int64_t p0 = task.p0; p0 < end; p0 += positions)
+      attend<Layout, T>(pb, r, kvh, p0, std::min(positions, end - p0), ops, k_blocks, v_blocks,
+                        sc);
   });
 }
 

@@ -35,6 +35,12 @@ constexpr int kRowTile = 4;       // query rows per micro-kernel call
 constexpr int kDimTile = 4;       // 16-wide output vectors per P.V micro-kernel call
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Keys of a block of n that the micro-kernels read: whole kKeyTile tiles (packing zero-pads n up
+// to there and leaves the rest of the block unwritten).
+inline int64_t packed_keys(int64_t n) {
+  return std::min(kKeys, (n + kKeyTile - 1) / kKeyTile * kKeyTile);
+}
+
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 
@@ -56,6 +62,37 @@ inline __m512 exp512(__m512 x) {
 }
 #endif
 
+// dst[0, n) = src[0, n) in dst's type (a plain copy where the types agree).
+template <typename T, typename Elem>
+inline void copy_row(const T* src, int64_t n, Elem* dst) {
+  if constexpr (std::is_same_v<T, Elem>) {
+    std::memcpy(dst, src, n * sizeof(T));
+  } else {
+    for (int64_t d = 0; d < n; ++d) dst[d] = Elem(to_float(src[d]));
+  }
+}
+
+// dst[0, n) = acc[0, n) * scale rounded to T (n a multiple of 16).
+template <typename T>
+inline void store_scaled(const float* acc, float scale, int64_t n, T* dst) {
+  int64_t d = 0;
+#ifdef SGLANG_AVX512
+  for (; d + 16 <= n; d += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(scale));
+    if constexpr (std::is_same_v<T, float>) {
+      _mm512_storeu_ps(dst + d, x);
+    } else {
+#ifdef SGLANG_AVX512_BF16
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), (__m256i)_mm512_cvtneps_pbh(x));
+#else
+      break;
+#endif
+    }
+  }
+#endif
+  for (; d < n; ++d) dst[d] = static_cast<T>(acc[d] * scale);
+}
+
 #ifdef SGLANG_AVX512
 // Keeps a loaded vector in a register: without this the compiler folds the load into each FMA
 // that uses it, one load per FMA, and the float32 micro-kernels become load-bound.
@@ -69,13 +106,15 @@ struct FloatLayout {
 
   template <typename T>
   static void pack_k(const T* const* keys, int64_t n, int64_t dim, float* dst) {
-    for (int64_t d = 0; d < dim; ++d)
-      for (int64_t j = 0; j < kKeys; ++j) dst[d * kKeys + j] = j < n ? to_float(keys[j][d]) : 0.f;
+    for (int64_t d = 0; d < dim; ++d) {  // dims outer: the loads of all keys overlap
+      for (int64_t j = 0; j < n; ++j) dst[d * kKeys + j] = to_float(keys[j][d]);
+      std::fill(dst + d * kKeys + n, dst + d * kKeys + packed_keys(n), 0.f);
+    }
   }
   template <typename T>
   static void pack_v(const T* const* values, int64_t n, int64_t dim, float* dst) {
-    for (int64_t j = 0; j < kKeys; ++j)
-      for (int64_t d = 0; d < dim; ++d) dst[j * dim + d] = j < n ? to_float(values[j][d]) : 0.f;
+    for (int64_t j = 0; j < n; ++j) copy_row(values[j], dim, dst + j * dim);
+    std::fill(dst + n * dim, dst + packed_keys(n) * dim, 0.f);
   }
 
   // scores[r][h + j] = q[r] . k[h + j] for rows [0, R) and the kKeyTile keys from h on
@@ -147,18 +186,26 @@ struct PairLayout {
   using Elem = c10::BFloat16;
   static constexpr int64_t kKeyStep = 2;  // P.V consumes keys in pairs
 
-  static void pack_k(const c10::BFloat16* const* keys, int64_t n, int64_t dim, Elem* dst) {
-    for (int64_t d = 0; d < dim; d += 2)
-      for (int64_t j = 0; j < kKeys; ++j) {
-        Elem* pair = dst + (d / 2 * kKeys + j) * 2;
-        pair[0] = j < n ? keys[j][d] : Elem(0.f);
-        pair[1] = j < n ? keys[j][d + 1] : Elem(0.f);
-      }
+  // K: the 32-bit (dim pair) words of each key, transposed to [dim/2][kKeys].
+  static void pack_k(const Elem* const* keys, int64_t n, int64_t dim, Elem* dst) {
+    for (int64_t d = 0; d < dim; d += 2) {  // dims outer: the loads of all keys overlap
+      Elem* word_row = dst + d / 2 * kKeys * 2;
+      for (int64_t j = 0; j < n; ++j) std::memcpy(word_row + 2 * j, keys[j] + d, 2 * sizeof(Elem));
+      std::fill(word_row + 2 * n, word_row + 2 * packed_keys(n), Elem(0.f));
+    }
   }
-  static void pack_v(const c10::BFloat16* const* values, int64_t n, int64_t dim, Elem* dst) {
-    for (int64_t j = 0; j < kKeys; ++j)
-      for (int64_t d = 0; d < dim; ++d)
-        dst[(j / 2 * dim + d) * 2 + j % 2] = j < n ? values[j][d] : Elem(0.f);
+  // V: rows j and j + 1 interleaved, 16 dims at a time (dim is a multiple of 16).
+  static void pack_v(const Elem* const* values, int64_t n, int64_t dim, Elem* dst) {
+    auto row16 = [&](int64_t j, int64_t d) {
+      const __m256i x = j < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values[j] + d))
+                              : _mm256_setzero_si256();
+      return _mm512_cvtepu16_epi32(x);
+    };
+    for (int64_t j = 0; j < packed_keys(n); j += 2)
+      for (int64_t d = 0; d < dim; d += 16) {
+        const __m512i pairs = _mm512_or_si512(row16(j, d), _mm512_slli_epi32(row16(j + 1, d), 16));
+        _mm512_storeu_si512(dst + (j / 2 * dim + d) * 2, pairs);
+      }
   }
 
   static __m512i pair_at(const Elem* p) {
