@@ -114,3 +114,14 @@ def test_kernel_checks_its_inputs() -> None:
     with pytest.raises(RuntimeError, match="multiple of 16"):
         narrow = q[..., :8].contiguous()
         KERNEL.varlen_attention(narrow.clone(), narrow, narrow, narrow, torch.tensor([0, 9]), 1.0)
+
+
+@needs_kernel
+def test_benchmark_smoke(tmp_path) -> None:
+    from benchmark.vision_attention import main
+
+    out = tmp_path / "vision_attention"
+    result = main(["--heads", "2", "--dim", "72", "--layouts", "64x3,100", "--repeats", "1",
+                   "--out", str(out)])  # fmt: skip
+    assert len(result["rows"]) == 4 and all(r["kernel_gflops"] > 0 for r in result["rows"])
+    assert out.with_suffix(".md").exists() and out.with_suffix(".json").exists()
