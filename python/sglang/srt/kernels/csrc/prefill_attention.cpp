@@ -132,8 +132,11 @@ void qk_rows(const typename Layout::Elem* q, const typename Layout::Elem* k, int
 template <typename Layout>
 void pv_all_dims(const typename Layout::Elem* p, const typename Layout::Elem* v, int64_t rows,
                  int64_t dim, int64_t n, float* acc) {
-  for (int64_t d0 = 0; d0 < dim; d0 += 16 * kDimTile) {
-    const int64_t vectors = std::min<int64_t>(kDimTile, (dim - d0) / 16);
+  for (int64_t d0 = 0, vectors; d0 < dim; d0 += 16 * vectors) {
+    // 5 vectors left (head dim 80, the Qwen-VL towers'): one pass of 5, not 4 and then 1
+    const int64_t left = (dim - d0) / 16;
+    vectors = left == 5 ? 5 : std::min<int64_t>(kDimTile, left);
+    if (vectors == 5) pv_rows<Layout, 5>(p, v, rows, dim, n, d0, acc);
     if (vectors == 4) pv_rows<Layout, 4>(p, v, rows, dim, n, d0, acc);
     if (vectors == 3) pv_rows<Layout, 3>(p, v, rows, dim, n, d0, acc);
     if (vectors == 2) pv_rows<Layout, 2>(p, v, rows, dim, n, d0, acc);
