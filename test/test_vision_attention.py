@@ -1,8 +1,9 @@
 """The vision towers' segment attention on the native kernel (``varlen_attention`` in
 ``kernels/csrc/prefill_attention.cpp``, called by ``fast_vision.varlen_vision_attention``)
 against a float64 softmax reference on random layouts: 1-5 segments of 1-300 tokens (empty ones
-too), 1-4 heads, head dims 64/80/128 and 72 (zero-padded to 80 on the way in), q/k/v as HF's
-towers hand them over or as plain (1, heads, N, dim) tensors; float32 and bfloat16.
+too), 1-4 heads, head dims 64/80/128 and 72 (bfloat16: zero-padded to 80 on the way in;
+float32: torch's path), q/k/v as HF's towers hand them over or as plain (1, heads, N, dim)
+tensors; float32 and bfloat16.
 
 Bounds, as for the causal kernel (``test/test_prefill_attention.py``): float32 differs from the
 reference by float32 rounding only, 1e-4 of max|v|; bfloat16 rounds each softmax weight to
@@ -88,7 +89,7 @@ class _Refusing:
         raise AssertionError("the kernel was called")
 
 
-def test_other_dtypes_and_dropout_keep_the_torch_path() -> None:
+def test_other_dtypes_padded_float32_and_dropout_keep_the_torch_path() -> None:
     gen = torch.Generator().manual_seed(0)
     cu = torch.tensor([0, 3, 10])
     q, k, v = random_qkv(gen, 10, 2, 16, torch.float16, True)
@@ -96,6 +97,10 @@ def test_other_dtypes_and_dropout_keep_the_torch_path() -> None:
     out, _ = fast_vision.varlen_vision_attention(module, q, k, v, None, 0.25, cu_seq_lens_q=cu)
     torch.testing.assert_close(out[0].double(), reference(q, k, v, [0, 3, 10], 0.25), atol=2e-3,
                                rtol=2e-3)  # fmt: skip
+    q, k, v = random_qkv(gen, 10, 2, 24, torch.float32, True)
+    out, _ = fast_vision.varlen_vision_attention(module, q, k, v, None, 0.25, cu_seq_lens_q=cu)
+    want = reference(q, k, v, [0, 3, 10], 0.25)
+    torch.testing.assert_close(out[0].double(), want, atol=1e-5, rtol=1e-5)
     q, k, v = random_qkv(gen, 10, 2, 16, torch.float32, True)
     torch.manual_seed(0)
     fast_vision.varlen_vision_attention(module, q, k, v, None, 0.25, 0.5, cu_seq_lens_q=cu)
