@@ -4,7 +4,8 @@
 //
 // Two phases, each spread over threads by a shared counter (costliest tasks first):
 // 1. Pack: per (request, KV head, block of kKeys keys), the scattered K/V rows are copied once
-//    into contiguous blocks in the layout the dot products want (zero-padded to kKeys keys).
+//    into contiguous blocks in the layout the dot products want (zero-padded to whole key
+//    tiles, packed_keys).
 // 2. Attend: per (request, KV head, block of query positions), the rows of all query heads of
 //    the KV group (GQA: K/V read once for all of them) take flash-style passes over the key
 //    blocks they may see: scores, online softmax in float32 (running max and sum), P.V
@@ -14,9 +15,10 @@
 // (-march=native), are in prefill_attention_tiles.h: bfloat16 pairs for vdpbf16ps where
 // AVX512-BF16 is present (P is then rounded to bfloat16), float32 blocks otherwise.
 //
-// varlen_attention runs the same two phases without a pool or a mask: bidirectional attention
-// within each segment [cu[i], cu[i+1]) of packed tokens (the vision towers' windows and images),
-// keys read straight from k and v rows; a segment of at most 64 keys costs one kKeyTile tile.
+// varlen_attention runs the same code without a pool or a mask: bidirectional attention within
+// each segment [cu[i], cu[i+1]) of packed tokens (the vision towers' windows and images), keys
+// read straight from k and v rows. Segments of at most kLocalKeys tokens skip phase 1: one task
+// per (segment, KV head) packs into its worker's scratch and attends all the segment's queries.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
