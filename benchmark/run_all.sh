@@ -13,6 +13,7 @@ $PY -m benchmark.vit_per_chunk --out $R/vit_per_chunk
 $PY -m benchmark.constraint_cost --out $R/constraint_cost
 $PY -m benchmark.detokenize --out $R/detokenize
 $PY -m benchmark.prefill_attention --out $R/prefill_attention
+$PY -m benchmark.vision_attention --encode --out $R/vision_attention
 $PY -m benchmark.image_limit --quick --cap 24 --out $R/image_limit_quick
 $PY -m benchmark.ocrbench_synth --out /tmp/ocrbench-synth --count 40
 $PY -m benchmark.ocrbench --data /tmp/ocrbench-synth --model-path "$SMALL" --max-tokens 16 --out $R/ocrbench_synth

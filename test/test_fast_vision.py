@@ -1,5 +1,6 @@
 """The Qwen-VL vision fast path against HF's own tower: the batched segment attention is
-bitwise equal; the matrix-product patch embedding is equal to float rounding."""
+bitwise equal; the matrix-product patch embedding and the native attention kernel are equal to
+float rounding."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import transformers
 from conftest import make_image, model_dir
 
+from sglang.srt import kernels
 from sglang.srt.models import fast_vision
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 
@@ -55,6 +57,7 @@ def test_fast_vision_matches_hf(family: str, monkeypatch: pytest.MonkeyPatch) ->
         _counting(fast_vision.F.scaled_dot_product_attention, calls),
     )
     monkeypatch.setenv("SGLANG_EXACT_PATCH_EMBED", "1")
+    monkeypatch.setenv(kernels.DISABLE_ENV, "1")  # the torch path, bitwise equal to HF's
     exact = _model(family)
     assert fast_vision.install(exact, config)
     got = _encode(exact, family)
@@ -62,10 +65,16 @@ def test_fast_vision_matches_hf(family: str, monkeypatch: pytest.MonkeyPatch) ->
     assert all(torch.equal(a, b) for a, b in zip(ref, got, strict=True))
 
     monkeypatch.setenv("SGLANG_EXACT_PATCH_EMBED", "0")
+    monkeypatch.delenv(kernels.DISABLE_ENV)
     fast = _model(family)
     fast_vision.install(fast, config)
+    kernel_calls: list = []
+    for module in fast.model.visual.modules():
+        if getattr(module, "attention_kernel", None) is not None:
+            module.attention_kernel = _CountingKernel(module.attention_kernel, kernel_calls)
     for a, b in zip(ref, _encode(fast, family), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert kernel_calls or kernels.load("prefill_attention") is None
 
 
 def _counting(fn, calls: list):
@@ -74,6 +83,15 @@ def _counting(fn, calls: list):
         return fn(*args, **kwargs)
 
     return wrapper
+
+
+class _CountingKernel:
+    def __init__(self, kernel, calls: list) -> None:
+        self.kernel, self.calls = kernel, calls
+
+    def varlen_attention(self, out, q, *args) -> None:
+        self.calls.append(tuple(q.shape))
+        self.kernel.varlen_attention(out, q, *args)
 
 
 def test_equal_segment_runs() -> None:

@@ -5,7 +5,7 @@ code is compiled for the ISA present; the build directory is keyed by the CPU's 
 version and the source with its ``<name>*.h`` headers, so a machine never loads a kernel built
 for another) and OpenMP for ``at::parallel_for``. Where no compiler is found or the build fails,
 ``load`` returns None and callers keep their torch path; ``SGLANG_DISABLE_CPU_KERNELS=1`` forces
-that.
+that (read at each call, so callers that load per call follow it).
 """
 
 from __future__ import annotations
@@ -47,11 +47,16 @@ def _build_dir(name: str, source: Path) -> Path:
     return Path(root) / "kernels" / f"{name}-{key.hexdigest()[:16]}"
 
 
-@functools.cache
 def load(name: str) -> ModuleType | None:
-    """The compiled module of ``csrc/<name>.cpp``, or None where it cannot be built."""
+    """The compiled module of ``csrc/<name>.cpp``, or None where it cannot be built or
+    ``SGLANG_DISABLE_CPU_KERNELS`` is set."""
     if os.environ.get(DISABLE_ENV, "0") not in ("", "0"):
         return None
+    return _build(name)
+
+
+@functools.cache
+def _build(name: str) -> ModuleType | None:
     source = CSRC / f"{name}.cpp"
     try:
         from torch.utils.cpp_extension import load as build

@@ -1,6 +1,6 @@
 """Faster vision towers for the Qwen-VL families, swapped in at load time (no forks of HF code).
 
-Two changes, both checked against HF's own tower in ``test/test_fast_vision.py``:
+Three changes, checked against HF's own tower in ``test/test_fast_vision.py``:
 
 - **Attention, one call per run of equal segments** (bitwise equal to HF). After loading, the
   vision config's attention implementation is set to ``VISION_ATTENTION_NAME``; its name
@@ -10,6 +10,11 @@ Two changes, both checked against HF's own tower in ``test/test_fast_vision.py``
   Consecutive segments of equal length (the full windows of a row, images of one size) become
   one batch of strided views for the same SDPA kernel, which computes every (segment, head) on
   its own exactly as the per-segment calls do.
+- **Attention on the native CPU kernel** where it builds (``kernels/csrc/prefill_attention.cpp``,
+  ``varlen_attention``: all segments in one call, float32 softmax, within float rounding of the
+  SDPA path, ``test/test_vision_attention.py``): bfloat16 and float32 on the CPU; in bfloat16,
+  head dims that are not a multiple of 16 (Qwen3-VL's 72) are zero-padded to one. The torch
+  path above stays for other inputs and with ``SGLANG_DISABLE_CPU_KERNELS=1``.
 - **Patch embedding as one matrix product**: a Conv3d whose kernel equals its stride over
   inputs of exactly one kernel each is a linear map of the flattened patch. The sum runs in
   another order than the convolution's, so embeddings differ from HF's in the last bits
@@ -28,6 +33,7 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 
+from sglang.srt import kernels
 from sglang.srt.core.perf_counters import PerfCounters
 
 VISION_ATTENTION_NAME = "sglang_vision_flash_varlen"
@@ -54,16 +60,66 @@ def varlen_vision_attention(
         )
         return out.transpose(1, 2).contiguous(), None
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (N, heads, dim) views
+    kernel = getattr(module, "attention_kernel", None)
+    if kernel is not None and dropout == 0.0 and _kernel_takes(q, k, v):
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        out = _segments_on_kernel(kernel, q, k, v, cu_seq_lens_q, scale)
+    else:
+        out = _segments_by_runs(q, k, v, cu_seq_lens_q.tolist(), scaling, dropout)
+    counters = getattr(module, "perf_counters", None)
+    if counters is not None:
+        lengths = cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]
+        squares = float((lengths.double() ** 2).sum())
+        counters.vision_flops += 4.0 * q.shape[1] * q.shape[2] * squares
+    return out.unsqueeze(0), None
+
+
+def _segments_by_runs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: list[int],
+    scaling: float | None,
+    dropout: float,
+) -> torch.Tensor:
+    """Torch SDPA, one call per run of equal segments; (N, heads, dim) in and out."""
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-    for start, count, length in equal_segment_runs(cu_seq_lens_q.tolist()):
+    for start, count, length in equal_segment_runs(cu_seqlens):
         rows = slice(start, start + count * length)
         qs, ks, vs = (t[rows].unflatten(0, (count, length)).transpose(1, 2) for t in (q, k, v))
         o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout, scale=scaling)
         out[rows].unflatten(0, (count, length)).copy_(o.transpose(1, 2))
-        counters = getattr(module, "perf_counters", None)
-        if counters is not None:
-            counters.vision_flops += 4.0 * q.shape[1] * q.shape[2] * count * length**2
-    return out.unsqueeze(0), None
+    return out
+
+
+def _kernel_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """bfloat16, or float32 with a head dim the kernel takes unpadded: padded float32 (72 ->
+    80) measured 0.92-0.97x torch's rate, bfloat16 1.8-1.9x (``benchmark/vision_attention.py``)."""
+    same = q.dtype == k.dtype == v.dtype and q.shape[-1] == k.shape[-1] == v.shape[-1]
+    on_cpu = q.device.type == k.device.type == v.device.type == "cpu"
+    unpadded_float = q.dtype == torch.float32 and q.shape[-1] % 16 == 0
+    return same and on_cpu and (q.dtype == torch.bfloat16 or unpadded_float)
+
+
+def _segments_on_kernel(
+    kernel: Any,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """All segments in one native call; (N, heads, dim) in and out. Head dims are zero-padded
+    to a multiple of 16 (zeros add nothing to the scores, and their outputs are dropped)."""
+    dim = q.shape[-1]
+    pad = -dim % 16
+    if pad:
+        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+    else:
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out = q.new_empty(q.shape)
+    kernel.varlen_attention(out, q, k, v, cu_seqlens, scale)
+    return out[..., :dim] if pad else out
 
 
 def equal_segment_runs(cu_seqlens: list[int]) -> list[tuple[int, int, int]]:
@@ -87,7 +143,8 @@ transformers.AttentionInterface.register(VISION_ATTENTION_NAME, varlen_vision_at
 def install(model: nn.Module, config: Any, counters: PerfCounters | None = None) -> bool:
     """Route a loaded Qwen-VL tower's attention to ``varlen_vision_attention`` and swap its
     patch embedding for the matrix-product form (in place). Returns whether it applied. The
-    attention adds its FLOPs to ``counters`` (held by each attention module).
+    attention adds its FLOPs to ``counters`` and runs on the native kernel where it loads (both
+    held by each attention module).
 
     The implementation is set after loading: at load time transformers would look for a flash
     kernel behind any name that contains "flash"."""
@@ -99,6 +156,7 @@ def install(model: nn.Module, config: Any, counters: PerfCounters | None = None)
         if module_config is not None and hasattr(module_config, "_attn_implementation_internal"):
             module_config._attn_implementation_internal = VISION_ATTENTION_NAME
             module.perf_counters = counters
+            module.attention_kernel = kernels.load("prefill_attention")
     if os.environ.get("SGLANG_EXACT_PATCH_EMBED", "0") != "1":
         for module in tower.modules():
             if type(module).__name__.endswith("PatchEmbed") and _is_patchwise_conv(module):

@@ -1,6 +1,7 @@
 // Tiles of the prefill attention kernel (prefill_attention.cpp): the packed K/V block layouts,
-// their packing, and the micro-kernels that compute a tile of scores (Q.K^T) and accumulate a
-// tile of P.V, plus a vector exp for the softmax. One layout per storage and ISA:
+// their packing, the micro-kernels that compute a tile of scores (Q.K^T) and accumulate a tile
+// of P.V, and the online-softmax step between them (with a vector exp). One layout per storage
+// and ISA:
 // - FloatLayout: float32 blocks, K as [dim][kKeys] and V as [kKeys][dim]; AVX-512F micro-kernels
 //   where present (SGLANG_AVX512), portable loops elsewhere.
 // - PairLayout (bfloat16 with AVX512-BF16): K as [dim/2][kKeys][2] and V as [kKeys/2][dim][2],
@@ -11,9 +12,12 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #if defined(__AVX512F__) && !defined(SGLANG_PORTABLE_KERNELS)
 #include <immintrin.h>
@@ -30,6 +34,12 @@ constexpr int64_t kKeyTile = 64;  // keys per score micro-kernel call (4 vectors
 constexpr int kRowTile = 4;       // query rows per micro-kernel call
 constexpr int kDimTile = 4;       // 16-wide output vectors per P.V micro-kernel call
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Keys of a block of n that the micro-kernels read: whole kKeyTile tiles (packing zero-pads n up
+// to there and leaves the rest of the block unwritten).
+inline int64_t packed_keys(int64_t n) {
+  return std::min(kKeys, (n + kKeyTile - 1) / kKeyTile * kKeyTile);
+}
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
@@ -52,6 +62,37 @@ inline __m512 exp512(__m512 x) {
 }
 #endif
 
+// dst[0, n) = src[0, n) in dst's type (a plain copy where the types agree).
+template <typename T, typename Elem>
+inline void copy_row(const T* src, int64_t n, Elem* dst) {
+  if constexpr (std::is_same_v<T, Elem>) {
+    std::memcpy(dst, src, n * sizeof(T));
+  } else {
+    for (int64_t d = 0; d < n; ++d) dst[d] = Elem(to_float(src[d]));
+  }
+}
+
+// dst[0, n) = acc[0, n) * scale rounded to T (n a multiple of 16).
+template <typename T>
+inline void store_scaled(const float* acc, float scale, int64_t n, T* dst) {
+  int64_t d = 0;
+#ifdef SGLANG_AVX512
+  for (; d + 16 <= n; d += 16) {
+    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(scale));
+    if constexpr (std::is_same_v<T, float>) {
+      _mm512_storeu_ps(dst + d, x);
+    } else {
+#ifdef SGLANG_AVX512_BF16
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), (__m256i)_mm512_cvtneps_pbh(x));
+#else
+      break;
+#endif
+    }
+  }
+#endif
+  for (; d < n; ++d) dst[d] = static_cast<T>(acc[d] * scale);
+}
+
 #ifdef SGLANG_AVX512
 // Keeps a loaded vector in a register: without this the compiler folds the load into each FMA
 // that uses it, one load per FMA, and the float32 micro-kernels become load-bound.
@@ -65,13 +106,15 @@ struct FloatLayout {
 
   template <typename T>
   static void pack_k(const T* const* keys, int64_t n, int64_t dim, float* dst) {
-    for (int64_t d = 0; d < dim; ++d)
-      for (int64_t j = 0; j < kKeys; ++j) dst[d * kKeys + j] = j < n ? to_float(keys[j][d]) : 0.f;
+    for (int64_t d = 0; d < dim; ++d) {  // dims outer: the loads of all keys overlap
+      for (int64_t j = 0; j < n; ++j) dst[d * kKeys + j] = to_float(keys[j][d]);
+      std::fill(dst + d * kKeys + n, dst + d * kKeys + packed_keys(n), 0.f);
+    }
   }
   template <typename T>
   static void pack_v(const T* const* values, int64_t n, int64_t dim, float* dst) {
-    for (int64_t j = 0; j < kKeys; ++j)
-      for (int64_t d = 0; d < dim; ++d) dst[j * dim + d] = j < n ? to_float(values[j][d]) : 0.f;
+    for (int64_t j = 0; j < n; ++j) copy_row(values[j], dim, dst + j * dim);
+    std::fill(dst + n * dim, dst + packed_keys(n) * dim, 0.f);
   }
 
   // scores[r][h + j] = q[r] . k[h + j] for rows [0, R) and the kKeyTile keys from h on
@@ -143,18 +186,26 @@ struct PairLayout {
   using Elem = c10::BFloat16;
   static constexpr int64_t kKeyStep = 2;  // P.V consumes keys in pairs
 
-  static void pack_k(const c10::BFloat16* const* keys, int64_t n, int64_t dim, Elem* dst) {
-    for (int64_t d = 0; d < dim; d += 2)
-      for (int64_t j = 0; j < kKeys; ++j) {
-        Elem* pair = dst + (d / 2 * kKeys + j) * 2;
-        pair[0] = j < n ? keys[j][d] : Elem(0.f);
-        pair[1] = j < n ? keys[j][d + 1] : Elem(0.f);
-      }
+  // K: the 32-bit (dim pair) words of each key, transposed to [dim/2][kKeys].
+  static void pack_k(const Elem* const* keys, int64_t n, int64_t dim, Elem* dst) {
+    for (int64_t d = 0; d < dim; d += 2) {  // dims outer: the loads of all keys overlap
+      Elem* word_row = dst + d / 2 * kKeys * 2;
+      for (int64_t j = 0; j < n; ++j) std::memcpy(word_row + 2 * j, keys[j] + d, 2 * sizeof(Elem));
+      std::fill(word_row + 2 * n, word_row + 2 * packed_keys(n), Elem(0.f));
+    }
   }
-  static void pack_v(const c10::BFloat16* const* values, int64_t n, int64_t dim, Elem* dst) {
-    for (int64_t j = 0; j < kKeys; ++j)
-      for (int64_t d = 0; d < dim; ++d)
-        dst[(j / 2 * dim + d) * 2 + j % 2] = j < n ? values[j][d] : Elem(0.f);
+  // V: rows j and j + 1 interleaved, 16 dims at a time (dim is a multiple of 16).
+  static void pack_v(const Elem* const* values, int64_t n, int64_t dim, Elem* dst) {
+    auto row16 = [&](int64_t j, int64_t d) {
+      const __m256i x = j < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values[j] + d))
+                              : _mm256_setzero_si256();
+      return _mm512_cvtepu16_epi32(x);
+    };
+    for (int64_t j = 0; j < packed_keys(n); j += 2)
+      for (int64_t d = 0; d < dim; d += 16) {
+        const __m512i pairs = _mm512_or_si512(row16(j, d), _mm512_slli_epi32(row16(j + 1, d), 16));
+        _mm512_storeu_si512(dst + (j / 2 * dim + d) * 2, pairs);
+      }
   }
 
   static __m512i pair_at(const Elem* p) {
@@ -200,5 +251,64 @@ struct PairLayout {
   }
 };
 #endif
+
+// Scaled, masked scores of one row -> P (rounded to Elem) for keys [0, n_padded); updates the
+// row's running max and its sum (kept as 16 partial sums) and rescales its accumulator. Keys
+// outside [j0, j1) get P = 0. The sum is of the weights before rounding to Elem, so rounding
+// perturbs each normalized weight by at most Elem's unit roundoff.
+template <typename Elem>
+void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, float scale,
+                  float& row_max, float* sum_lanes, float* acc, int64_t dim, Elem* p) {
+  if (j0 >= j1) {  // no key of this block is visible to the row
+    std::fill(p, p + n_padded, Elem(0.f));
+    return;
+  }
+  int64_t j = 0;
+#ifdef SGLANG_AVX512
+  const bool all_valid = j0 == 0 && j1 == n_padded;  // the common case: no mask to build
+  auto valid = [&](int64_t at) -> __mmask16 {
+    if (all_valid) return 0xFFFF;
+    const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - at, 0, 16));
+    const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - at, 0, 16));
+    return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+  };
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+  for (int64_t at = j0 / 16 * 16; at < j1; at += 16)
+    vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
+  const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax) * scale);
+#else
+  float block_max = kNegInf;
+  for (int64_t at = j0; at < j1; ++at) block_max = std::max(block_max, s[at]);
+  const float new_max = std::max(row_max, block_max * scale);
+#endif
+  const float alpha = row_max == new_max ? 1.f : std::exp(row_max - new_max);  // 0 at first
+#ifdef SGLANG_AVX512
+  const __m512 vscale = _mm512_set1_ps(scale), shift = _mm512_set1_ps(new_max);
+  __m512 vsum = _mm512_mul_ps(_mm512_loadu_ps(sum_lanes), _mm512_set1_ps(alpha));
+  for (; j + 16 <= n_padded; j += 16) {
+    const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift);
+    const __m512 e = _mm512_maskz_mov_ps(valid(j), exp512(x));
+    if constexpr (std::is_same_v<Elem, float>) {
+      _mm512_storeu_ps(p + j, e);
+    } else {
+#ifdef SGLANG_AVX512_BF16
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
+#endif
+    }
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  _mm512_storeu_ps(sum_lanes, vsum);
+#else
+  for (int l = 0; l < 16; ++l) sum_lanes[l] *= alpha;
+#endif
+  for (; j < n_padded; ++j) {
+    const float e = j >= j0 && j < j1 ? std::exp(s[j] * scale - new_max) : 0.f;
+    p[j] = Elem(e);
+    sum_lanes[j % 16] += e;
+  }
+  row_max = new_max;
+  if (alpha != 1.f)
+    for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+}
 
 }  // namespace prefill_tiles

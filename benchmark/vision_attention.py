@@ -1,0 +1,188 @@
+"""The vision towers' segment attention on the CPU: the native varlen kernel against the torch
+path it replaces (SDPA per run of equal segments), side by side, then its effect on one image's
+encode in the engine.
+
+Attention: Qwen2.5-VL-3B's tower shapes (16 heads x 80) for the layouts its blocks see: windowed
+blocks, many 64-token windows; full-attention blocks, one segment per image (~3,600 and ~1,200
+tokens). FLOPs are 4 * heads * dim * sum of len^2 (the engine's counters do the same); the two
+paths alternate, best of ``--repeats``.
+
+Encode (``--encode``): the checkpoint with Qwen2.5-VL-3B's dims (``benchmark/memory.py``'s 3b
+shape, 2 vision blocks: one windowed, one full) in the offline engine; each run encodes a new
+1280x720 image (no cache hit) with the tower's attention on the kernel or on torch (the path
+``SGLANG_DISABLE_CPU_KERNELS=1`` gives the tower), vision seconds and GFLOP/s from the runner's
+counters, best of ``--repeats``.
+
+    python -m benchmark.vision_attention                  # attention only, ~30 s
+    python -m benchmark.vision_attention --encode         # and the engine encode, ~1 min more
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmark.common import cpu_info, cpu_line, markdown_table, matmul_peak_gflops, write_json
+from sglang.srt import kernels
+from sglang.srt.models import fast_vision
+
+PATHS = ("kernel", "torch")
+
+
+def _attention_case(heads: int, dim: int, lengths: list[int], dtype: torch.dtype):
+    """Inputs of both paths for one packed sequence; returns {path: callable}."""
+    tokens = sum(lengths)
+    # as the tower hands them over: (N, heads, dim) storage
+    q, k, v = (torch.randn(tokens, heads, dim).to(dtype) for _ in range(3))
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    kernel, scale = kernels.load("prefill_attention"), dim**-0.5
+    return {
+        "kernel": lambda: fast_vision._segments_on_kernel(kernel, q, k, v, cu, scale),
+        "torch": lambda: fast_vision._segments_by_runs(q, k, v, cu.tolist(), scale, 0.0),
+    }
+
+
+def _layout(text: str) -> list[int]:
+    """'64x56' -> 56 segments of 64 tokens; '3600' -> one segment."""
+    length, _, count = text.partition("x")
+    return [int(length)] * int(count or 1)
+
+
+def attention_rows(args: argparse.Namespace, peak: float) -> list[dict[str, Any]]:
+    rows = []
+    for dtype in args.dtypes:
+        for layout in args.layouts:
+            lengths = _layout(layout)
+            calls = _attention_case(args.heads, args.dim, lengths, getattr(torch, dtype))
+            best = dict.fromkeys(PATHS, float("inf"))
+            for path in PATHS:
+                calls[path]()  # warm-up
+            for _ in range(args.repeats):
+                for path in PATHS:
+                    started = time.perf_counter()
+                    calls[path]()
+                    best[path] = min(best[path], time.perf_counter() - started)
+            flops = 4.0 * args.heads * args.dim * sum(n * n for n in lengths)
+            row = {"dtype": dtype, "segments": layout, "gflop": flops / 1e9}
+            for path in PATHS:
+                row[f"{path}_ms"] = best[path] * 1e3
+                row[f"{path}_gflops"] = flops / best[path] / 1e9
+                row[f"{path}_of_bf16_peak"] = row[f"{path}_gflops"] / peak
+            row["kernel_over_torch"] = row["kernel_gflops"] / row["torch_gflops"]
+            rows.append(row)
+            print(row)
+    return rows
+
+
+def _use_vision_kernel(runner: Any, on: bool) -> None:
+    saved = runner.__dict__.setdefault("_bench_vision_kernel", {})
+    for module in runner.model.modules():
+        if hasattr(module, "attention_kernel"):
+            saved.setdefault(module, module.attention_kernel)
+            module.attention_kernel = saved[module] if on else None
+
+
+def encode_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import numpy as np
+    from PIL import Image
+
+    import sglang
+    from benchmark.memory import cached_checkpoint, shape_config
+
+    path = str(cached_checkpoint(shape_config("3b", 4, 2), "3b"))
+    engine = sglang.Engine(model_path=path, dtype="bfloat16")
+    runner, width, height = engine.runner, *args.image
+    prompt = "<|vision_start|><|image_pad|><|vision_end|>Describe."
+    params = {"temperature": 0, "max_new_tokens": 1}
+    best: dict[str, dict[str, float]] = {}
+    for seed in range(1 + args.repeats):  # the first round warms up
+        for path_name in PATHS:
+            _use_vision_kernel(runner, path_name == "kernel")
+            rng = np.random.default_rng(2 * seed + (path_name == "kernel"))
+            image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+            before = runner.perf.as_dict()
+            engine.generate(prompt, params, image_data=[image])
+            after = runner.perf.as_dict()
+            ms = (after["vision_seconds"] - before["vision_seconds"]) * 1e3
+            flops = after["vision_flops"] - before["vision_flops"]
+            if seed and ms < best.get(path_name, {}).get("vision_ms", float("inf")):
+                best[path_name] = {"vision_ms": ms, "vision_gflops": flops / ms / 1e6}
+    engine.shutdown()
+    row: dict[str, Any] = {"image": f"{width}x{height}", "dtype": "bfloat16"}
+    for path_name in PATHS:
+        row.update({f"{path_name}_{k}": v for k, v in best[path_name].items()})
+    row["speedup"] = row["torch_vision_ms"] / row["kernel_vision_ms"]
+    print(row)
+    return [row]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    head = ["dtype", "segments", "GFLOP", "kernel ms", "kernel GFLOP/s", "of bf16 peak",
+            "torch ms", "torch GFLOP/s", "kernel / torch"]  # fmt: skip
+    rows = [
+        [r["dtype"], r["segments"], r["gflop"], r["kernel_ms"], r["kernel_gflops"],
+         r["kernel_of_bf16_peak"], r["torch_ms"], r["torch_gflops"], r["kernel_over_torch"]]
+        for r in result["rows"]
+    ]  # fmt: skip
+    load = " ".join(f"{x:.2f}" for x in result["load_average"])
+    text = (
+        f"{cpu_line(result['cpu'])}; {result['threads']} threads; bfloat16 matmul peak "
+        f"{result['bf16_peak_gflops']:.0f} GFLOP/s; heads {result['config']['heads']}, dim "
+        f"{result['config']['dim']}; load average before the run {load}\n\n"
+        + markdown_table(head, rows)
+    )
+    if result.get("encode"):
+        head = ["image", "dtype", "kernel vision ms", "kernel GFLOP/s", "torch vision ms",
+                "torch GFLOP/s", "speedup"]  # fmt: skip
+        rows = [
+            [e["image"], e["dtype"], e["kernel_vision_ms"], e["kernel_vision_gflops"],
+             e["torch_vision_ms"], e["torch_vision_gflops"], e["speedup"]]
+            for e in result["encode"]
+        ]  # fmt: skip
+        text += "\n" + markdown_table(head, rows)
+    return text + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dim", type=int, default=80)
+    p.add_argument("--layouts", type=lambda s: s.split(","), default=["64x56", "3600", "1200"])
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bfloat16", "float32"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--encode", action="store_true", help="also one image's encode in the engine")
+    p.add_argument("--image", type=lambda s: [int(x) for x in s.split("x")], default=[1280, 720])
+    p.add_argument("--out", default="benchmark/results/vision_attention")
+    args = p.parse_args(argv)
+    if kernels.load("prefill_attention") is None:
+        raise RuntimeError("the native attention kernel could not be built on this machine")
+    started, load_before = time.perf_counter(), os.getloadavg()  # the run itself adds ~2
+    cpu = cpu_info()
+    print(cpu_line(cpu))
+    peak = matmul_peak_gflops(dtype="bfloat16")["gflop_per_s"]
+    result: dict[str, Any] = {
+        "benchmark": "vision_attention",
+        "config": vars(args),
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "bf16_peak_gflops": peak,
+        "rows": attention_rows(args, peak),
+        "encode": encode_rows(args) if args.encode else [],
+        "load_average": load_before,
+    }
+    result["wall_s"] = time.perf_counter() - started
+    out = Path(args.out)
+    write_json(out.with_suffix(".json"), result)
+    md = markdown(result)
+    out.with_suffix(".md").write_text(md)
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()
