@@ -264,14 +264,15 @@ def test_constraint_cost_smoke(tiny_model: str, tmp_path: Path) -> None:
 
 @needs_server
 @needs_plots
-def test_memory_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Qwen2.5-VL-shaped checkpoint with tiny widths, built in bfloat16 and served."""
-    from benchmark.memory import main
+def test_memory_smoke(tmp_path: Path) -> None:
+    """A Qwen2.5-VL-shaped checkpoint with tiny widths, built in bfloat16 and served (built into
+    the test's folder; the native kernels stay in the suite's cache)."""
+    from benchmark.memory import build_checkpoint, main, shape_config
 
-    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path / "cache"))
+    model = build_checkpoint(tmp_path / "ckpt", shape_config("tiny", None, None))
     out = tmp_path / "mem"
-    main(["--shape", "tiny", "--settings", "bfloat16", "--refuse-dtype", "", "--max-tokens", "8",
-          "--out", str(out)])  # fmt: skip
+    main(["--shape", "tiny", "--model-path", str(model), "--settings", "bfloat16",
+          "--refuse-dtype", "", "--max-tokens", "8", "--out", str(out)])  # fmt: skip
     data = _load(out)
     (run,) = data["runs"]
     assert run["server_memory"]["dtype"] == "bfloat16"
