@@ -10,7 +10,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -411,6 +411,18 @@ def write_json(path: str | Path, data: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=_json_default) + "\n")
     return path
+
+
+def write_results(
+    out: str | Path, result: dict[str, Any], md: str, plot: Callable[[Path], Any] | None = None
+) -> None:
+    """``out``.json, ``out``.md (printed too) and, with ``plot``, ``out``.png."""
+    out = Path(out)
+    write_json(out.with_suffix(".json"), result)
+    out.with_suffix(".md").write_text(md)
+    if plot is not None:
+        plot(out.with_suffix(".png"))
+    print(md)
 
 
 def _json_default(obj: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmark.common import cpu_info, cpu_line, markdown_table, pyplot, write_json
+from benchmark.common import cpu_info, cpu_line, markdown_table, pyplot, write_results
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"tokens": 500, "repeats": 1},
@@ -179,12 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for label, micros in per_event.items()
         ],
     }
-    out = Path(args.out)
-    write_json(out.with_suffix(".json"), result)
-    md = markdown(result)
-    out.with_suffix(".md").write_text(md)
-    plot(result["results"], out.with_suffix(".png"))
-    print(md)
+    write_results(args.out, result, markdown(result), lambda png: plot(result["results"], png))
     return result
 
 

@@ -26,7 +26,7 @@ from benchmark.common import (
     markdown_table,
     matmul_peak_gflops,
     pyplot,
-    write_json,
+    write_results,
 )
 from sglang.srt import kernels
 from sglang.srt.core.perf_counters import causal_attention_flops, causal_keys_seen
@@ -150,13 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     result = run(args)
     result["wall_s"] = time.perf_counter() - started
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out.with_suffix(".json"), result)
-    md = markdown(result)
-    out.with_suffix(".md").write_text(md)
-    plot(result, out.with_suffix(".png"))
-    print(md)
+    write_results(args.out, result, markdown(result), lambda png: plot(result, png))
     return result
 
 

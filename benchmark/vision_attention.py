@@ -22,12 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmark.common import cpu_info, cpu_line, markdown_table, matmul_peak_gflops, write_json
+from benchmark.common import cpu_info, cpu_line, markdown_table, matmul_peak_gflops, write_results
 from sglang.srt import kernels
 from sglang.srt.models import fast_vision
 
@@ -176,11 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_average": load_before,
     }
     result["wall_s"] = time.perf_counter() - started
-    out = Path(args.out)
-    write_json(out.with_suffix(".json"), result)
-    md = markdown(result)
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    write_results(args.out, result, markdown(result))
     return result
 
 
