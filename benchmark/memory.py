@@ -84,6 +84,24 @@ SHAPES: dict[str, dict[str, dict[str, Any]]] = {
             "tokens_per_second": 2, "hidden_act": "silu", "in_channels": 3,
         },
     },
+    "2b": {  # Qwen2-VL-2B-Instruct's per-layer dims (a Qwen2-VL: full-attention tower)
+        "model_type": "qwen2_vl",
+        "text": {
+            "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+            "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+            "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+            "sliding_window": 32768, "max_window_layers": 28, "use_sliding_window": False,
+            "tie_word_embeddings": True,
+            "rope_parameters": {
+                "rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]
+            },
+        },
+        "vision": {
+            "depth": 32, "embed_dim": 1280, "hidden_size": 1536, "mlp_ratio": 4, "num_heads": 16,
+            "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "hidden_act": "quick_gelu", "in_channels": 3,
+        },
+    },
     "tiny": {
         "text": {
             "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
@@ -106,18 +124,21 @@ SETTINGS: dict[str, list[str]] = {
     "int8wo": ["--torchao-config", "int8wo"],
     "int4wo-128": ["--torchao-config", "int4wo-128"],
 }
-BUILD_VERSION = 1  # bump when the checkpoint recipe changes
+BUILD_VERSION = 3  # bump when the checkpoint recipe changes
 
 
 # Checkpoint ------------------------------------------------------------------------------------
 def shape_config(shape: str, layers: int | None, vision_depth: int | None) -> dict[str, Any]:
-    text, vision = dict(SHAPES[shape]["text"]), dict(SHAPES[shape]["vision"])
+    spec = SHAPES[shape]
+    text, vision = dict(spec["text"]), dict(spec["vision"])
     if layers:
         text["num_hidden_layers"] = layers
     if vision_depth:
-        full = [i for i in vision["fullatt_block_indexes"] if i < vision_depth]
-        vision.update(depth=vision_depth, fullatt_block_indexes=full or [vision_depth - 1])
-    return {"text": text, "vision": vision}
+        vision["depth"] = vision_depth
+        if "fullatt_block_indexes" in vision:  # Qwen2.5-VL's windowed tower
+            full = [i for i in vision["fullatt_block_indexes"] if i < vision_depth]
+            vision["fullatt_block_indexes"] = full or [vision_depth - 1]
+    return {"model_type": spec.get("model_type", "qwen2_5_vl"), "text": text, "vision": vision}
 
 
 def _tensor_specs(config: Any) -> list[tuple[str, tuple[int, ...]]]:
@@ -127,7 +148,13 @@ def _tensor_specs(config: Any) -> list[tuple[str, tuple[int, ...]]]:
 
     with torch.device("meta"):
         model = transformers.AutoModelForImageTextToText.from_config(config)
-    return [(name, tuple(t.shape)) for name, t in model.state_dict().items()]
+    seen: set[int] = set()  # tied weights (the 2B's head is its embedding) are written once
+    specs = []
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            specs.append((name, tuple(t.shape)))
+    return specs
 
 
 def _random_bf16(name: str, shape: tuple[int, ...], gen: Any) -> Any:
@@ -159,18 +186,27 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _write_weights(out: Path, specs: list[tuple[str, tuple[int, ...]]], seed: int) -> None:
+def _write_weights(
+    out: Path, specs: list[tuple[str, tuple[int, ...]]], seed: int, mute: Any
+) -> None:
+    """Random bfloat16 weights, shard by shard; the head's rows of the ``mute`` ids are zero."""
     import torch
     from safetensors.torch import save_file
 
     shards = _shards(specs)
     gen = torch.Generator().manual_seed(seed)
+    names = [name for name, _ in specs]
+    head = ([n for n in names if n.endswith("lm_head.weight")]  # tied: the embedding
+            or [n for n in names if n.endswith("embed_tokens.weight")])[0]  # fmt: skip
     weight_map: dict[str, str] = {}
     bar = tqdm(total=sum(2 * _numel(s) for _, s in specs), unit="B", unit_scale=True,
                desc="random bfloat16 weights")  # fmt: skip
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         tensors = {name: _random_bf16(name, shape, gen) for name, shape in shard}
+        for name in tensors:
+            if name == head:
+                tensors[name][mute] = 0
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         os.chmod(out / fname, 0o644)
         bar.update(sum(t.numel() * 2 for t in tensors.values()))
@@ -182,47 +218,74 @@ def _write_weights(out: Path, specs: list[tuple[str, tuple[int, ...]]], seed: in
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def _write_processor_files(out: Path, tok: Any) -> None:
+_FAMILY = {  # model_type -> (config class, processor class, architecture)
+    "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLProcessor", "Qwen2VLForConditionalGeneration"),
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLProcessor", "Qwen2_5_VLForConditionalGeneration"),
+}
+
+
+def _write_processor_files(out: Path, tok: Any, processor_class: str) -> None:
     from sglang.testing.tiny.common import patch_json, qwen_generation, qwen_preprocessor
     from sglang.testing.tiny.common import write_json as write_config_json
 
     tok.save_pretrained(out)
     patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
-    pre = qwen_preprocessor(14, "Qwen2_5_VLProcessor", "Qwen2VLImageProcessor", legacy=True)
+    pre = qwen_preprocessor(14, processor_class, "Qwen2VLImageProcessor", legacy=True)
     pre.update(min_pixels=PIXELS[0], max_pixels=PIXELS[1])
     pre["size"] = {"shortest_edge": PIXELS[0], "longest_edge": PIXELS[1]}
     write_config_json(out / "preprocessor_config.json", pre)
     write_config_json(out / "generation_config.json", qwen_generation(tok))
 
 
-def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
-    """Write a Qwen2.5-VL checkout of ``dims`` with random bfloat16 weights into ``out``."""
+def _mute_ids(tok: Any, vocab_size: int) -> Any:
+    """Ids the random head must not pick: those the small tokenizer lacks, its special tokens
+    and pieces that are no text alone. A greedy random model repeats one token; were it one of
+    these, a streamed reply would show no text until its end, and client-timed TTFT (first
+    content) would include every decode step."""
     import torch
-    from transformers import Qwen2_5_VLConfig
+
+    mute = torch.ones(vocab_size, dtype=torch.bool)
+    special = set(tok.all_special_ids)
+    for i in range(len(tok)):
+        text = tok.decode([i])
+        if i not in special and text.strip() and "\ufffd" not in text:
+            mute[i] = False
+    return mute
+
+
+def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
+    """Write a Qwen2-VL or Qwen2.5-VL checkpoint of ``dims`` (``shape_config``) with random
+    bfloat16 weights into ``out``."""
+    import torch
+    import transformers
 
     from sglang.testing.tiny import build_tokenizer
     from sglang.testing.tiny.common import patch_json, qwen_ids
 
+    config_class, processor_class, architecture = _FAMILY[dims.get("model_type", "qwen2_5_vl")]
     tok = build_tokenizer("qwen2_5_vl")
     eot, eos = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
     text = {**dims["text"], "bos_token_id": eot, "eos_token_id": eos}
-    config = Qwen2_5_VLConfig(
-        text_config=text, vision_config=dims["vision"], tie_word_embeddings=False, **qwen_ids(tok)
+    tied = text.pop("tie_word_embeddings", False)
+    config = getattr(transformers, config_class)(
+        text_config=text, vision_config=dims["vision"], tie_word_embeddings=tied, **qwen_ids(tok)
     )
     config.dtype = torch.bfloat16
+    config.architectures = [architecture]  # peers (vLLM) pick the generating model from it
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
     patch_json(out / "config.json", torch_dtype="bfloat16")
     tok.model_max_length = dims["text"]["max_position_embeddings"]
-    _write_processor_files(out, tok)
-    _write_weights(out, _tensor_specs(config), seed)
+    _write_processor_files(out, tok, processor_class)
+    _write_weights(out, _tensor_specs(config), seed, mute=_mute_ids(tok, text["vocab_size"]))
     return out
 
 
 def cached_checkpoint(dims: dict[str, Any], shape: str) -> Path:
     """The checkpoint of ``dims`` under the project cache dir, built on first use."""
     text, vision = dims["text"], dims["vision"]
-    name = f"qwen2_5_vl-{shape}-L{text['num_hidden_layers']}-V{vision['depth']}-v{BUILD_VERSION}"
+    family = dims.get("model_type", "qwen2_5_vl")
+    name = f"{family}-{shape}-L{text['num_hidden_layers']}-V{vision['depth']}-v{BUILD_VERSION}"
     root = Path(os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang")
     final = root / "bench-models" / name
     if (final / "model.safetensors.index.json").is_file():

@@ -293,3 +293,61 @@ def test_detokenize_smoke(tiny_model: str, tmp_path: Path) -> None:
     for r in data["results"]:
         assert len(r["us_per_event"]) == 2 and all(us > 0 for us in r["us_per_event"])
     assert out.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_shaped_checkpoint_speaks_in_tokenizer_ids(tmp_path: Path, family: str) -> None:
+    """Random shaped checkpoints: the head scores 0 for every id the tokenizer lacks, its special
+    tokens and pieces that are no text alone (a random model's first token is text: client-timed
+    TTFT is the first token's), the config names the generating architecture (peers pick the
+    model class from it), tied heads are written once."""
+    import transformers
+    from safetensors.torch import load_file
+
+    from benchmark.memory import SHAPES, build_checkpoint, shape_config
+
+    dims = shape_config("tiny", None, None)
+    if family == "qwen2_vl":  # the 2B's layout (full-attention tower, tied head), tiny widths
+        vision = {**SHAPES["2b"]["vision"], "depth": 1, "embed_dim": 32, "num_heads": 2,
+                  "hidden_size": dims["text"]["hidden_size"]}  # fmt: skip
+        dims = {"model_type": "qwen2_vl", "text": {**dims["text"], "tie_word_embeddings": True},
+                "vision": vision}  # fmt: skip
+    out = build_checkpoint(tmp_path / family, dims)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == family
+    assert config["architectures"][0].endswith("ForConditionalGeneration")
+    tensors: dict = {}
+    for shard in out.glob("*.safetensors"):
+        tensors.update(load_file(shard))
+    heads = [n for n in tensors if n.endswith("lm_head.weight")]
+    if family == "qwen2_vl":
+        assert not heads  # tied: the embedding is the head
+        heads = [n for n in tensors if n.endswith("embed_tokens.weight")]
+    (head,) = heads
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    rows = tensors[head].float().abs().sum(dim=1)
+    assert len(tok) < rows.numel() and (rows[len(tok) :] == 0).all()
+    speaks = [i for i in range(len(tok)) if rows[i] > 0]
+    assert len(speaks) > len(tok) // 2 and not set(speaks) & set(tok.all_special_ids)
+    assert all(tok.decode([i]).strip() and "\ufffd" not in tok.decode([i]) for i in speaks)
+    # the muted ones are exactly those: specials and ids with no text of their own
+    assert all(i in tok.all_special_ids or not tok.decode([i]).strip()
+               or "\ufffd" in tok.decode([i]) for i in range(len(tok)) if rows[i] == 0)  # fmt: skip
+
+
+def test_bench_serve_command_is_what_vllm_parses() -> None:
+    """The random-mm bucket string is the dict vLLM's parser reads (a literal with tuple keys)."""
+    import argparse
+    import ast
+
+    from benchmark.servers import Server
+    from benchmark.vllm_bench_serve import client_command, main  # noqa: F401
+
+    args = argparse.Namespace(image_size=448, model_path="/m", num_prompts=8, max_concurrency=8,
+                              input_len=64, output_len=32, images=2)  # fmt: skip
+    cmd = client_command(Server("http://127.0.0.1:1", "default", "ours", "ours"), args, 8, 0,
+                         Path("/tmp"), "r.json")  # fmt: skip
+    flag = dict(zip(cmd[3::1], cmd[4::1]))
+    assert ast.literal_eval(flag["--random-mm-bucket-config"]) == {(448, 448, 1): 1.0}
+    assert json.loads(flag["--random-mm-limit-mm-per-prompt"]) == {"image": 2, "video": 0}
+    assert flag["--model"] == "default" and flag["--num-prompts"] == "8"
