@@ -2,7 +2,7 @@
 
 The build uses the installed torch (no build isolation, no CUDA), ``-O3 -march=native`` (the
 code is compiled for the ISA present; the build directory is keyed by the CPU's flags, the torch
-version and the source with its ``<name>*.h`` headers, so a machine never loads a kernel built
+version, the source and every header of ``csrc/``, so a machine never loads a kernel built
 for another) and OpenMP for ``at::parallel_for``. Where no compiler is found or the build fails,
 ``load`` returns None and callers keep their torch path; ``SGLANG_DISABLE_CPU_KERNELS=1`` forces
 that (read at each call, so callers that load per call follow it).
@@ -39,7 +39,7 @@ def _build_dir(name: str, source: Path) -> Path:
     import torch
 
     key = hashlib.sha256()
-    headers = sorted(source.parent.glob(f"{name}*.h"))  # the headers of its own it includes
+    headers = sorted(source.parent.glob("*.h"))  # any kernel may include any of them
     texts = [source.read_text(), *(h.read_text() for h in headers)]
     for part in (torch.__version__, " ".join(sorted(cpu_flags())), *texts):
         key.update(part.encode())

@@ -7,6 +7,10 @@
 // storage dtype. Dot products and axpys run over 16 independent lanes, a loop shape compilers
 // vectorize without reassociating floats; the build uses -march=native, so the code is compiled
 // for the ISA of the machine that loads it (the build cache is keyed by its CPU flags).
+//
+// bfloat16 pools on CPUs with AVX512-BF16 take their own task: scores with vdpbf16ps (32
+// bfloat16 pairs per instruction, straight from the pool's rows), the softmax with a vector exp,
+// P.V as float32 FMAs over each value row widened once for all the group's heads.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -18,6 +22,8 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#include "prefill_attention_tiles.h"  // exp512; SGLANG_AVX512_BF16 where the CPU has it
 
 namespace {
 
@@ -46,6 +52,141 @@ inline void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// One (request, KV head): the n keys and values at ``slots`` (rows of the pool with strides
+// ``k_stride`` / ``v_stride`` per slot), the group's ``groups`` query rows, its output rows.
+struct Task {
+  const int64_t* slots;
+  int64_t n, groups, dim, k_stride, v_stride;
+  float scale, cap;
+};
+
+struct Scratch {
+  std::vector<float> query, key, value, acc, scores, inv_total;
+};
+
+template <typename T>
+void task_generic(const Task& t, const T* q, const T* k, const T* v, T* out, Scratch& w) {
+  const int64_t groups = t.groups, dim = t.dim, n = t.n;
+  w.query.resize(groups * dim), w.key.resize(dim), w.value.resize(dim), w.acc.resize(groups * dim);
+  for (int64_t g = 0; g < groups; ++g) load_row(q + g * dim, w.query.data() + g * dim, dim);
+  w.scores.assign(groups * n, 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    load_row(k + t.slots[j] * t.k_stride, w.key.data(), dim);
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = dot(w.query.data() + g * dim, w.key.data(), dim) * t.scale;
+      if (t.cap > 0.f) s = std::tanh(s / t.cap) * t.cap;
+      w.scores[g * n + j] = s;
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    float* row = w.scores.data() + g * n;
+    const float top = *std::max_element(row, row + n);
+    float total = 0.f;
+    for (int64_t j = 0; j < n; ++j) total += (row[j] = std::exp(row[j] - top));
+    const float inv = 1.f / total;
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+  }
+  std::fill(w.acc.begin(), w.acc.end(), 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    load_row(v + t.slots[j] * t.v_stride, w.value.data(), dim);
+    for (int64_t g = 0; g < groups; ++g)
+      axpy(w.scores[g * n + j], w.value.data(), w.acc.data() + g * dim, dim);
+  }
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < dim; ++i) out[g * dim + i] = static_cast<T>(w.acc[g * dim + i]);
+}
+
+#ifdef SGLANG_AVX512_BF16
+constexpr int64_t kMaxBf16Dim = 256;  // value rows widened in registers: 16 vectors of 16
+
+constexpr int64_t kAhead = 8;  // rows of the pool are scattered: fetch this many keys ahead
+
+inline void prefetch_row(const uint16_t* row, int64_t dim) {
+  for (int64_t i = 0; i < dim; i += 32)
+    _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+}
+
+inline __mmask32 pair_mask(int64_t left) {
+  return left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
+}
+
+inline __mmask16 float_mask(int64_t left) {
+  return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
+void task_bf16(const Task& t, const c10::BFloat16* q16, const c10::BFloat16* k16,
+               const c10::BFloat16* v16, c10::BFloat16* out, Scratch& w) {
+  const auto* q = reinterpret_cast<const uint16_t*>(q16);
+  const auto* k = reinterpret_cast<const uint16_t*>(k16);
+  const auto* v = reinterpret_cast<const uint16_t*>(v16);
+  const int64_t groups = t.groups, dim = t.dim, n = t.n;
+  const int64_t pairs = (dim + 31) / 32, lanes = (dim + 15) / 16;
+  w.scores.resize(groups * n);
+  w.acc.assign(groups * lanes * 16, 0.f);
+  // scores: each key row loaded once (pairs vectors), dotted with every query row of the group
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* row = k + t.slots[j] * t.k_stride;
+    if (j + kAhead < n) prefetch_row(k + t.slots[j + kAhead] * t.k_stride, dim);
+    __m512bh key[kMaxBf16Dim / 32];
+    for (int64_t c = 0; c < pairs; ++c)
+      key[c] = (__m512bh)_mm512_maskz_loadu_epi16(pair_mask(dim - 32 * c), row + 32 * c);
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t c = 0; c < pairs; ++c) {
+        const __m512bh qv =
+            (__m512bh)_mm512_maskz_loadu_epi16(pair_mask(dim - 32 * c), q + g * dim + 32 * c);
+        acc = _mm512_dpbf16_ps(acc, key[c], qv);
+      }
+      float s = _mm512_reduce_add_ps(acc) * t.scale;
+      if (t.cap > 0.f) s = std::tanh(s / t.cap) * t.cap;
+      w.scores[g * n + j] = s;
+    }
+  }
+  // softmax numerators (the 1 / sum is applied to the output)
+  w.inv_total.resize(groups);
+  float* inv = w.inv_total.data();
+  for (int64_t g = 0; g < groups; ++g) {
+    float* row = w.scores.data() + g * n;
+    __m512 top = _mm512_set1_ps(prefill_tiles::kNegInf);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 m = float_mask(n - j);
+      top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, row + j));
+    }
+    const __m512 high = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 m = float_mask(n - j);
+      const __m512 e = _mm512_maskz_mov_ps(
+          m, prefill_tiles::exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), high)));
+      _mm512_mask_storeu_ps(row + j, m, e);
+      total = _mm512_add_ps(total, e);
+    }
+    inv[g] = 1.f / _mm512_reduce_add_ps(total);
+  }
+  // P.V: each value row widened to float32 once, then one FMA per (head, 16 lanes)
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t* row = v + t.slots[j] * t.v_stride;
+    if (j + kAhead < n) prefetch_row(v + t.slots[j + kAhead] * t.v_stride, dim);
+    __m512 value[kMaxBf16Dim / 16];
+    for (int64_t c = 0; c < lanes; ++c) {
+      const __m256i half = _mm256_maskz_loadu_epi16(float_mask(dim - 16 * c), row + 16 * c);
+      value[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m512 p = _mm512_set1_ps(w.scores[g * n + j]);
+      float* acc = w.acc.data() + g * lanes * 16;
+      for (int64_t c = 0; c < lanes; ++c) {
+        const __m512 sum = _mm512_fmadd_ps(p, value[c], _mm512_loadu_ps(acc + 16 * c));
+        _mm512_storeu_ps(acc + 16 * c, sum);
+      }
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < dim; ++i)
+      out[g * dim + i] = c10::BFloat16(w.acc[g * lanes * 16 + i] * inv[g]);
+}
+#endif
+
 template <typename T>
 void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                            const at::Tensor& req_to_token, const at::Tensor& rows,
@@ -54,8 +195,7 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_buf.size(1);
   const int64_t groups = heads / kv_heads;
-  const int64_t slot_stride = k_buf.stride(0), head_stride = k_buf.stride(1);
-  const int64_t v_slot_stride = v_buf.stride(0), v_head_stride = v_buf.stride(1);
+  const int64_t head_stride = k_buf.stride(1), v_head_stride = v_buf.stride(1);
   const int64_t table_stride = req_to_token.stride(0);
   const T* q_ptr = q.data_ptr<T>();
   const T* k_ptr = k_buf.data_ptr<T>();
@@ -64,45 +204,29 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
   const int64_t* row_ptr = rows.data_ptr<int64_t>();
   const int64_t* len_ptr = seq_lens.data_ptr<int64_t>();
   T* out_ptr = out.data_ptr<T>();
-  const float fscale = static_cast<float>(scale), cap = static_cast<float>(softcap);
 
   at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(groups * dim), key(dim), value(dim), acc(groups * dim), scores;
+    Scratch scratch;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / kv_heads, kvh = task % kv_heads;
       const int64_t len = len_ptr[b];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t n = len - first;
-      const int64_t* slots = table + row_ptr[b] * table_stride + first;
-      for (int64_t g = 0; g < groups; ++g)
-        load_row(q_ptr + (b * heads + kvh * groups + g) * dim, query.data() + g * dim, dim);
-      scores.assign(groups * n, 0.f);
-      for (int64_t t = 0; t < n; ++t) {
-        load_row(k_ptr + slots[t] * slot_stride + kvh * head_stride, key.data(), dim);
-        for (int64_t g = 0; g < groups; ++g) {
-          float s = dot(query.data() + g * dim, key.data(), dim) * fscale;
-          if (cap > 0.f) s = std::tanh(s / cap) * cap;
-          scores[g * n + t] = s;
+      const Task t{table + row_ptr[b] * table_stride + first, len - first, groups, dim,
+                   k_buf.stride(0), v_buf.stride(0), static_cast<float>(scale),
+                   static_cast<float>(softcap)};
+      const T* qg = q_ptr + (b * heads + kvh * groups) * dim;
+      const T* kg = k_ptr + kvh * head_stride;
+      const T* vg = v_ptr + kvh * v_head_stride;
+      T* og = out_ptr + (b * heads + kvh * groups) * dim;
+#ifdef SGLANG_AVX512_BF16
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (dim <= kMaxBf16Dim) {
+          task_bf16(t, qg, kg, vg, og, scratch);
+          continue;
         }
       }
-      for (int64_t g = 0; g < groups; ++g) {
-        float* row = scores.data() + g * n;
-        const float top = *std::max_element(row, row + n);
-        float total = 0.f;
-        for (int64_t t = 0; t < n; ++t) total += (row[t] = std::exp(row[t] - top));
-        const float inv = 1.f / total;
-        for (int64_t t = 0; t < n; ++t) row[t] *= inv;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < n; ++t) {
-        load_row(v_ptr + slots[t] * v_slot_stride + kvh * v_head_stride, value.data(), dim);
-        for (int64_t g = 0; g < groups; ++g)
-          axpy(scores[g * n + t], value.data(), acc.data() + g * dim, dim);
-      }
-      for (int64_t g = 0; g < groups; ++g) {
-        T* dst = out_ptr + (b * heads + kvh * groups + g) * dim;
-        for (int64_t i = 0; i < dim; ++i) dst[i] = static_cast<T>(acc[g * dim + i]);
-      }
+#endif
+      task_generic(t, qg, kg, vg, og, scratch);
     }
   });
 }
