@@ -13,7 +13,7 @@ from transformers import AutoConfig
 from sglang.srt.core.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.core.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
-from sglang.srt.layers import decode_linear
+from sglang.srt.layers import decode_linear, packed_linear
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -93,6 +93,9 @@ class ModelRunner:
             head = self.model.get_output_embeddings()
             routed = decode_linear.install([*self.adapter.language_model.modules(), head])
             logger.info("decode-sized bfloat16 linears on the native kernel: %d", routed)
+            in_lm = {id(m) for m in self.adapter.language_model.modules()} | {id(head)}
+            encoder = [m for m in self.model.modules() if id(m) not in in_lm]
+            logger.info("encoder linears with packed weights: %d", packed_linear.install(encoder))
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )
@@ -168,6 +171,7 @@ class ModelRunner:
         kv_dtype = self.kv_cache_dtype
         per_token = self.kv_bytes_per_token = layout.bytes_per_token(kv_dtype)
         self.weights_bytes = host_memory.module_bytes(self.model)
+        self.weights_bytes += packed_linear.packed_bytes(self.model)
         budget = self._kv_budget_bytes(per_token)
         state_reqs = self._init_state_pool(budget) if self.state_shape else None
         state_bytes = self.state_pool.nbytes if self.state_pool else 0

@@ -1,0 +1,69 @@
+"""bfloat16 linears of the vision towers on oneDNN with their weights packed once, at load.
+
+On a CPU, torch's bfloat16 ``F.linear`` hands the (out, in) weight to oneDNN, which lays it out
+in its blocked format for the product. Packing each weight once
+(``torch.ops.mkldnn._reorder_linear_weight``) and calling the packed product gives the same
+result (bit for bit on the towers' shapes; elsewhere within the output's rounding) and measured
+5-12% faster on those shapes (1,564-4,784 rows x 1280 -> 1280-5120 and back, AMD EPYC, 2
+threads, AVX512-BF16).
+
+The packed copy replaces the weight's storage: the Parameter keeps its shape, dtype and device
+(HF code reads them) over a one-element storage, so the weights are held once; each module's
+``packed_weight_bytes`` tells the memory report what the packed copy holds. Only plain bfloat16
+CPU weights of modules that are exactly ``nn.Linear`` are packed (quantized tensor subclasses,
+float32 and Linear subclasses keep torch's product).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+def available() -> bool:
+    mkldnn = torch.ops.mkldnn
+    return torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
+
+
+def install(modules: Iterable[nn.Module]) -> int:
+    """Pack the weight of every eligible ``nn.Linear`` among ``modules`` (in place) and route
+    its forward to the packed product; returns how many were packed."""
+    if not available():
+        return 0
+    count = 0
+    for module in modules:
+        if _eligible(module):
+            weight = module.weight
+            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            module.packed_weight_bytes = weight.numel() * weight.element_size()
+            weight.data = torch.zeros((), dtype=weight.dtype).expand(weight.shape)
+            module.forward = types.MethodType(_forward, module)
+            count += 1
+    return count
+
+
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes of the packed weights under ``model`` (not in its parameters' storages)."""
+    return sum(getattr(m, "packed_weight_bytes", 0) for m in model.modules())
+
+
+def _eligible(module: nn.Module) -> bool:
+    # Exactly nn.Linear: subclasses (nn.MultiheadAttention's out_proj) have parents that read
+    # their weight themselves.
+    if type(module) is not nn.Linear or hasattr(module, "packed_weight"):
+        return False
+    weight = module.weight
+    plain = type(weight.data) is torch.Tensor  # not a quantized tensor subclass
+    return (
+        plain
+        and weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and weight.is_contiguous()
+    )
+
+
+def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
