@@ -425,6 +425,22 @@ def write_results(
     print(md)
 
 
+def run_and_write(
+    args: Any,
+    run: Callable[[Any], dict[str, Any]],
+    markdown: Callable[[dict[str, Any]], str],
+    plot: Callable[[dict[str, Any], Path], Any] | None = None,
+) -> dict[str, Any]:
+    """``run(args)`` timed (``wall_s``), then its results written to ``args.out`` (JSON, table,
+    and with ``plot`` a PNG); returns the result."""
+    started = time.perf_counter()
+    result = run(args)
+    result["wall_s"] = time.perf_counter() - started
+    draw = (lambda png: plot(result, png)) if plot is not None else None
+    write_results(args.out, result, markdown(result), draw)
+    return result
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
         return asdict(obj)

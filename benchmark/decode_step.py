@@ -14,7 +14,6 @@ run in one process, alternating, best of ``--repeats``.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from benchmark.common import (
     markdown_table,
     memory_bandwidth_gbs,
     pyplot,
-    write_results,
+    run_and_write,
 )
 from benchmark.memory import SHAPES, cached_checkpoint, shape_config
 
@@ -146,12 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="benchmark/results/decode_step")
-    args = p.parse_args(argv)
-    started = time.perf_counter()
-    result = run(args)
-    result["wall_s"] = time.perf_counter() - started
-    write_results(args.out, result, markdown(result), lambda png: plot(result, png))
-    return result
+    return run_and_write(p.parse_args(argv), run, markdown, plot)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from benchmark.common import (
     markdown_table,
     matmul_peak_gflops,
     pyplot,
-    write_results,
+    run_and_write,
 )
 from sglang.srt import kernels
 from sglang.srt.core.perf_counters import causal_attention_flops, causal_keys_seen
@@ -146,12 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bfloat16", "float32"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="benchmark/results/prefill_attention")
-    args = p.parse_args(argv)
-    started = time.perf_counter()
-    result = run(args)
-    result["wall_s"] = time.perf_counter() - started
-    write_results(args.out, result, markdown(result), lambda png: plot(result, png))
-    return result
+    return run_and_write(p.parse_args(argv), run, markdown, plot)
 
 
 if __name__ == "__main__":

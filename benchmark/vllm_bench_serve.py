@@ -17,13 +17,12 @@ import argparse
 import json
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from benchmark.common import cpu_info, cpu_line, markdown_table, pyplot, write_results
+from benchmark.common import cpu_info, cpu_line, markdown_table, pyplot, run_and_write
 from benchmark.servers import Server, launch, peer_python
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -143,12 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per client run")
     p.add_argument("--out", default="benchmark/results/vllm_bench_serve")
-    args = p.parse_args(argv)
-    started = time.perf_counter()
-    result = run(args)
-    result["wall_s"] = time.perf_counter() - started
-    write_results(args.out, result, markdown(result), lambda png: plot(result, png))
-    return result
+    return run_and_write(p.parse_args(argv), run, markdown, plot)
 
 
 if __name__ == "__main__":

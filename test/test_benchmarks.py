@@ -351,3 +351,17 @@ def test_bench_serve_command_is_what_vllm_parses() -> None:
     assert ast.literal_eval(flag["--random-mm-bucket-config"]) == {(448, 448, 1): 1.0}
     assert json.loads(flag["--random-mm-limit-mm-per-prompt"]) == {"image": 2, "video": 0}
     assert flag["--model"] == "default" and flag["--num-prompts"] == "8"
+
+
+@needs_plots
+def test_decode_step_smoke(tmp_path: Path) -> None:
+    from benchmark.decode_step import main
+
+    out = tmp_path / "decode"
+    main(["--shape", "tiny", "--layers", "1", "--batch-sizes", "1,2", "--repeats", "1",
+          "--new-tokens", "3", "--prompt-len", "16", "--out", str(out)])  # fmt: skip
+    data = _load(out)
+    assert [r["batch"] for r in data["rows"]] == [1, 2]
+    for r in data["rows"]:
+        assert r["floor_ms"] > 0 and r["kernel_ms"] > 0 and r["torch_ms"] > 0
+    assert data["wall_s"] > 0 and out.with_suffix(".png").stat().st_size > 0
