@@ -425,6 +425,25 @@ def write_results(
     print(md)
 
 
+def best_seconds(
+    calls: dict[str, Callable[[], Any]], repeats: int, tick: Callable[[], Any] | None = None
+) -> dict[str, float]:
+    """Best wall time of each call over ``repeats`` rounds in which the calls alternate (after
+    one warm-up call each), so slow phases of a shared machine hit every call alike; ``tick``
+    after each timed call (a progress bar's update)."""
+    for call in calls.values():
+        call()
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(repeats):
+        for name, call in calls.items():
+            started = time.perf_counter()
+            call()
+            best[name] = min(best[name], time.perf_counter() - started)
+            if tick is not None:
+                tick()
+    return best
+
+
 def run_and_write(
     args: Any,
     run: Callable[[Any], dict[str, Any]],

@@ -204,9 +204,8 @@ def _write_weights(
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         tensors = {name: _random_bf16(name, shape, gen) for name, shape in shard}
-        for name in tensors:
-            if name == head:
-                tensors[name][mute] = 0
+        if head in tensors:
+            tensors[head][mute] = 0
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
         os.chmod(out / fname, 0o644)
         bar.update(sum(t.numel() * 2 for t in tensors.values()))
@@ -262,7 +261,7 @@ def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
     from sglang.testing.tiny import build_tokenizer
     from sglang.testing.tiny.common import patch_json, qwen_ids
 
-    config_class, processor_class, architecture = _FAMILY[dims.get("model_type", "qwen2_5_vl")]
+    config_class, processor_class, architecture = _FAMILY[dims["model_type"]]
     tok = build_tokenizer("qwen2_5_vl")
     eot, eos = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
     text = {**dims["text"], "bos_token_id": eot, "eos_token_id": eos}
@@ -283,8 +282,7 @@ def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
 
 def cached_checkpoint(dims: dict[str, Any], shape: str) -> Path:
     """The checkpoint of ``dims`` under the project cache dir, built on first use."""
-    text, vision = dims["text"], dims["vision"]
-    family = dims.get("model_type", "qwen2_5_vl")
+    family, text, vision = dims["model_type"], dims["text"], dims["vision"]
     name = f"{family}-{shape}-L{text['num_hidden_layers']}-V{vision['depth']}-v{BUILD_VERSION}"
     root = Path(os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang")
     final = root / "bench-models" / name

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from benchmark.common import (
+    best_seconds,
     cpu_info,
     cpu_line,
     markdown_table,
@@ -67,15 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bar = tqdm(total=len(cases) * len(PATHS) * args.repeats, desc="prefill_attention")
     for dtype, prefix, q_len in cases:
         calls = _case(args.heads, args.kv_heads, args.dim, prefix, q_len, getattr(torch, dtype))
-        best = {path: float("inf") for path in PATHS}
-        for path in PATHS:
-            calls[path]()  # warm-up
-        for _ in range(args.repeats):
-            for path in PATHS:
-                started = time.perf_counter()
-                calls[path]()
-                best[path] = min(best[path], time.perf_counter() - started)
-                bar.update(1)
+        best = best_seconds(calls, args.repeats, bar.update)
         flops = causal_attention_flops(args.heads, args.dim, causal_keys_seen(prefix, q_len))
         row = {"dtype": dtype, "prefix": prefix, "q_len": q_len, "gflop": flops / 1e9}
         for path in PATHS:

@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-from benchmark.common import cpu_info, cpu_line, markdown_table, matmul_peak_gflops, write_results
+from benchmark.common import (
+    best_seconds,
+    cpu_info,
+    cpu_line,
+    markdown_table,
+    matmul_peak_gflops,
+    write_results,
+)
 from sglang.srt import kernels
 from sglang.srt.models import fast_vision
 
@@ -58,14 +65,7 @@ def attention_rows(args: argparse.Namespace, peak: float) -> list[dict[str, Any]
         for layout in args.layouts:
             lengths = _layout(layout)
             calls = _attention_case(args.heads, args.dim, lengths, getattr(torch, dtype))
-            best = dict.fromkeys(PATHS, float("inf"))
-            for path in PATHS:
-                calls[path]()  # warm-up
-            for _ in range(args.repeats):
-                for path in PATHS:
-                    started = time.perf_counter()
-                    calls[path]()
-                    best[path] = min(best[path], time.perf_counter() - started)
+            best = best_seconds(calls, args.repeats)
             flops = 4.0 * args.heads * args.dim * sum(n * n for n in lengths)
             row = {"dtype": dtype, "segments": layout, "gflop": flops / 1e9}
             for path in PATHS:

@@ -19,18 +19,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <vector>
 
-#include "prefill_attention_tiles.h"  // exp512; SGLANG_AVX512_BF16 where the CPU has it
+#include "prefill_attention_tiles.h"  // to_float, exp512; SGLANG_AVX512_BF16 where present
 
 namespace {
 
-constexpr int kLanes = 16;
+using prefill_tiles::to_float;
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+constexpr int kLanes = 16;
 
 template <typename T>
 inline void load_row(const T* src, float* dst, int64_t n) {

@@ -72,23 +72,37 @@ inline void copy_row(const T* src, int64_t n, Elem* dst) {
   }
 }
 
-// dst[0, n) = acc[0, n) * scale rounded to T (n a multiple of 16).
+#ifdef SGLANG_AVX512
+// Whether 16 floats store to T in one instruction: float, and bfloat16 where the CPU rounds to it.
+template <typename T>
+constexpr bool kStores16 = std::is_same_v<T, float>
+#ifdef SGLANG_AVX512_BF16
+                           || std::is_same_v<T, c10::BFloat16>
+#endif
+    ;
+
+// dst[0, 16) = x rounded to T (kStores16<T>).
+template <typename T>
+inline void store16(T* dst, __m512 x) {
+  static_assert(kStores16<T>, "no vector store to this type on this CPU");
+  if constexpr (std::is_same_v<T, float>) {
+    _mm512_storeu_ps(dst, x);
+  } else {
+#ifdef SGLANG_AVX512_BF16
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(x));
+#endif
+  }
+}
+#endif
+
+// dst[0, n) = acc[0, n) * scale rounded to T.
 template <typename T>
 inline void store_scaled(const float* acc, float scale, int64_t n, T* dst) {
   int64_t d = 0;
 #ifdef SGLANG_AVX512
-  for (; d + 16 <= n; d += 16) {
-    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(scale));
-    if constexpr (std::is_same_v<T, float>) {
-      _mm512_storeu_ps(dst + d, x);
-    } else {
-#ifdef SGLANG_AVX512_BF16
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), (__m256i)_mm512_cvtneps_pbh(x));
-#else
-      break;
-#endif
-    }
-  }
+  if constexpr (kStores16<T>)
+    for (; d + 16 <= n; d += 16)
+      store16(dst + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(scale)));
 #endif
   for (; d < n; ++d) dst[d] = static_cast<T>(acc[d] * scale);
 }
@@ -288,13 +302,7 @@ void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, floa
   for (; j + 16 <= n_padded; j += 16) {
     const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift);
     const __m512 e = _mm512_maskz_mov_ps(valid(j), exp512(x));
-    if constexpr (std::is_same_v<Elem, float>) {
-      _mm512_storeu_ps(p + j, e);
-    } else {
-#ifdef SGLANG_AVX512_BF16
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), (__m256i)_mm512_cvtneps_pbh(e));
-#endif
-    }
+    store16(p + j, e);
     vsum = _mm512_add_ps(vsum, e);
   }
   _mm512_storeu_ps(sum_lanes, vsum);
