@@ -32,8 +32,11 @@ def launch_server(model_path: str, *flags: str, timeout: float = 180) -> Iterato
 def server_process(
     model_path: str, *flags: str, timeout: float = 180
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Yield (base URL, server process) once the server is ready; stop it afterwards."""
+    """Yield (base URL, server process) once the server is ready; stop it afterwards. The
+    server runs in float32, the exact mode, unless ``flags`` name a ``--dtype``."""
     port = free_port()
+    if "--dtype" not in flags:
+        flags = ("--dtype", "float32", *flags)
     cmd = [
         sys.executable,
         "-m",

@@ -205,8 +205,14 @@ def test_auto_dtype_follows_checkpoint_and_cpu(tmp_path: Path, monkeypatch) -> N
         assert (isa or "no native bfloat16") in choice.reason
     assert resolve_dtype("float16", config, "cpu").dtype == torch.bfloat16
     assert resolve_dtype("float32", config, "cpu").dtype == torch.float32
+    # A float32 checkpoint is downcast as SGLang and vLLM downcast it; float32 only on request.
     float32_config = transformers.AutoConfig.from_pretrained(model_dir("qwen2_5_vl"))
-    assert resolve_dtype("auto", float32_config, "cpu").dtype == torch.float32
+    for isa, want in (("amx", torch.bfloat16), (None, torch.float32)):
+        monkeypatch.setattr(dtypes, "cpu_bfloat16_isa", lambda isa=isa: isa)
+        choice = resolve_dtype("auto", float32_config, "cpu")
+        assert (choice.dtype, choice.fell_back) == (want, False)
+        assert "declares float32" in choice.reason
+    assert resolve_dtype("float32", float32_config, "cpu").dtype == torch.float32
 
     monkeypatch.setattr(dtypes, "cpu_bfloat16_isa", lambda: "avx512_bf16")
     engine = sglang.Engine(model_path=str(folder))
@@ -224,4 +230,4 @@ def test_unknown_dtypes_are_refused() -> None:
     with pytest.raises(ValueError, match="dtype must be auto or one of"):
         sglang.Engine(model_path=model_dir("qwen2_5_vl"), dtype="int3")
     with pytest.raises(ValueError, match="kv_cache_dtype must be auto or one of"):
-        sglang.Engine(model_path=model_dir("qwen2_5_vl"), kv_cache_dtype="fp4")
+        sglang.Engine(dtype="float32", model_path=model_dir("qwen2_5_vl"), kv_cache_dtype="fp4")

@@ -45,7 +45,7 @@ def _threads_per_step(engine: sglang.Engine, monkeypatch) -> list[tuple[bool, in
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="needs two intra-op threads")
 def test_engine_decodes_single_threaded_and_restores(monkeypatch) -> None:
     default = torch.get_num_threads()
-    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"))
+    engine = sglang.Engine(dtype="float32", model_path=model_dir("qwen2_5_vl"))
     seen = _threads_per_step(engine, monkeypatch)
     prompt = f"Describe {placeholder('qwen2_5_vl')} briefly."
     params = {"temperature": 0, "max_new_tokens": 6}
@@ -54,7 +54,9 @@ def test_engine_decodes_single_threaded_and_restores(monkeypatch) -> None:
     assert {threads for decode, threads in seen if not decode} == {default}
     assert torch.get_num_threads() == default
 
-    wide = sglang.Engine(model_path=model_dir("qwen2_5_vl"), decode_threads=default)
+    wide = sglang.Engine(
+        dtype="float32", model_path=model_dir("qwen2_5_vl"), decode_threads=default
+    )
     seen = _threads_per_step(wide, monkeypatch)
     same = wide.generate(prompt, params, image_data=[make_image(1)])
     assert {threads for _, threads in seen} == {default}

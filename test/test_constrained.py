@@ -24,7 +24,9 @@ PH = placeholder(FAMILY)
 
 @pytest.fixture(scope="module")
 def engine() -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(FAMILY), chunked_prefill_size=32, random_seed=0)
+    return sglang.Engine(
+        dtype="float32", model_path=model_dir(FAMILY), chunked_prefill_size=32, random_seed=0
+    )
 
 
 # JSON schemas --------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def test_engine_decodes_through_the_kernel(monkeypatch) -> None:
     images = [[make_image(1)], []]
     params = {"temperature": 0, "max_new_tokens": 8}
     calls = []
-    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"))
+    engine = sglang.Engine(dtype="float32", model_path=model_dir("qwen2_5_vl"))
     backend = engine.runner.attn_backend
     real = backend.decode_kernel
 

@@ -18,7 +18,9 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8}
 
 @pytest.fixture(scope="module")
 def engine() -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(FAMILY), chunked_prefill_size=32, random_seed=0)
+    return sglang.Engine(
+        dtype="float32", model_path=model_dir(FAMILY), chunked_prefill_size=32, random_seed=0
+    )
 
 
 def _png_bytes(seed: int) -> bytes:
@@ -167,11 +169,13 @@ def test_corrupt_image_is_an_image_error(engine: sglang.Engine) -> None:
 
 
 def test_image_limit_and_text_model_rejects_images() -> None:
-    eng = sglang.Engine(model_path=model_dir(FAMILY), limit_mm_data_per_request='{"image": 1}')
+    eng = sglang.Engine(
+        dtype="float32", model_path=model_dir(FAMILY), limit_mm_data_per_request='{"image": 1}'
+    )
     ph = placeholder(FAMILY)
     with pytest.raises(ValueError, match="limit"):
         eng.generate(f"{ph}{ph}", GREEDY, image_data=[make_image(1), make_image(2)])
-    text_engine = sglang.Engine(model_path=model_dir("qwen2"))
+    text_engine = sglang.Engine(dtype="float32", model_path=model_dir("qwen2"))
     with pytest.raises(ValueError, match="does not accept images"):
         text_engine.generate("hello", GREEDY, image_data=make_image(1))
 
@@ -192,7 +196,7 @@ def test_flush_cache_and_server_info(engine: sglang.Engine) -> None:
 
 
 def test_disable_radix_cache_reports_no_hits() -> None:
-    eng = sglang.Engine(model_path=model_dir(FAMILY), disable_radix_cache=True)
+    eng = sglang.Engine(dtype="float32", model_path=model_dir(FAMILY), disable_radix_cache=True)
     first = eng.generate("same prompt twice", GREEDY)
     second = eng.generate("same prompt twice", GREEDY)
     assert second["meta_info"]["cached_tokens"] == 0
@@ -202,7 +206,9 @@ def test_disable_radix_cache_reports_no_hits() -> None:
 
 
 def test_admission_control_queues_when_kv_is_short() -> None:
-    eng = sglang.Engine(model_path=model_dir(FAMILY), max_total_tokens=160, chunked_prefill_size=16)
+    eng = sglang.Engine(
+        dtype="float32", model_path=model_dir(FAMILY), max_total_tokens=160, chunked_prefill_size=16
+    )
     ph = placeholder(FAMILY)
     prompts = [f"request {i} {ph} with words" for i in range(6)]
     images = [make_image(40 + i) for i in range(6)]
@@ -223,7 +229,7 @@ def test_admission_control_queues_when_kv_is_short() -> None:
 
 
 def test_request_larger_than_kv_pool_is_rejected() -> None:
-    eng = sglang.Engine(model_path=model_dir(FAMILY), max_total_tokens=32)
+    eng = sglang.Engine(dtype="float32", model_path=model_dir(FAMILY), max_total_tokens=32)
     with pytest.raises(ValueError, match="KV slots"):
         eng.generate("word " * 40, GREEDY)
     assert eng.generate("short", {"temperature": 0, "max_new_tokens": 4})["output_ids"]
@@ -232,7 +238,7 @@ def test_request_larger_than_kv_pool_is_rejected() -> None:
 def test_gemma3_never_splits_an_image_across_chunks() -> None:
     family = "gemma3"
     ph = placeholder(family)
-    eng = sglang.Engine(model_path=model_dir(family), chunked_prefill_size=7)
+    eng = sglang.Engine(dtype="float32", model_path=model_dir(family), chunked_prefill_size=7)
     chunks = []
     original = eng.runner.forward
 
@@ -255,7 +261,7 @@ def test_gemma3_never_splits_an_image_across_chunks() -> None:
 
 def test_default_model_and_context_manager(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
-    with sglang.Engine(random_seed=0) as eng:
+    with sglang.Engine(dtype="float32", random_seed=0) as eng:
         out = eng.generate(f"Hi {placeholder(FAMILY)}", GREEDY, image_data=make_image(1))
         assert out["meta_info"]["completion_tokens"] == 8
         assert str(tmp_path) in eng.server_args.model_path
@@ -268,7 +274,7 @@ def test_rendered_chat_prompt_keeps_a_single_bos() -> None:
     from sglang.srt.entrypoints.openai.serving_chat import render_chat as _render_chat
     from sglang.srt.server_args import ServerArgs
 
-    eng = sglang.Engine(model_path=model_dir("gemma3"))
+    eng = sglang.Engine(dtype="float32", model_path=model_dir("gemma3"))
     bos, bos_id = eng.tokenizer.bos_token, eng.tokenizer.bos_token_id
     body = ChatCompletionRequest(
         messages=[

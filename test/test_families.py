@@ -31,7 +31,7 @@ CUTTING_CHUNKS = (29, 23, 19, 17, 13, 11, 7, 5)  # the largest that cuts as need
 
 @functools.cache
 def _engine(family: str, chunk: int) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=chunk)
+    return sglang.Engine(dtype="float32", model_path=model_dir(family), chunked_prefill_size=chunk)
 
 
 def _cases(family: str) -> list[tuple[str, list]]:
@@ -140,7 +140,7 @@ def test_unservable_model_fails_at_startup_with_one_line(tmp_path: Path) -> None
     with pytest.raises(UnsupportedModelError, match="cannot serve model type 'mllama'"):
         check_model(str(tmp_path))
     with pytest.raises(UnsupportedModelError, match="cannot serve"):
-        sglang.Engine(model_path=str(tmp_path))
+        sglang.Engine(dtype="float32", model_path=str(tmp_path))
     proc = subprocess.run(
         [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp_path)],
         capture_output=True,

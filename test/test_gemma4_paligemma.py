@@ -59,7 +59,7 @@ def test_gemma4_pool_has_per_layer_shapes_and_no_layers_for_shared_kv() -> None:
     assert layout.pool_layer == {0: 0, 1: 1, 2: 2, 3: 3, 4: 3, 5: 2}
     assert layout.shared == {4, 5}
     assert layout.bytes_per_token(torch.float32) == 2 * 4 * (3 * 2 * 16 + 32)
-    engine = sglang.Engine(model_path=model_dir("gemma4"), chunked_prefill_size=-1)
+    engine = sglang.Engine(dtype="float32", model_path=model_dir("gemma4"), chunked_prefill_size=-1)
     pool = engine.runner.kv_pool
     assert [tuple(buf.shape[1:]) for buf in pool.k_buffer] == list(layout.shapes)
     assert engine.get_server_info()["memory"]["kv_bytes_per_token"] == 1024
@@ -81,7 +81,9 @@ def test_uniform_and_hybrid_layouts() -> None:
 # Gemma 4: each of its differences is needed -----------------------------------------------------
 @functools.cache
 def _gemma4(chunk: int = 7) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir("gemma4"), chunked_prefill_size=chunk)
+    return sglang.Engine(
+        dtype="float32", model_path=model_dir("gemma4"), chunked_prefill_size=chunk
+    )
 
 
 def test_gemma4_matches_hf_and_images_are_never_split() -> None:
@@ -145,7 +147,7 @@ def test_causal_gemma4_splits_images_across_chunks(tmp_path: Path) -> None:
     with torch.no_grad():
         ref = model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
     ref_ids = ref[0, inputs["input_ids"].shape[1] :].tolist()
-    engine = sglang.Engine(model_path=str(folder), chunked_prefill_size=7)
+    engine = sglang.Engine(dtype="float32", model_path=str(folder), chunked_prefill_size=7)
     assert engine.runner.adapter.bidirectional is None
     assert _run(engine, "gemma4")[0] == ref_ids
     assert engine.scheduler.forward_steps > len(inputs["input_ids"][0]) // 7  # chunks of 7
@@ -155,7 +157,9 @@ def test_causal_gemma4_splits_images_across_chunks(tmp_path: Path) -> None:
 # PaliGemma: a prefix-LM --------------------------------------------------------------------------
 @functools.cache
 def _paligemma(chunk: int = 5) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir("paligemma"), chunked_prefill_size=chunk)
+    return sglang.Engine(
+        dtype="float32", model_path=model_dir("paligemma"), chunked_prefill_size=chunk
+    )
 
 
 def test_paligemma_prompt_is_prefilled_whole_and_matches_hf() -> None:
@@ -178,7 +182,9 @@ def test_paligemma_layout_adds_bos_after_the_last_image_and_a_newline() -> None:
 
 @pytest.mark.parametrize("mutation", ["causal prompt", "window bounds the prompt"])
 def test_paligemma_prefix_mask_is_needed(mutation: str, monkeypatch) -> None:
-    engine = sglang.Engine(model_path=model_dir("paligemma"), chunked_prefill_size=-1)
+    engine = sglang.Engine(
+        dtype="float32", model_path=model_dir("paligemma"), chunked_prefill_size=-1
+    )
     if mutation == "causal prompt":
         monkeypatch.setattr(engine.scheduler, "bidirectional", None)
     else:
@@ -214,13 +220,15 @@ def test_paligemma_1_with_a_gemma_lm_matches_hf(tmp_path: Path) -> None:
         ref = model.generate(**inputs, max_new_tokens=MAX_NEW, do_sample=False)
     ref_ids = ref[0, inputs["input_ids"].shape[1] :].tolist()
     for chunk in (-1, 5):
-        engine = sglang.Engine(model_path=str(folder), chunked_prefill_size=chunk)
+        engine = sglang.Engine(dtype="float32", model_path=str(folder), chunked_prefill_size=chunk)
         assert _run(engine, "paligemma")[0] == ref_ids
         engine.scheduler.check_integrity()
 
 
 def test_paligemma_kv_is_reused_only_by_the_same_prompt() -> None:
-    engine = sglang.Engine(model_path=model_dir("paligemma"), chunked_prefill_size=-1)
+    engine = sglang.Engine(
+        dtype="float32", model_path=model_dir("paligemma"), chunked_prefill_size=-1
+    )
     ph, image = placeholder("paligemma"), make_image(5, 64, 64)
     short = f"{ph}answer en what is it"
     longer = f"{ph}answer en what is it and where"

@@ -117,7 +117,9 @@ def test_mem_fraction_static_sizes_the_kv_pool() -> None:
     assert abs(report["kv_pool_bytes"] - (8 << 20)) <= (256 << 10)
     assert report["static_bytes"] <= fraction * total + report["kv_bytes_per_token"]
     with pytest.raises(memory.InsufficientMemoryError, match="--mem-fraction-static"):
-        sglang.Engine(model_path=model_dir(FAMILY), mem_fraction_static=weights / total / 2)
+        sglang.Engine(
+            dtype="float32", model_path=model_dir(FAMILY), mem_fraction_static=weights / total / 2
+        )
 
 
 def test_server_info_reports_memory() -> None:

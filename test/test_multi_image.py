@@ -23,7 +23,9 @@ CHUNKS = (11, 7, 5, 3, 2)  # the largest that cuts an image of every prompt is t
 
 @functools.cache
 def _engine(family: str) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=_cutting_chunk(family))
+    return sglang.Engine(
+        dtype="float32", model_path=model_dir(family), chunked_prefill_size=_cutting_chunk(family)
+    )
 
 
 def _cutting_chunk(family: str) -> int:
@@ -115,7 +117,10 @@ def test_context_dependent_family_unchunked_and_in_the_other_cache_modes(
     """Unchunked, the three prompts' images are encoded in one step: one call per context."""
     family = "llava_onevision"
     engine = sglang.Engine(
-        model_path=model_dir(family), chunked_prefill_size=chunk, mm_cache_mode=mode
+        dtype="float32",
+        model_path=model_dir(family),
+        chunked_prefill_size=chunk,
+        mm_cache_mode=mode,
     )
     _generate_batch(engine, family)
     if chunk == -1:

@@ -46,7 +46,9 @@ def test_parity_across_chunk_sizes_and_radix_hits(family: str) -> None:
     cases = _cases(family)
     refs = [hf_greedy(family, prompt, images, MAX_NEW) for prompt, images in cases]
     for chunk in (-1, 5, 16):
-        engine = sglang.Engine(model_path=model_dir(family), chunked_prefill_size=chunk)
+        engine = sglang.Engine(
+            dtype="float32", model_path=model_dir(family), chunked_prefill_size=chunk
+        )
         for (prompt, images), (ref_ids, ref_lps) in zip(cases, refs):
             first = engine.generate(prompt, GREEDY, image_data=images, return_logprob=True)
             _assert_matches(first, ref_ids, ref_lps)
@@ -69,7 +71,10 @@ def test_parity_in_a_mixed_batch(family: str, mixed_chunk: bool) -> None:
     images = [[make_image(4, 64, 96)], [], [make_image(5), make_image(6, 128, 64)]]
     refs = [hf_greedy(family, p, imgs, MAX_NEW) for p, imgs in zip(prompts, images)]
     engine = sglang.Engine(
-        model_path=model_dir(family), chunked_prefill_size=24, enable_mixed_chunk=mixed_chunk
+        dtype="float32",
+        model_path=model_dir(family),
+        chunked_prefill_size=24,
+        enable_mixed_chunk=mixed_chunk,
     )
     outs = engine.generate(prompts, GREEDY, image_data=images, return_logprob=True)
     for out, (ref_ids, ref_lps) in zip(outs, refs):
@@ -83,7 +88,7 @@ def test_different_image_never_reuses_kv() -> None:
     family = "qwen2_5_vl"
     ph = placeholder(family)
     prompt = f"Look {ph} and describe."
-    engine = sglang.Engine(model_path=model_dir(family))
+    engine = sglang.Engine(dtype="float32", model_path=model_dir(family))
     engine.generate(prompt, GREEDY, image_data=make_image(10))
     other = engine.generate(prompt, GREEDY, image_data=make_image(11), return_logprob=True)
     ref_ids, ref_lps = hf_greedy(family, prompt, [make_image(11)], MAX_NEW)

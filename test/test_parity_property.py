@@ -21,7 +21,9 @@ _engines: dict[tuple[str, int], sglang.Engine] = {}
 def _engine(family: str, chunk: int) -> sglang.Engine:
     if (family, chunk) not in _engines:
         path = model_dir(family)
-        _engines[family, chunk] = sglang.Engine(model_path=path, chunked_prefill_size=chunk)
+        _engines[family, chunk] = sglang.Engine(
+            dtype="float32", model_path=path, chunked_prefill_size=chunk
+        )
     return _engines[family, chunk]
 
 

@@ -61,7 +61,7 @@ def _assert_prompt_logprobs(meta: dict, ids: list[int], ref: list, start: int) -
 
 @functools.cache
 def _engine(family: str, chunk: int) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=chunk)
+    return sglang.Engine(dtype="float32", model_path=model_dir(family), chunked_prefill_size=chunk)
 
 
 @pytest.mark.parametrize("chunk", [-1, 5])

@@ -26,7 +26,7 @@ def engine(family: str, chunk: int, **kwargs) -> sglang.Engine:
     key = (family, chunk, tuple(sorted(kwargs.items())))
     if key not in _engines:
         _engines[key] = sglang.Engine(
-            model_path=model_dir(family), chunked_prefill_size=chunk, **kwargs
+            model_path=model_dir(family), chunked_prefill_size=chunk, dtype="float32", **kwargs
         )
     return _engines[key]
 

@@ -21,7 +21,9 @@ _engines: dict[int, sglang.Engine] = {}
 
 def _engine(chunk: int) -> sglang.Engine:
     if chunk not in _engines:
-        _engines[chunk] = sglang.Engine(model_path=model_dir(FAMILY), chunked_prefill_size=chunk)
+        _engines[chunk] = sglang.Engine(
+            dtype="float32", model_path=model_dir(FAMILY), chunked_prefill_size=chunk
+        )
     return _engines[chunk]
 
 

@@ -247,7 +247,7 @@ def _wait_idle(urls: list[str]) -> None:
 
 # The load report, exactly ------------------------------------------------------------------------
 def test_load_report_counts_running_waiting_and_held_tokens() -> None:
-    engine = sglang.Engine(model_path=model_dir(FAMILY), max_running_requests=1)
+    engine = sglang.Engine(dtype="float32", model_path=model_dir(FAMILY), max_running_requests=1)
     tokenized, _ = engine.tokenize(
         ["hello there my friend", "once upon a time in a land"],
         {"max_new_tokens": 3, "temperature": 0},

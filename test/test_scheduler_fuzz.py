@@ -29,7 +29,10 @@ _RIDS = itertools.count()
 @functools.cache
 def _engine(mixed_chunk: bool = False) -> sglang.Engine:
     return sglang.Engine(
-        model_path=model_dir(FAMILY), chunked_prefill_size=16, enable_mixed_chunk=mixed_chunk
+        dtype="float32",
+        model_path=model_dir(FAMILY),
+        chunked_prefill_size=16,
+        enable_mixed_chunk=mixed_chunk,
     )
 
 

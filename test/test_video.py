@@ -58,7 +58,7 @@ def clip(seed: int, frames: int = 7, height: int = 50, width: int = 70) -> np.nd
 
 @functools.cache
 def _engine(family: str) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=-1)
+    return sglang.Engine(dtype="float32", model_path=model_dir(family), chunked_prefill_size=-1)
 
 
 @functools.cache
@@ -261,7 +261,7 @@ def test_group_spans_partition_the_video(lengths: list[int], gaps: list[int], ro
 
 
 def test_families_without_video_refuse_it() -> None:
-    engine = sglang.Engine(model_path=model_dir("llava"))
+    engine = sglang.Engine(dtype="float32", model_path=model_dir("llava"))
     with pytest.raises(ValueError, match="does not accept videos"):
         engine.generate("USER: <image> hi", GREEDY, video_data=clip(0))
 
@@ -302,7 +302,10 @@ def test_whole_video_mode_matches_hf_and_encodes_at_once() -> None:
     """``--mm-video-cache whole``: one entry per video, encoded by the first chunk that
     touches it; the same outputs."""
     engine = sglang.Engine(
-        model_path=model_dir("qwen2_5_vl"), chunked_prefill_size=5, mm_video_cache="whole"
+        dtype="float32",
+        model_path=model_dir("qwen2_5_vl"),
+        chunked_prefill_size=5,
+        mm_video_cache="whole",
     )
     out = _generate(engine, PROMPT, video_data=clip(1))
     assert _matches(out, _ref("qwen2_5_vl", PROMPT, 1))

@@ -96,7 +96,7 @@ def clip(seed: int, frames: int = 7, height: int = 50, width: int = 70) -> np.nd
 
 @functools.cache
 def _engine(family: str) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(family), chunked_prefill_size=-1)
+    return sglang.Engine(dtype="float32", model_path=model_dir(family), chunked_prefill_size=-1)
 
 
 @functools.cache
@@ -406,7 +406,10 @@ def test_whole_video_mode_matches_hf(family: str) -> None:
     """``--mm-video-cache whole``: one entry per video (LLaVA-OneVision's newline included),
     encoded at once by the first chunk that touches it."""
     engine = sglang.Engine(
-        model_path=model_dir(family), chunked_prefill_size=5, mm_video_cache="whole"
+        dtype="float32",
+        model_path=model_dir(family),
+        chunked_prefill_size=5,
+        mm_video_cache="whole",
     )
     prompt = video_prompt(family)
     assert _matches(_generate(engine, prompt, video_data=clip(1)), _ref(family, prompt, 1))

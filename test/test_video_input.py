@@ -63,7 +63,7 @@ def test_decoding_keeps_the_sampled_frames(fps: float, gop: int) -> None:
 
 @functools.cache
 def _engine(**flags) -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(FAMILY), **flags)
+    return sglang.Engine(model_path=model_dir(FAMILY), dtype="float32", **flags)
 
 
 def test_encoded_clip_equals_its_decoded_frames() -> None:
@@ -86,7 +86,7 @@ def test_qwen3_timestamps_follow_the_stream() -> None:
     from test_video import _hf_expanded_ids
 
     family = "qwen3_vl"
-    engine = sglang.Engine(model_path=model_dir(family))
+    engine = sglang.Engine(dtype="float32", model_path=model_dir(family))
     data = _clip(10, frames=50)  # 5 s at 10 fps: 10 frames kept
     (tokenized,), _ = engine.tokenize(PROMPT, GREEDY, None, None, None, data)
     video = engine.processor.load_videos([data])[0]

@@ -54,7 +54,9 @@ class Recorder:
 
 
 def _engine(mode: str, **kwargs) -> tuple[sglang.Engine, Recorder]:
-    engine = sglang.Engine(model_path=model_dir(FAMILY), mm_cache_mode=mode, **kwargs)
+    engine = sglang.Engine(
+        model_path=model_dir(FAMILY), mm_cache_mode=mode, dtype="float32", **kwargs
+    )
     return engine, Recorder(engine)
 
 
@@ -71,7 +73,10 @@ def test_every_mode_matches_hf(family: str, mode: str) -> None:
     ref_ids, _ = hf_greedy(family, prompt, images, 6)
     for chunk in (-1, 5):
         engine = sglang.Engine(
-            model_path=model_dir(family), mm_cache_mode=mode, chunked_prefill_size=chunk
+            dtype="float32",
+            model_path=model_dir(family),
+            mm_cache_mode=mode,
+            chunked_prefill_size=chunk,
         )
         for _ in range(2):  # second run: prefix and embedding caches warm
             assert engine.generate(prompt, GREEDY, image_data=images)["output_ids"] == ref_ids
@@ -240,5 +245,5 @@ def test_server_info_reports_cache_counters() -> None:
 
 def test_env_var_sets_the_budget(monkeypatch) -> None:
     monkeypatch.setenv("SGLANG_VLM_CACHE_SIZE_MB", "3")
-    engine = sglang.Engine(model_path=model_dir(FAMILY))
+    engine = sglang.Engine(dtype="float32", model_path=model_dir(FAMILY))
     assert engine.get_server_info()["mm_embedding_cache"]["capacity_bytes"] == 3 * 2**20

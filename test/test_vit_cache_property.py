@@ -24,7 +24,7 @@ SIZES = [(32, 32), (64, 32), (48, 80), (64, 64)]
 
 @functools.cache
 def _engine() -> sglang.Engine:
-    return sglang.Engine(model_path=model_dir(FAMILY))
+    return sglang.Engine(dtype="float32", model_path=model_dir(FAMILY))
 
 
 def _request(layout: list[tuple[int, int]], seed: int) -> Req:

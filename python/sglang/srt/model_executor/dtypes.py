@@ -1,10 +1,11 @@
 """Which dtype the model and its KV cache run in.
 
-``--dtype auto`` decides as SGLang and vLLM do on a CPU: a checkpoint that declares a half
-precision (bfloat16, or float16, which a CPU runs as bfloat16) runs in bfloat16 where the CPU
-computes bfloat16 natively (AMX or AVX512-BF16), otherwise in float32. A float32 checkpoint runs in
-float32. On a GPU the checkpoint's own dtype is used. Float32 is the exact reference mode: greedy
-output equals HF's token for token.
+``--dtype auto`` decides as SGLang and vLLM do: a checkpoint is served in half precision, a float32
+one included (both engines downcast float32 checkpoints under ``auto``). On a CPU that is bfloat16
+where the CPU computes it natively (AMX or AVX512-BF16), otherwise float32; float16 runs as
+bfloat16 on a CPU. On a GPU a half-precision checkpoint keeps its dtype and a float32 one runs in
+bfloat16 (float16 where the GPU lacks bfloat16). ``--dtype float32`` is the exact reference mode:
+greedy output equals HF's token for token.
 """
 
 from __future__ import annotations
@@ -78,19 +79,26 @@ def resolve_dtype(name: str, config: Any, device: str) -> DtypeChoice:
             return DtypeChoice(torch.bfloat16, "float16 requested: a CPU runs it as bfloat16")
         return DtypeChoice(dtype, "requested")
     declared = checkpoint_dtype(config)
+    declared_half = declared in (torch.bfloat16, torch.float16)
+    said = f"checkpoint declares {_name(declared)}"
     if device != "cpu":
-        return DtypeChoice(declared or torch.bfloat16, f"checkpoint declares {_name(declared)}")
-    if declared not in (torch.bfloat16, torch.float16):
-        return DtypeChoice(torch.float32, f"checkpoint declares {_name(declared)}")
+        if declared_half:
+            return DtypeChoice(declared, said)
+        half = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return DtypeChoice(half, f"{said}: served in half precision (--dtype float32 is exact)")
     isa = cpu_bfloat16_isa()
     if isa is None:
+        if not declared_half:
+            return DtypeChoice(torch.float32, f"{said}; this CPU has no native bfloat16")
         return DtypeChoice(
             torch.float32,
-            f"checkpoint declares {_name(declared)} but this CPU has no native bfloat16 "
-            "(neither AMX nor AVX512-BF16): running float32, twice the memory",
+            f"{said} but this CPU has no native bfloat16 (neither AMX nor AVX512-BF16): running "
+            "float32, twice the memory",
             fell_back=True,
         )
-    return DtypeChoice(torch.bfloat16, f"checkpoint declares {_name(declared)}; CPU has {isa}")
+    if not declared_half:
+        said += ", served in bfloat16 (--dtype float32 is exact)"
+    return DtypeChoice(torch.bfloat16, f"{said}; CPU has {isa}")
 
 
 def resolve_launch_dtypes(args: Any, config: Any) -> tuple[DtypeChoice, torch.dtype]:

@@ -23,9 +23,9 @@ class EngineConfig:
     dtype: str = field(
         default="auto",
         metadata={
-            "help": "auto: the checkpoint's dtype; on a CPU a bfloat16/float16 checkpoint runs in "
-            "bfloat16 where the CPU has AMX or AVX512-BF16, else float32. float32 is exact "
-            "(greedy output equals HF's); bfloat16, float16 (bfloat16 on a CPU)."
+            "help": "auto: half precision, as SGLang and vLLM pick it (a float32 checkpoint "
+            "too): on a CPU bfloat16 where it has AMX or AVX512-BF16, else float32. float32 is "
+            "exact (greedy output equals HF's); bfloat16, float16 (bfloat16 on a CPU)."
         },
     )
     kv_cache_dtype: str = field(
