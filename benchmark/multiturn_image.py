@@ -47,6 +47,7 @@ from benchmark.common import (
     write_json,
 )
 from benchmark.servers import connect, launch
+from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 
 FIRST_TEXT = "Describe this image in detail: " + "z" * 64
 NEXT_TEXT = "Now look at this new image and answer: " + "w" * 32
@@ -305,6 +306,14 @@ def targets(args: argparse.Namespace) -> list[tuple[str, str]]:
     return out
 
 
+def compute_dtype(dtype: str) -> str:
+    """The dtype our engine computes in on this CPU for ``--dtype`` (the matmul peak's dtype):
+    ``auto`` is bfloat16 wherever the CPU has it natively, whatever the checkpoint declares."""
+    if dtype == "auto":
+        return "bfloat16" if cpu_bfloat16_isa() else "float32"
+    return "float32" if dtype in ("float32", "float") else "bfloat16"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=PRESETS, default="full")
@@ -332,15 +341,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     cpu = cpu_info()
     print(cpu_line(cpu))
-    probe_dtype = "float32" if args.dtype in ("float32", "auto") else "bfloat16"
-    peak = None if args.no_probe else matmul_peak_gflops(dtype=probe_dtype)
-    bandwidth = None if args.no_probe else memory_bandwidth_gbs()
     preset = PRESETS["quick" if args.quick else args.preset]
     resolutions = (args.resolutions or preset["resolutions"]).split(",")
     rounds = args.rounds or preset["rounds"]
     model_path = args.model_path or (
         None if args.base_url else default_model(args.model_size or preset["size"], args.family)
     )
+    probe_dtype = compute_dtype(args.dtype)
+    peak = None if args.no_probe else matmul_peak_gflops(dtype=probe_dtype)
+    bandwidth = None if args.no_probe else memory_bandwidth_gbs()
     extra = think_mode_body(args.think_mode)
     plan = [("external", "")] if args.base_url else targets(args)
     runs: list[dict[str, Any]] = []
