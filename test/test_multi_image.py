@@ -10,6 +10,8 @@ import functools
 
 import pytest
 from conftest import ALL_VLM_FAMILIES, hf_greedy, make_image, model_dir, placeholder
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoConfig
 
 import sglang
@@ -127,3 +129,77 @@ def test_context_dependent_family_unchunked_and_in_the_other_cache_modes(
         assert engine.runner.embedder.stats.encoder_calls == 2
     _generate_batch(engine, family)  # from the cached prefixes
     engine.scheduler.check_integrity()
+
+
+def _processor(family: str) -> MultimodalProcessor:
+    path = model_dir(family)
+    return MultimodalProcessor(path, AutoConfig.from_pretrained(path))
+
+
+def _both_ways(processor: MultimodalProcessor, prompt: str, images: list, monkeypatch) -> tuple:
+    """(ids, spans) as processed, and as processed with the expanded text tokenized whole."""
+    loaded = processor.load_images(images)
+    ids, items = processor.process(prompt, None, loaded)
+    with monkeypatch.context() as m:
+        m.setattr(processor, "_expanded_ids", lambda *args: None)
+        whole_ids, whole_items = processor.process(prompt, None, loaded)
+    return (ids, [i.spans for i in items]), (whole_ids, [i.spans for i in whole_items])
+
+
+@pytest.mark.parametrize("family", ALL_VLM_FAMILIES)
+def test_ids_expanded_from_the_short_prompt_equal_the_expanded_text_tokenized(
+    family: str, monkeypatch
+) -> None:
+    """Where every image's replacement is its placeholder token repeated, the prompt is
+    tokenized before expansion and the placeholder ids repeated: the ids and image spans are
+    those of tokenizing the expanded text."""
+    processor = _processor(family)
+    for prompt, images in _cases(family):
+        fast, whole = _both_ways(processor, prompt, images, monkeypatch)
+        assert fast == whole
+    if family.startswith("qwen2"):  # a family the short path serves
+        assert processor._expanded_ids(*_expansion_args(processor, family)) is not None
+
+
+def _expansion_args(processor: MultimodalProcessor, family: str) -> tuple:
+    prompt, images = _cases(family)[1]
+    prompt = processor.adapter.format_prompt(processor.hf_processor, prompt)
+    context = processor.adapter.item_context(len(images))
+    replacements = [processor._item(img, context)[1] for img in processor.load_images(images)]
+    return prompt, processor.hf_processor.image_token, replacements, True
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    texts=st.lists(
+        st.lists(st.sampled_from([*"ab .,\n\t", "é", "日", "<|im_end|>", "<|vision_end|>"])).map(
+            "".join
+        ),
+        min_size=3,
+        max_size=3,
+    ),
+    sizes=st.lists(st.tuples(st.integers(28, 120), st.integers(28, 120)), min_size=2, max_size=2),
+)
+def test_short_prompt_expansion_on_any_text_around_the_images(texts, sizes) -> None:
+    """Text of any kind next to the placeholders (spaces, newlines, special tokens) tokenizes
+    the same before and after the expansion."""
+    family = "qwen2_5_vl"
+    processor = _qwen_processor()
+    ph = placeholder(family)
+    prompt = f"{texts[0]}{ph}{texts[1]}{ph}{texts[2]}"
+    images = [make_image(i, w, h) for i, (w, h) in enumerate(sizes)]
+    loaded = processor.load_images(images)
+    ids, items = processor.process(prompt, None, loaded)
+    original = processor._expanded_ids
+    try:
+        processor._expanded_ids = lambda *args: None
+        whole_ids, whole_items = processor.process(prompt, None, loaded)
+    finally:
+        processor._expanded_ids = original
+    assert ids == whole_ids
+    assert [i.spans for i in items] == [i.spans for i in whole_items]
+
+
+@functools.cache
+def _qwen_processor() -> MultimodalProcessor:
+    return _processor("qwen2_5_vl")

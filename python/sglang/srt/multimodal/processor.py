@@ -9,6 +9,7 @@ can tell is preprocessed eagerly (its features ride with the item).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections import OrderedDict
@@ -189,6 +190,12 @@ class MultimodalProcessor:
             item, replacement = self._item(img, context)
             items.append(item)
             replacements.append(replacement)
+        if not videos:
+            expanded = self._expanded_ids(prompt, placeholder, replacements, add_special_tokens)
+            if expanded is not None:
+                ids, counts = expanded
+                self._assign_spans(ids, items, [(n, self.adapter.image_token_id) for n in counts])
+                return ids, items
         videos_items, video_texts = self._video_items(prompt, videos)
         (text,), offsets = proc.get_text_with_replacements([prompt], replacements, video_texts)
         encoded = self.tokenizer(text, add_special_tokens=add_special_tokens)
@@ -209,6 +216,41 @@ class MultimodalProcessor:
         sizes = [counts[item.modality].pop(0) for item in in_order]
         self._assign_spans(ids, in_order, sizes)
         return ids, in_order
+
+    def _expanded_ids(
+        self, prompt: str, placeholder: str, replacements: list[str], add_special_tokens: bool
+    ) -> tuple[list[int], list[int]] | None:
+        """The prompt's ids and each image's token count, from the unexpanded prompt: each
+        placeholder token repeated as many times as its replacement repeats it. The same ids as
+        tokenizing the expanded text (the fast tokenizer takes ~20 ms over the 10k image tokens
+        of an eight-image chat) wherever every replacement is the placeholder repeated and the
+        placeholder is one added token: those are split out before anything else is tokenized,
+        so their neighbours do not depend on how many copies stand there. None elsewhere."""
+        token_id = self.adapter.image_token_id
+        if placeholder not in self._added_tokens or self._added_tokens[placeholder] != token_id:
+            return None
+        counts = []
+        for text in replacements:
+            n, rest = divmod(len(text), len(placeholder))
+            if rest or text != placeholder * n:
+                return None
+            counts.append(n)
+        ids = self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+        at = [i for i, t in enumerate(ids) if t == token_id]
+        if len(at) != len(counts):
+            return None
+        out: list[int] = []
+        start = 0
+        for i, n in zip(at, counts):
+            out += ids[start:i]
+            out += [token_id] * n
+            start = i + 1
+        out += ids[start:]
+        return [int(t) for t in out], counts
+
+    @functools.cached_property
+    def _added_tokens(self) -> dict[str, int]:
+        return getattr(self.tokenizer, "get_added_vocab", dict)()
 
     def _video_items(
         self, prompt: str, videos: Sequence[LoadedVideo]
