@@ -69,9 +69,14 @@ class ChatResult:
     error: str = ""
 
 
+JSON = {"content-type": "application/json"}
+
+
 def _chat_body(
     model: str, messages: list[dict], max_tokens: int, stream: bool, extra: dict | None
-) -> dict[str, Any]:
+) -> bytes:
+    """The request body, encoded before the clock starts: TTFT counts from sending the request,
+    not the client's own JSON encoding (~40 ms for a chat of eight 720p images)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
@@ -81,7 +86,7 @@ def _chat_body(
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
-    return {**body, **(extra or {})}
+    return json.dumps({**body, **(extra or {})}).encode()
 
 
 def _apply_usage(res: ChatResult, usage: dict | None) -> None:
@@ -132,14 +137,16 @@ def chat(
     last = [start]
     try:
         if stream:
-            with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as resp:
+            with client.stream(
+                "POST", f"{base_url}/v1/chat/completions", content=body, headers=JSON
+            ) as resp:
                 if resp.status_code != 200:
                     resp.read()
                     raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
                 for line in resp.iter_lines():
                     _consume_sse_line(line, res, start, last)
         else:
-            resp = client.post(f"{base_url}/v1/chat/completions", json=body)
+            resp = client.post(f"{base_url}/v1/chat/completions", content=body, headers=JSON)
             if resp.status_code != 200:
                 raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
             data = resp.json()
@@ -170,14 +177,16 @@ async def achat(
     last = [start]
     try:
         if stream:
-            async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as r:
+            async with client.stream(
+                "POST", f"{base_url}/v1/chat/completions", content=body, headers=JSON
+            ) as r:
                 if r.status_code != 200:
                     await r.aread()
                     raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
                 async for line in r.aiter_lines():
                     _consume_sse_line(line, res, start, last)
         else:
-            r = await client.post(f"{base_url}/v1/chat/completions", json=body)
+            r = await client.post(f"{base_url}/v1/chat/completions", content=body, headers=JSON)
             if r.status_code != 200:
                 raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
             data = r.json()
