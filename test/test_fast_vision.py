@@ -5,11 +5,14 @@ float rounding."""
 from __future__ import annotations
 
 import functools
+import importlib
 
 import pytest
 import torch
 import transformers
 from conftest import make_image, model_dir
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang.srt import kernels
 from sglang.srt.models import fast_vision
@@ -119,3 +122,59 @@ def test_other_families_are_left_alone() -> None:
     config = transformers.AutoConfig.from_pretrained(model_dir("llava"))
     model = transformers.AutoModelForImageTextToText.from_pretrained(model_dir("llava"))
     assert not fast_vision.install(model, config)
+
+
+ROTARY = kernels.load("vision_rotary")
+
+
+@pytest.mark.skipif(ROTARY is None, reason="no C++ toolchain to build the kernel")
+@settings(max_examples=80, deadline=None)
+@given(
+    tokens=st.integers(1, 40),
+    heads=st.integers(1, 5),
+    dim=st.sampled_from([2, 6, 64, 72, 80, 128]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+    packed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_native_rotary_is_bitwise_hf(tokens, heads, dim, dtype, packed, seed) -> None:
+    """q and k as views of a fused qkv projection or on their own, any angles: the kernel's
+    result is HF's bit for bit, for every family that defines the function."""
+    gen = torch.Generator().manual_seed(seed)
+    if packed:
+        qkv = torch.randn(tokens, 3, heads, dim, generator=gen).to(dtype)
+        q, k, _ = qkv.permute(1, 0, 2, 3).unbind(0)
+    else:
+        q, k = (torch.randn(tokens, heads, dim, generator=gen).to(dtype) for _ in range(2))
+    angles = torch.randn(tokens, dim // 2, generator=gen) * 20
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    for family in QWEN_FAMILIES:
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        hf = getattr(module, fast_vision.ROTARY_FUNCTION)
+        hf = getattr(hf, "hf_function", hf)
+        want = hf(q, k, cos, sin)
+        got = fast_vision.native_rotary(hf, ROTARY)(q, k, cos, sin)
+        assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_native_rotary_replaces_the_towers_function_once() -> None:
+    if ROTARY is None:
+        pytest.skip("no C++ toolchain to build the kernel")
+    family = "qwen2_5_vl"
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    model = _model(family)
+    config = transformers.AutoConfig.from_pretrained(model_dir(family))
+    for _ in range(2):
+        fast_vision.install(model, config)
+    installed = getattr(module, fast_vision.ROTARY_FUNCTION)
+    assert not hasattr(installed.hf_function, "hf_function")  # wrapped once, HF's inside
+    calls = []
+    real = ROTARY.rotary_pair
+    q = torch.randn(4, 2, 8).bfloat16()
+    cos = sin = torch.ones(4, 8)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ROTARY, "rotary_pair", lambda *a: calls.append(1) or real(*a))
+        installed(q, q, cos, sin)  # CPU inputs: the kernel
+        installed(q, q, cos.bfloat16(), sin.bfloat16())  # bfloat16 angles: HF's function
+    assert calls == [1]

@@ -1,6 +1,6 @@
 """Faster vision towers for the Qwen-VL families, swapped in at load time (no forks of HF code).
 
-Three changes, checked against HF's own tower in ``test/test_fast_vision.py``:
+Four changes, checked against HF's own tower in ``test/test_fast_vision.py``:
 
 - **Attention, one call per run of equal segments** (bitwise equal to HF). After loading, the
   vision config's attention implementation is set to ``VISION_ATTENTION_NAME``; its name
@@ -15,6 +15,13 @@ Three changes, checked against HF's own tower in ``test/test_fast_vision.py``:
   SDPA path, ``test/test_vision_attention.py``): bfloat16 and float32 on the CPU; in bfloat16,
   head dims that are not a multiple of 16 (Qwen3-VL's 72) are zero-padded to one. The torch
   path above stays for other inputs and with ``SGLANG_DISABLE_CPU_KERNELS=1``.
+- **Rotary embedding on the native CPU kernel** (``kernels/csrc/vision_rotary.cpp``): the
+  towers' ``apply_rotary_pos_emb_vision`` (nine float32 tensor passes over q and k per layer)
+  is replaced, in the HF module that defines it, by a wrapper that hands CPU tensors to one
+  pass computing the same float32 operations in the same order: bit for bit HF's result
+  (``test/test_fast_vision.py``), 6.5x faster in bfloat16 at 1,564 tokens x 16 heads of 80.
+  Since the result is identical, the replacement is left in place for the process (other
+  inputs go to HF's function).
 - **Patch embedding as one matrix product**: a Conv3d whose kernel equals its stride over
   inputs of exactly one kernel each is a linear map of the flattened patch. The sum runs in
   another order than the convolution's, so embeddings differ from HF's in the last bits
@@ -25,7 +32,9 @@ Three changes, checked against HF's own tower in ``test/test_fast_vision.py``:
 from __future__ import annotations
 
 import os
+import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -157,11 +166,58 @@ def install(model: nn.Module, config: Any, counters: PerfCounters | None = None)
             module_config._attn_implementation_internal = VISION_ATTENTION_NAME
             module.perf_counters = counters
             module.attention_kernel = kernels.load("prefill_attention")
+    _install_native_rotary(tower)
     if os.environ.get("SGLANG_EXACT_PATCH_EMBED", "0") != "1":
         for module in tower.modules():
             if type(module).__name__.endswith("PatchEmbed") and _is_patchwise_conv(module):
                 module.forward = types.MethodType(_patch_embed_as_linear, module)
     return True
+
+
+ROTARY_FUNCTION = "apply_rotary_pos_emb_vision"
+
+
+def _install_native_rotary(tower: nn.Module) -> None:
+    """Replace the rotary function of every HF module that defines the tower's blocks (once)."""
+    kernel = kernels.load("vision_rotary")
+    if kernel is None:
+        return
+    for module in tower.modules():
+        namespace = sys.modules[type(module).__module__]
+        original = getattr(namespace, ROTARY_FUNCTION, None)
+        if original is not None and not hasattr(original, "hf_function"):
+            setattr(namespace, ROTARY_FUNCTION, native_rotary(original, kernel))
+
+
+def native_rotary(original: Callable, kernel: Any) -> Callable:
+    """``original`` (HF's apply_rotary_pos_emb_vision) with CPU inputs on ``kernel``."""
+
+    def apply_rotary_pos_emb_vision(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if _rotary_takes(q, k, cos, sin):
+            return kernel.rotary_pair(q, k, cos, sin)
+        return original(q, k, cos, sin)
+
+    apply_rotary_pos_emb_vision.hf_function = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb_vision
+
+
+def _rotary_takes(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    tensors = (q, k, cos, sin)
+    return (
+        all(t.device.type == "cpu" for t in tensors)
+        and q.dtype == k.dtype
+        and q.dtype in (torch.bfloat16, torch.float32)
+        and q.dim() == k.dim() == 3
+        and q.shape == k.shape
+        and q.stride(-1) == k.stride(-1) == 1
+        and cos.dtype == sin.dtype == torch.float32
+        and cos.shape == sin.shape == (q.shape[0], q.shape[2])
+        and cos.is_contiguous()
+        and sin.is_contiguous()
+        and q.shape[2] % 2 == 0
+    )
 
 
 def _is_patchwise_conv(module: nn.Module) -> bool:

@@ -1,0 +1,82 @@
+// Rotary position embedding of the Qwen-VL vision towers, q and k in one pass each.
+//
+// HF's apply_rotary_pos_emb_vision widens q and k to float32, multiplies by cos, adds
+// rotate_half(x) * sin and rounds back: nine tensor passes over 4-byte elements per layer. This
+// computes the same float32 operations in the same order for each element, each rounded as
+// torch rounds it (no fused multiply-add: the file is compiled with contraction off), so the
+// result is bit for bit HF's, and writes it once in the input's dtype.
+//
+//   out[d]        = x[d] * cos[d]               - x[d + half] * sin[d]
+//   out[d + half] = x[d + half] * cos[d + half] + x[d] * sin[d + half]
+//
+// x: (tokens, heads, dim) with the last dim contiguous (the q, k views of the fused qkv
+// projection); cos, sin: (tokens, dim) float32. Returns contiguous (tokens, heads, dim) tensors.
+
+#pragma GCC optimize("fp-contract=off")
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <tuple>
+
+namespace {
+
+template <typename T>
+void rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+  const int64_t token_stride = x.stride(0), head_stride = x.stride(1);
+  const T* src = x.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  const float* cos_p = cos.data_ptr<float>();
+  const float* sin_p = sin.data_ptr<float>();
+  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(dim);
+    for (int64_t n = begin; n < end; ++n) {
+      const float* c = cos_p + n * dim;
+      const float* s = sin_p + n * dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* in = src + n * token_stride + h * head_stride;
+        T* o = dst + (n * heads + h) * dim;
+        for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<float>(in[d]);
+        for (int64_t d = 0; d < half; ++d) {
+          const float first = row[d] * c[d] - row[d + half] * s[d];
+          const float second = row[d + half] * c[d + half] + row[d] * s[d + half];
+          o[d] = static_cast<T>(first);
+          o[d + half] = static_cast<T>(second);
+        }
+      }
+    }
+  });
+}
+
+at::Tensor rotated(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "x: (tokens, heads, dim), last dim contiguous");
+  TORCH_CHECK(x.size(2) % 2 == 0, "the head dim must be even");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+              "cos and sin must be float32");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos and sin must be contiguous");
+  TORCH_CHECK(cos.dim() == 2 && cos.size(0) == x.size(0) && cos.size(1) == x.size(2) &&
+                  sin.sizes() == cos.sizes(),
+              "cos and sin: (tokens, dim)");
+  auto out = at::empty({x.size(0), x.size(1), x.size(2)}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    rotate<c10::BFloat16>(x, cos, sin, out);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be bfloat16 or float32");
+    rotate<float>(x, cos, sin, out);
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_pair(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& cos, const at::Tensor& sin) {
+  return {rotated(q, cos, sin), rotated(k, cos, sin)};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rotary_pair", &rotary_pair,
+        "q and k rotated as HF's apply_rotary_pos_emb_vision rotates them, bit for bit");
+}
