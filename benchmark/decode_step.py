@@ -3,7 +3,8 @@ kernels (decode attention; bfloat16 linears of decode-sized inputs), on a checkp
 model's per-layer dims (random weights).
 
 A decode step must read the language model's weights once plus every request's KV, so its floor
-is (weight bytes + KV bytes) / bandwidth (a copy probe at start). For each batch size the
+is (weight bytes + KV bytes) / bandwidth (a copy probe before each repeat: the bandwidth of a
+shared machine drifts; a row's floor takes the probe of its fastest run). For each batch size the
 offline engine prefills the prompts, then the step time is taken from the runner's counters over
 the decode steps; ``of_bandwidth`` = floor / step time (1.0 at the limit). Both attention paths
 run in one process, alternating, best of ``--repeats``.
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cpu = cpu_info()
     print(cpu_line(cpu))
     bandwidth = memory_bandwidth_gbs()
+    probes = [bandwidth["gb_per_s"]]
     dims = shape_config(args.shape, args.layers, 2)
     path = args.model_path or str(cached_checkpoint(dims, args.shape))
     engine = sglang.Engine(
@@ -79,13 +81,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for batch in args.batch_sizes:
         best: dict[str, dict] = {}
         for _ in range(args.repeats):
+            # This machine's bandwidth drifts by half within minutes: each repeat is paired
+            # with a probe taken just before it, and a row's floor uses its fastest run's probe.
+            gb_per_s = memory_bandwidth_gbs(seconds=0.3)["gb_per_s"]
+            probes.append(gb_per_s)
             for kind in PATHS:
                 got = _step(engine, batch, args.prompt_len, args.new_tokens, kind)
+                got["gb_per_s"] = gb_per_s
                 if kind not in best or got["ms_per_step"] < best[kind]["ms_per_step"]:
                     best[kind] = got
                 bar.update(1)
-        floor_ms = best["kernel"]["bytes_per_step"] / (bandwidth["gb_per_s"] * 1e9) * 1e3
-        row = {"batch": batch, "floor_ms": floor_ms}
+        gb_per_s = best["kernel"]["gb_per_s"]
+        floor_ms = best["kernel"]["bytes_per_step"] / (gb_per_s * 1e9) * 1e3
+        row = {"batch": batch, "gb_per_s": gb_per_s, "floor_ms": floor_ms}
         for kind in PATHS:
             row[f"{kind}_ms"] = best[kind]["ms_per_step"]
             row[f"{kind}_of_bandwidth"] = floor_ms / best[kind]["ms_per_step"]
@@ -97,22 +105,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "decode_step",
         "config": {**vars(args), "model_path": path, "dims": dims},
         "cpu": cpu,
-        "memory_bandwidth": bandwidth,
+        "memory_bandwidth": {**bandwidth, "probes_gb_per_s": probes},
         "rows": rows,
     }
 
 
 def markdown(result: dict[str, Any]) -> str:
-    head = ["batch", "floor ms", "kernel ms", "kernel / bandwidth", "torch ms",
+    head = ["batch", "copy GB/s", "floor ms", "kernel ms", "kernel / bandwidth", "torch ms",
             "torch / bandwidth", "torch / kernel"]  # fmt: skip
     rows = [
-        [r["batch"], r["floor_ms"], r["kernel_ms"], r["kernel_of_bandwidth"], r["torch_ms"],
-         r["torch_of_bandwidth"], r["torch_over_kernel"]]
+        [r["batch"], r["gb_per_s"], r["floor_ms"], r["kernel_ms"], r["kernel_of_bandwidth"],
+         r["torch_ms"], r["torch_of_bandwidth"], r["torch_over_kernel"]]
         for r in result["rows"]
     ]  # fmt: skip
-    bw = result["memory_bandwidth"]["gb_per_s"]
+    probes = result["memory_bandwidth"]["probes_gb_per_s"]
     return (
-        f"{cpu_line(result['cpu'])}; copy bandwidth {bw:.1f} GB/s\n\n"
+        f"{cpu_line(result['cpu'])}; copy bandwidth probed before each repeat: "
+        f"{min(probes):.1f}-{max(probes):.1f} GB/s (a row's floor: its fastest run's probe)\n\n"
         + markdown_table(head, rows)
         + "\n"
     )
