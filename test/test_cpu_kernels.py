@@ -169,3 +169,50 @@ def test_bf16_engine_routes_decode_linears_and_keeps_prefill_on_torch(monkeypatc
     engine.flush_cache()
     without = engine.generate(prompts, params)
     assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]
+
+
+QUICK_GELU = kernels.load("quick_gelu")
+needs_quick_gelu = pytest.mark.skipif(QUICK_GELU is None, reason="no C++ toolchain")
+
+
+@needs_quick_gelu
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.sampled_from([(1,), (17,), (3, 33), (64, 80), (2, 5, 48)]),
+    scale=st.sampled_from([0.01, 1.0, 8.0, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_quick_gelu_rounds_where_hf_rounds(shape, scale, seed) -> None:
+    """bfloat16 x * sigmoid(1.702 x): HF's result, or one unit in the last place from it."""
+    from transformers.activations import QuickGELUActivation
+
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=gen) * scale).bfloat16()
+    specials = torch.tensor([0.0, -0.0, 88.0, -88.0, float("inf"), float("-inf"), float("nan")])
+    x = torch.cat([x.flatten(), specials.bfloat16()])
+    want = QuickGELUActivation()(x)
+    got = QUICK_GELU.quick_gelu(x)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    same = (got == want) | (got.isnan() & want.isnan())
+    ulp = want.float().abs().clamp_min(2.0**-126) * 2.0**-7
+    assert ((got.float() - want.float()).abs()[~same] <= ulp[~same]).all()
+    assert same.float().mean() >= 0.99
+
+
+@needs_quick_gelu
+def test_bf16_encoders_swap_quick_gelu_and_float32_keeps_hf() -> None:
+    from conftest import model_dir
+    from transformers.activations import QuickGELUActivation
+
+    import sglang
+    from sglang.srt.layers.native_activation import NativeQuickGELU
+
+    def kinds(engine):
+        return {type(m) for m in engine.runner.model.modules()}
+
+    bf16 = sglang.Engine(model_path=model_dir("qwen2_vl"), dtype="bfloat16")
+    assert NativeQuickGELU in kinds(bf16) and QuickGELUActivation not in kinds(bf16)
+    fp32 = sglang.Engine(model_path=model_dir("qwen2_vl"), dtype="float32")
+    assert QuickGELUActivation in kinds(fp32) and NativeQuickGELU not in kinds(fp32)
+    for engine in (bf16, fp32):
+        engine.shutdown()

@@ -13,7 +13,7 @@ from transformers import AutoConfig
 from sglang.srt.core.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.core.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
-from sglang.srt.layers import decode_linear, packed_linear
+from sglang.srt.layers import decode_linear, native_activation, packed_linear
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -96,6 +96,9 @@ class ModelRunner:
             in_lm = {id(m) for m in self.adapter.language_model.modules()} | {id(head)}
             encoder = [m for m in self.model.modules() if id(m) not in in_lm]
             logger.info("encoder linears with packed weights: %d", packed_linear.install(encoder))
+            logger.info(
+                "encoder QuickGELUs on the native kernel: %d", native_activation.install(encoder)
+            )
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )

@@ -1,0 +1,78 @@
+// QuickGELU, x * sigmoid(1.702 x), of a bfloat16 tensor in one pass (CLIP-style and Qwen2-VL
+// vision MLPs). HF's QuickGELUActivation takes three tensor passes, each rounding to bfloat16;
+// this rounds where they round (1.702 x, the sigmoid, the product), so results differ from HF's
+// only where the exponentials differ in their last float bits and that moves a bfloat16
+// rounding (one unit in the last place, rarely).
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "prefill_attention_tiles.h"
+
+namespace {
+
+constexpr float kScale = 1.702f;
+
+inline float round_bf16(float x) { return static_cast<float>(c10::BFloat16(x)); }
+
+inline float quick_gelu_one(float x) {
+  const float t = round_bf16(kScale * x);
+  const float s = round_bf16(1.f / (1.f + std::exp(-t)));
+  return x * s;
+}
+
+#ifdef SGLANG_AVX512
+inline __m512 widen(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+// Round to nearest even as c10::BFloat16 rounds (vcvtneps2bf16 would flush subnormals to zero,
+// and sigmoid of a large negative input is one): the bfloat16 bits in each lane's upper half.
+inline __m512i bf16_bits(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC00000));
+}
+inline __m512 round_bf16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(bf16_bits(x), _mm512_set1_epi32(0xFFFF0000)));
+}
+#endif
+
+void quick_gelu_rows(const c10::BFloat16* x, c10::BFloat16* y, int64_t n) {
+  int64_t i = 0;
+#ifdef SGLANG_AVX512
+  const __m512 scale = _mm512_set1_ps(kScale), one = _mm512_set1_ps(1.f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
+    const __m512 t = round_bf16(_mm512_mul_ps(scale, v));
+    const __m512 e = prefill_tiles::exp512(_mm512_sub_ps(_mm512_setzero_ps(), t));
+    const __m512 s = round_bf16(_mm512_div_ps(one, _mm512_add_ps(one, e)));
+    const __m512i y16 = _mm512_srli_epi32(bf16_bits(_mm512_mul_ps(v, s)), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(y16));
+  }
+#endif
+  for (; i < n; ++i) y[i] = c10::BFloat16(quick_gelu_one(static_cast<float>(x[i])));
+}
+
+at::Tensor quick_gelu(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "quick_gelu takes bfloat16");
+  const auto in = x.contiguous();
+  auto out = at::empty_like(in);
+  const auto* src = in.data_ptr<c10::BFloat16>();
+  auto* dst = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, in.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    quick_gelu_rows(src + begin, dst + begin, end - begin);
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("quick_gelu", &quick_gelu, "x * sigmoid(1.702 x) of bfloat16 x, rounded as HF rounds it");
+}
