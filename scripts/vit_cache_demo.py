@@ -56,6 +56,7 @@ def main() -> None:
         for mode in ("per-image", "combined", "off"):
             engine = sglang.Engine(
                 model_path=args.model_path,
+                dtype="float32",  # the exact mode: outputs compare across cache modes
                 mm_cache_mode=mode,
                 chunked_prefill_size=24,
                 mm_embedding_cache_mb=1,
