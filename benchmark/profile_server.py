@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--mode", default="per-image")
     p.add_argument("--model-path")
     p.add_argument("--model-size", choices=("tiny", "small"), default="small")
+    p.add_argument("--dtype", default="auto", help="the server's --dtype (default: its own)")
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--out", default="benchmark/results/profile_server")
     args = p.parse_args(argv)
@@ -90,7 +91,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     raw = out.with_suffix(".collapsed.txt")
     raw.parent.mkdir(parents=True, exist_ok=True)
-    with launch("ours", model_path, args.mode) as server, httpx.Client(timeout=3600) as client:
+    with (
+        launch("ours", model_path, args.mode, dtype=args.dtype) as server,
+        httpx.Client(timeout=3600) as client,
+    ):
         assert server.proc is not None
         spy = subprocess.Popen(
             [pyspy, "record", "--pid", str(server.proc.pid), "--subprocesses", "--format", "raw",
