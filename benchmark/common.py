@@ -275,8 +275,9 @@ def round_breakdown(
     move to the device), ``vision_ms``, ``lm_ms`` (prefill forwards without the encoder path),
     ``sampling_ms``; ``api_other_ms`` is the rest (HTTP, tokenization, queueing, streaming).
     Decode: ``decode_ms_per_step`` and ``decode_of_bandwidth`` = (bytes a step must read /
-    bandwidth) / its time, 1.0 at the bandwidth limit. The counters cover the whole request,
-    so prefill parts assume its decode steps come after the first token (true for one request)."""
+    bandwidth) / its time, 1.0 at the bandwidth limit. FLOPs are the prefill forwards' (the
+    runner counts none for decode steps); the parts of TTFT assume a request's decode steps come
+    after its first token (true for one request)."""
     if perf is None:
         return {}
     flops = sum(perf[k] for k in ("vision_flops", "lm_attention_flops", "lm_linear_flops"))

@@ -295,3 +295,25 @@ def test_rendered_chat_prompt_keeps_a_single_bos() -> None:
     doubled, _ = eng.processor.process(prompt, None, loaded)
     single, _ = eng.processor.process(prompt, None, loaded, add_special_tokens=False)
     assert doubled[:2] == [bos_id, bos_id] and single.count(bos_id) == 1
+
+
+def test_perf_counters_count_prefill_flops_and_decode_time_apart() -> None:
+    """A round's FLOPs are its prefill's: linears over the prompt's tokens, the head over one
+    row, causal attention over the prompt; decode steps add time and bytes, no FLOPs."""
+    from sglang.srt.core.perf_counters import causal_attention_flops, causal_keys_seen
+
+    engine = sglang.Engine(dtype="float32", model_path=model_dir("qwen2"))
+    runner = engine.runner
+    text = runner.text_config
+    ids = [[11 + (7 * i) % 300 for i in range(40)]]
+    engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5})
+    perf = runner.perf
+    assert perf.lm_linear_flops == 2.0 * 40 * runner.lm_linear_macs
+    assert perf.lm_head_flops == 2.0 * 1 * runner.lm_head_macs
+    heads = text.num_attention_heads
+    dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    layers = text.num_hidden_layers
+    want = layers * causal_attention_flops(heads, dim, causal_keys_seen(0, 40))
+    assert perf.lm_attention_flops == pytest.approx(want)
+    assert perf.decode_steps == 4 and perf.decode_attention_seconds > 0
+    engine.shutdown()

@@ -3,11 +3,13 @@
 - Vision tower: seconds inside the tower's forward; FLOPs of its linear layers (2 x in x out
   per row, counted by forward hooks), of its patch embedding, and of its attention (counted by
   ``varlen_vision_attention``: 4 x heads x dim x len^2 per segment).
-- Language-model attention: seconds inside the attention backend (KV store + attention) and
-  the FLOPs of causal attention, 4 x heads x dim x queries x (mean keys per query).
-- Language-model linears: 2 x tokens x (in x out summed over the LM's dense linears) per
-  forward, and the LM head's 2 x rows x hidden x vocab (MoE experts, stored as 3-D tensors, are
-  not counted: MFU is a lower bound for MoE models).
+- Language-model attention of prefill forwards (prompts and their chunks: the work before a
+  request's first token): seconds inside the attention backend (KV store + attention) and the
+  FLOPs of causal attention, 4 x heads x dim x queries x (mean keys per query). Decode
+  forwards' attention counts its seconds apart (``decode_attention_seconds``).
+- Language-model linears of prefill forwards: 2 x tokens x (in x out summed over the LM's dense
+  linears), and the LM head's 2 x rows x hidden x vocab (MoE experts, stored as 3-D tensors,
+  are not counted: MFU is a lower bound for MoE models).
 - Forward and sampling seconds (prefill and decode forwards apart), and per decode step the
   bytes it must read: the LM's weights and head once (one embedding row per request) plus
   every request's KV.
@@ -31,6 +33,7 @@ class PerfCounters:
     vision_calls: int = 0
     lm_attention_seconds: float = 0.0
     lm_attention_flops: float = 0.0
+    decode_attention_seconds: float = 0.0
     lm_linear_flops: float = 0.0
     lm_head_flops: float = 0.0
     prefill_forward_seconds: float = 0.0

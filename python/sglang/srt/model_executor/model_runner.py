@@ -80,6 +80,7 @@ class ModelRunner:
             memory.fit_inputs(args, model_path, self.config, self.dtype, self.kv_cache_dtype)
         )
         self.perf = PerfCounters()
+        self._head_rows = 0  # rows the LM head scored in the current forward
         with host_memory.heap_returned_while_loading():
             self.model = self._load(model_path)
             self.adapter = get_adapter(self.model, self.config)
@@ -242,9 +243,9 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run the batch; return float32 logits at each request's last token: (num_reqs, vocab)."""
         started = time.perf_counter()
+        self._head_rows = 0
         logits = self._forward(batch)
         perf, elapsed = self.perf, time.perf_counter() - started
-        perf.lm_linear_flops += 2.0 * batch.num_tokens * self.lm_linear_macs
         if batch.is_decode:
             kv_tokens = sum(batch.prefix_lens) + batch.size
             perf.decode_forward_seconds += elapsed
@@ -252,6 +253,8 @@ class ModelRunner:
             perf.decode_bytes += self.lm_weight_bytes + kv_tokens * self.kv_bytes_per_token
         else:
             perf.prefill_forward_seconds += elapsed
+            perf.lm_linear_flops += 2.0 * batch.num_tokens * self.lm_linear_macs
+            perf.lm_head_flops += 2.0 * self._head_rows * self.lm_head_macs
         return logits
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -281,7 +284,7 @@ class ModelRunner:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of hidden states (rows, hidden) -> (rows, vocab)."""
-        self.perf.lm_head_flops += 2.0 * hidden.shape[0] * self.lm_head_macs
+        self._head_rows += hidden.shape[0]
         logits = self.model.get_output_embeddings()(hidden).float()
         logits = self.adapter.scale_logits(logits)
         softcap = getattr(self.text_config, "final_logit_softcapping", None)

@@ -199,9 +199,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         k_buf, v_buf = pool.k_buffer[layer], pool.v_buffer[layer]
         if self._decode_rows is not None and k_buf.dtype == q.dtype:
             out = self._decode(q, k_buf, v_buf, scaling, sliding_window, softcap)
-            if self.perf is not None:
-                flops = causal_attention_flops(q.shape[1], q.shape[3], self._keys_seen)
-                self.perf.add_lm_attention(time.perf_counter() - started, flops)
+            self._count(started, q, batch)
             return out
         use_spans = sliding_window is not None or not self.spans_in_sliding_layers_only
         out = q.new_empty(q.shape[2], q.shape[1], q.shape[3])
@@ -237,10 +235,19 @@ class TorchNativeAttnBackend(AttentionBackend):
                     enable_gqa=ki.shape[1] != qi.shape[1],
                 )
             out[r.q_start : r.q_start + r.q_len] = oi[0].transpose(0, 1)
-        if self.perf is not None:
-            flops = causal_attention_flops(q.shape[1], q.shape[3], self._keys_seen)
-            self.perf.add_lm_attention(time.perf_counter() - started, flops)
+        self._count(started, q, batch)
         return out.unsqueeze(0)
+
+    def _count(self, started: float, q: torch.Tensor, batch: ForwardBatch) -> None:
+        """Prefill attention's seconds and FLOPs; decode attention's seconds apart."""
+        if self.perf is None:
+            return
+        elapsed = time.perf_counter() - started
+        if batch.is_decode:
+            self.perf.decode_attention_seconds += elapsed
+        else:
+            flops = causal_attention_flops(q.shape[1], q.shape[3], self._keys_seen)
+            self.perf.add_lm_attention(elapsed, flops)
 
     def _prefill_kernel_takes(
         self, q: torch.Tensor, k_buf: torch.Tensor, softcap: float | None
