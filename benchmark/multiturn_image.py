@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import transformers
 from tqdm import tqdm
 
 from benchmark.common import (
@@ -47,7 +48,7 @@ from benchmark.common import (
     write_json,
 )
 from benchmark.servers import connect, launch
-from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
+from sglang.srt.model_executor.dtypes import dtype_name, resolve_dtype
 
 FIRST_TEXT = "Describe this image in detail: " + "z" * 64
 NEXT_TEXT = "Now look at this new image and answer: " + "w" * 32
@@ -307,11 +308,9 @@ def targets(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def compute_dtype(dtype: str) -> str:
-    """The dtype our engine computes in on this CPU for ``--dtype`` (the matmul peak's dtype):
-    ``auto`` is bfloat16 wherever the CPU has it natively, whatever the checkpoint declares."""
-    if dtype == "auto":
-        return "bfloat16" if cpu_bfloat16_isa() else "float32"
-    return "float32" if dtype in ("float32", "float") else "bfloat16"
+    """The dtype our engine computes in on this CPU for ``--dtype`` (the matmul peak's dtype), by
+    the engine's own rule: on a CPU ``auto`` does not depend on what the checkpoint declares."""
+    return dtype_name(resolve_dtype(dtype, transformers.PretrainedConfig(), "cpu").dtype)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "prefill_attention_tiles.h"  // to_float, exp512; SGLANG_AVX512_BF16 where present
+#include "prefill_attention_tiles.h"  // to_float, exp512, widen16; SGLANG_AVX512_BF16
 
 namespace {
 
@@ -167,7 +167,7 @@ void task_bf16(const Task& t, const c10::BFloat16* q16, const c10::BFloat16* k16
     __m512 value[kMaxBf16Dim / 16];
     for (int64_t c = 0; c < lanes; ++c) {
       const __m256i half = _mm256_maskz_loadu_epi16(float_mask(dim - 16 * c), row + 16 * c);
-      value[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+      value[c] = prefill_tiles::widen16(half);
     }
     for (int64_t g = 0; g < groups; ++g) {
       const __m512 p = _mm512_set1_ps(w.scores[g * n + j]);

@@ -81,6 +81,11 @@ constexpr bool kStores16 = std::is_same_v<T, float>
 #endif
     ;
 
+// 16 bfloat16 values (their bits) widened to float32, exactly.
+inline __m512 widen16(__m256i bf16_bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits), 16));
+}
+
 // dst[0, 16) = x rounded to T (kStores16<T>).
 template <typename T>
 inline void store16(T* dst, __m512 x) {

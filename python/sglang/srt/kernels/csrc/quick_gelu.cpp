@@ -26,9 +26,6 @@ inline float quick_gelu_one(float x) {
 }
 
 #ifdef SGLANG_AVX512
-inline __m512 widen(__m256i bits) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
 // Round to nearest even as c10::BFloat16 rounds (vcvtneps2bf16 would flush subnormals to zero,
 // and sigmoid of a large negative input is one): the bfloat16 bits in each lane's upper half.
 inline __m512i bf16_bits(__m512 x) {
@@ -48,7 +45,8 @@ void quick_gelu_rows(const c10::BFloat16* x, c10::BFloat16* y, int64_t n) {
 #ifdef SGLANG_AVX512
   const __m512 scale = _mm512_set1_ps(kScale), one = _mm512_set1_ps(1.f);
   for (; i + 16 <= n; i += 16) {
-    const __m512 v = widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
+    const auto* bits = reinterpret_cast<const __m256i*>(x + i);
+    const __m512 v = prefill_tiles::widen16(_mm256_loadu_si256(bits));
     const __m512 t = round_bf16(_mm512_mul_ps(scale, v));
     const __m512 e = prefill_tiles::exp512(_mm512_sub_ps(_mm512_setzero_ps(), t));
     const __m512 s = round_bf16(_mm512_div_ps(one, _mm512_add_ps(one, e)));
