@@ -171,6 +171,43 @@ def test_bf16_engine_routes_decode_linears_and_keeps_prefill_on_torch(monkeypatc
     assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]
 
 
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(200, 700),
+    leading=st.sampled_from([(), (1,)]),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_bf16_prefill_linear_pads_rows_for_the_gemm(rows, leading, with_bias, seed) -> None:
+    """Prefill-sized inputs reach torch's product with their rows padded to a multiple of
+    ``ROW_MULTIPLE`` (from ``PAD_FROM_ROWS`` rows on); the result is the unpadded product's."""
+    from sglang.srt.layers import decode_linear
+
+    gen = torch.Generator().manual_seed(seed)
+    linear = torch.nn.Linear(48, 40, bias=with_bias).bfloat16()
+    assert decode_linear.install([linear]) == 1
+    x = torch.randn(*leading, rows, 48, generator=gen).bfloat16()
+    seen = []
+    real_linear = decode_linear.F.linear
+
+    def spy(inp, *args):
+        seen.append(inp.shape[0] if inp.dim() == 2 else inp.shape[-2])
+        return real_linear(inp, *args)
+
+    decode_linear.F.linear = spy
+    try:
+        got = linear(x)
+    finally:
+        decode_linear.F.linear = real_linear
+    want = real_linear(x, linear.weight, linear.bias)
+    assert got.shape == want.shape == (*leading, rows, 40)
+    padded = rows >= decode_linear.PAD_FROM_ROWS
+    assert seen == [-(-rows // 16) * 16 if padded else rows]
+    scale = x.float().abs() @ linear.weight.float().abs().t() + 1
+    assert ((got.float() - want.float()).abs() / scale).max() < 2**-8
+
+
 QUICK_GELU = kernels.load("quick_gelu")
 needs_quick_gelu = pytest.mark.skipif(QUICK_GELU is None, reason="no C++ toolchain")
 

@@ -6,6 +6,13 @@ well below memory bandwidth on CPUs without AMX, so linears whose input has at m
 ``MAX_ROWS`` rows run on ``kernels/csrc/linear_bf16.cpp`` (AVX512-BF16 dot products where the
 CPU has them); larger inputs (prefill) keep torch's GEMM. Weights stay where they are: the
 kernel reads the module's own (out, in) bfloat16 weight.
+
+Prefill inputs of at least ``PAD_FROM_ROWS`` rows reach torch's GEMM padded with zero rows to a
+multiple of ``ROW_MULTIPLE``: oneDNN's bfloat16 matmul (the kernel behind torch's CPU product)
+runs some row counts far below its rate (451 x 1536 -> 8960 at 0.65 of 452's on AMD EPYC,
+AVX512-BF16, 2 threads); over random counts of 256-2048 rows x the 2B-shaped MLP, padding to a
+multiple of 16 measured 3-4% faster on average, over 5% faster for a quarter of the counts,
+at most 5% slower for the rest. Each row's result does not depend on the others.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 MAX_ROWS = 4
+PAD_FROM_ROWS = 256
+ROW_MULTIPLE = 16
 
 
 def install(modules: Iterable[nn.Module]) -> int:
@@ -52,4 +61,9 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(rows, x.shape[-1]).contiguous()
         out = kernel.linear_bf16(flat, self.weight, self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
-    return F.linear(x, self.weight, self.bias)
+    pad = -rows % ROW_MULTIPLE
+    if rows < PAD_FROM_ROWS or not pad:
+        return F.linear(x, self.weight, self.bias)
+    flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, pad))
+    out = F.linear(flat, self.weight, self.bias)[:rows]
+    return out.reshape(*x.shape[:-1], self.out_features)
