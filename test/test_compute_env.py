@@ -13,8 +13,9 @@ from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
 
 def test_decode_thread_rule() -> None:
     assert decode_threads(0, 256) == 1
-    assert decode_threads(0, 2047) == 1
-    assert decode_threads(0, 2048) is None  # wide models keep every thread
+    assert decode_threads(0, 767) == 1
+    assert decode_threads(0, 768) is None  # wider models keep every thread
+    assert decode_threads(0, 1536) is None
     assert decode_threads(3, 256) == 3 and decode_threads(2, 4096) == 2
 
 

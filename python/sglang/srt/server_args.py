@@ -48,7 +48,7 @@ class ServerArgs(EngineConfig):
         default=0,
         metadata={
             "help": "CPU threads for decode steps (0: one thread when the language model's "
-            "hidden size is below 2048, else all; prompt chunks always use all)."
+            "hidden size is below 768, else all; prompt chunks always use all)."
         },
     )
 

@@ -20,11 +20,17 @@ With workers that sleep, every parallel region of a small op pays a wake-up, and
 is hundreds of small ops (one attention call per request and layer, matrices of a few rows). On
 the benchmark models (hidden size 256) a decode step with one thread took 3.2 / 6.7 / 19 / 58 ms
 at batch 1 / 4 / 16 / 64 against 8.6 / 16 / 48 / 131 ms with two sleeping workers (spinning
-workers: 2.7 / 6.4 / 17 ms, on both cores). The balance turns with the size of the matrices: at
-hidden 1024 one and two threads tie at batch 1-8, at 2048 two threads are 1.5x faster and at
-4096 1.8x. So decode steps run single-threaded below hidden size 2048, which also leaves the
-other core to the API process; prompt chunks and image encoding keep every thread (a 1283-token
-chunk over 9k cached tokens: 0.35 s with two threads, 0.66 s with one).
+workers: 2.7 / 6.4 / 17 ms, on both cores). The balance turns with the size of the matrices,
+whose reading is a decode step's cost: two threads read memory faster than one. Measured per
+decode step on the 2-core AMD EPYC (AVX512-BF16), one thread against two, bfloat16 with the
+native matrix-vector kernel: hidden 256 (4 layers) 1.6 / 3.6 ms at batch 1; hidden 896 (8
+layers) 22.0 / 23.5 ms at batch 1, 36 / 28 ms at batch 4, 111 / 66 ms at batch 16; hidden 1536
+(the 2B-shaped model, 4 layers) 34.6 / 29.8, 50 / 35, 100 / 60 (batch 8) and 147 / 84 ms; in
+float32 hidden 896 ties (73 / 75 ms at batch 1, 142 / 144 at batch 4) and hidden 1536 gains
+(104 / 99 ms, 264 / 217 ms at batch 8). So decode steps run single-threaded below hidden size
+768, which also leaves the other core to the API process; prompt chunks and image encoding
+keep every thread (a 1283-token chunk over 9k cached tokens: 0.35 s with two threads, 0.66 s
+with one).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ def apply_compute_env_defaults() -> None:
         os.environ.setdefault(name, value)
 
 
-SINGLE_THREAD_DECODE_BELOW_HIDDEN = 2048
+SINGLE_THREAD_DECODE_BELOW_HIDDEN = 768
 
 
 def decode_threads(requested: int, hidden_size: int) -> int | None:
