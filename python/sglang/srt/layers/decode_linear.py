@@ -4,8 +4,9 @@ A decode step multiplies a few rows (one per request) by every weight matrix of 
 model and its head: its cost is reading the weights. torch's bfloat16 matrix product reads them
 well below memory bandwidth on CPUs without AMX, so linears whose input has at most
 ``MAX_ROWS`` rows run on ``kernels/csrc/linear_bf16.cpp`` (AVX512-BF16 dot products where the
-CPU has them); larger inputs (prefill) keep torch's GEMM. Weights stay where they are: the
-kernel reads the module's own (out, in) bfloat16 weight.
+CPU has them; up to 16 rows at least as fast as torch's product on the 2B-shaped model's
+matrices, 1.4x faster at 8); larger inputs (prompt chunks) keep torch's GEMM. Weights stay
+where they are: the kernel reads the module's own (out, in) bfloat16 weight.
 
 Prefill inputs of at least ``PAD_FROM_ROWS`` rows reach torch's GEMM padded with zero rows to a
 multiple of ``ROW_MULTIPLE``: oneDNN's bfloat16 matmul (the kernel behind torch's CPU product)
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MAX_ROWS = 4
+MAX_ROWS = 16
 PAD_FROM_ROWS = 256
 ROW_MULTIPLE = 16
 
