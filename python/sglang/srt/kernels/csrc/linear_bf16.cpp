@@ -3,10 +3,10 @@
 // to stream W at memory bandwidth. A weight row is dotted with up to kGroup rows of x at once
 // (their rows stay in L1). With more rows, weight rows are taken kOutBlock at a time (96 KB at
 // 1536 inputs: they stay in L2) and every group of kGroup rows of x passes over them, so W is
-// still read from memory once: a whole group of 8 rows at once spills x out of L1 and ran at a
-// third of the dot-product rate of 4 (2B-shaped decode step, AMD EPYC, 2 threads: the products
-// of 8 rows 55.5 -> 38.4 ms, torch's 54.6; of 16 rows 102.7 -> 64.2 ms, torch's 67.5). Products
-// accumulate in float32.
+// still read from memory once. Dotting a weight row with 8 rows at once (x no longer fits in L1
+// beside the weight stream) took twice as long as with 4 (2B-shaped decode step, AMD EPYC, 2
+// threads, the step's products: 4 rows 28.2 ms, 8 rows 55.5 -> 38.4 ms with the blocks, torch's
+// 54.6; 16 rows 102.7 -> 64.2 ms, torch's 67.5). Products accumulate in float32.
 //
 // With AVX512-BF16 (compiled for the machine that loads it: -march=native) the dot products use
 // vdpbf16ps, 32 bfloat16 pairs per instruction; elsewhere a portable loop that the compiler
