@@ -31,20 +31,20 @@ ROW_MULTIPLE = 16
 
 
 def install(modules: Iterable[nn.Module]) -> int:
-    """Route the decode-sized calls of every plain bfloat16 ``nn.Linear`` among ``modules``
-    through the native kernel; returns how many were routed (0 where it cannot be built)."""
+    """Route the calls of every plain bfloat16 ``nn.Linear`` among ``modules`` through
+    ``_forward``: decode-sized ones to the native kernel, prompt-sized ones to torch's product
+    with padded rows (also where the kernel cannot be built); returns how many linears reach
+    the kernel (0 where it cannot be built)."""
     from sglang.srt import kernels
 
     kernel = kernels.load("linear_bf16")
-    if kernel is None:
-        return 0
     count = 0
     for module in modules:
         if _eligible(module):
             module._decode_kernel = kernel
             module.forward = types.MethodType(_forward, module)
             count += 1
-    return count
+    return count if kernel is not None else 0
 
 
 def _eligible(module: nn.Module) -> bool:
@@ -58,13 +58,12 @@ def _eligible(module: nn.Module) -> bool:
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     kernel = self._decode_kernel  # None: torch's product (set so to compare the two)
-    if kernel is not None and 0 < rows <= MAX_ROWS and x.dtype == torch.bfloat16:
-        flat = x.reshape(rows, x.shape[-1]).contiguous()
-        out = kernel.linear_bf16(flat, self.weight, self.bias)
-        return out.reshape(*x.shape[:-1], self.out_features)
     pad = -rows % ROW_MULTIPLE
-    if rows < PAD_FROM_ROWS or not pad:
+    flat = x.reshape(rows, x.shape[-1])
+    if kernel is not None and 0 < rows <= MAX_ROWS and x.dtype == torch.bfloat16:
+        out = kernel.linear_bf16(flat.contiguous(), self.weight, self.bias)
+    elif rows >= PAD_FROM_ROWS and pad:
+        out = F.linear(F.pad(flat, (0, 0, 0, pad)), self.weight, self.bias)[:rows]
+    else:
         return F.linear(x, self.weight, self.bias)
-    flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, pad))
-    out = F.linear(flat, self.weight, self.bias)[:rows]
     return out.reshape(*x.shape[:-1], self.out_features)
