@@ -44,21 +44,35 @@ inline int64_t packed_keys(int64_t n) {
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 
-// ---- exp of a float vector (softmax) ----
+// ---- 2^t of a float vector (softmax, in base 2) ----
 #ifdef SGLANG_AVX512
+// 2^t = 2^floor(t) 2^f with f = t - floor(t) in [0, 1) (one vreduceps), 2^f by a polynomial
+// fitted for relative error (degree 5: < 8e-8, float32's rounding; degree 3: < 8e-5, far below
+// bfloat16's 4e-3), 2^floor(t) applied by vscalefps (which floors t itself).
+template <int Degree>
+inline __m512 exp2_512(__m512 t) {
+  static_assert(Degree == 3 || Degree == 5, "fitted degrees: 3 and 5");
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p;
+  if constexpr (Degree == 5) {
+    p = _mm512_set1_ps(1.8775764619931579e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.989340625703335e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582631751894951e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4015361070632935e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931530833244324e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999999403953552e-1f));
+  } else {
+    p = _mm512_set1_ps(7.80244991183281e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.260671854019165e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.958335041999817e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999251961708069e-1f));
+  }
+  return _mm512_scalef_ps(p, t);
+}
+
+// e^x, to float32's rounding.
 inline __m512 exp512(__m512 x) {
-  // 2^(x log2 e) = 2^n 2^f, |f| <= 1/2; degree-6 Taylor of 2^f: relative error < 2e-7.
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+  return exp2_512<5>(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)));
 }
 #endif
 
@@ -274,7 +288,8 @@ struct PairLayout {
 // Scaled, masked scores of one row -> P (rounded to Elem) for keys [0, n_padded); updates the
 // row's running max and its sum (kept as 16 partial sums) and rescales its accumulator. Keys
 // outside [j0, j1) get P = 0. The sum is of the weights before rounding to Elem, so rounding
-// perturbs each normalized weight by at most Elem's unit roundoff.
+// perturbs each normalized weight by at most Elem's unit roundoff. row_max is kept in base 2
+// (scaled by log2 e), so each weight is one FMA and one 2^t.
 template <typename Elem>
 void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, float scale,
                   float& row_max, float* sum_lanes, float* acc, int64_t dim, Elem* p) {
@@ -282,40 +297,54 @@ void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, floa
     std::fill(p, p + n_padded, Elem(0.f));
     return;
   }
+  const float scale2 = scale * 1.4426950408889634f;  // scores -> base-2 exponents
   int64_t j = 0;
 #ifdef SGLANG_AVX512
   const bool all_valid = j0 == 0 && j1 == n_padded;  // the common case: no mask to build
   auto valid = [&](int64_t at) -> __mmask16 {
-    if (all_valid) return 0xFFFF;
     const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - at, 0, 16));
     const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - at, 0, 16));
     return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
   };
   __m512 vmax = _mm512_set1_ps(kNegInf);
-  for (int64_t at = j0 / 16 * 16; at < j1; at += 16)
-    vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
-  const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax) * scale);
+  if (all_valid) {
+    for (int64_t at = 0; at < n_padded; at += 16)  // n_padded: whole tiles of 16 here
+      vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + at));
+  } else {
+    for (int64_t at = j0 / 16 * 16; at < j1; at += 16)
+      vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
+  }
+  const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax) * scale2);
 #else
   float block_max = kNegInf;
   for (int64_t at = j0; at < j1; ++at) block_max = std::max(block_max, s[at]);
-  const float new_max = std::max(row_max, block_max * scale);
+  const float new_max = std::max(row_max, block_max * scale2);
 #endif
-  const float alpha = row_max == new_max ? 1.f : std::exp(row_max - new_max);  // 0 at first
+  const float alpha = row_max == new_max ? 1.f : std::exp2(row_max - new_max);  // 0 at first
 #ifdef SGLANG_AVX512
-  const __m512 vscale = _mm512_set1_ps(scale), shift = _mm512_set1_ps(new_max);
+  constexpr int kDegree = std::is_same_v<Elem, float> ? 5 : 3;  // as exact as Elem keeps
+  const __m512 vscale = _mm512_set1_ps(scale2), shift = _mm512_set1_ps(new_max);
   __m512 vsum = _mm512_mul_ps(_mm512_loadu_ps(sum_lanes), _mm512_set1_ps(alpha));
-  for (; j + 16 <= n_padded; j += 16) {
-    const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift);
-    const __m512 e = _mm512_maskz_mov_ps(valid(j), exp512(x));
-    store16(p + j, e);
-    vsum = _mm512_add_ps(vsum, e);
+  if (all_valid) {
+    for (; j + 16 <= n_padded; j += 16) {
+      const __m512 e = exp2_512<kDegree>(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift));
+      store16(p + j, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+  } else {
+    for (; j + 16 <= n_padded; j += 16) {
+      const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift);
+      const __m512 e = _mm512_maskz_mov_ps(valid(j), exp2_512<kDegree>(x));
+      store16(p + j, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
   }
   _mm512_storeu_ps(sum_lanes, vsum);
 #else
   for (int l = 0; l < 16; ++l) sum_lanes[l] *= alpha;
 #endif
   for (; j < n_padded; ++j) {
-    const float e = j >= j0 && j < j1 ? std::exp(s[j] * scale - new_max) : 0.f;
+    const float e = j >= j0 && j < j1 ? std::exp2(s[j] * scale2 - new_max) : 0.f;
     p[j] = Elem(e);
     sum_lanes[j % 16] += e;
   }
