@@ -203,7 +203,8 @@ def test_bf16_prefill_linear_pads_rows_for_the_gemm(rows, leading, with_bias, se
     want = real_linear(x, linear.weight, linear.bias)
     assert got.shape == want.shape == (*leading, rows, 40)
     padded = rows >= decode_linear.PAD_FROM_ROWS
-    assert seen == [-(-rows // 16) * 16 if padded else rows]
+    multiple = decode_linear.ROW_MULTIPLE
+    assert seen == [-(-rows // multiple) * multiple if padded else rows]
     scale = x.float().abs() @ linear.weight.float().abs().t() + 1
     assert ((got.float() - want.float()).abs() / scale).max() < 2**-8
 

@@ -63,7 +63,16 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if kernel is not None and 0 < rows <= MAX_ROWS and x.dtype == torch.bfloat16:
         out = kernel.linear_bf16(flat.contiguous(), self.weight, self.bias)
     elif rows >= PAD_FROM_ROWS and pad:
-        out = F.linear(F.pad(flat, (0, 0, 0, pad)), self.weight, self.bias)[:rows]
+        out = F.linear(_pad_rows(flat, pad), self.weight, self.bias)[:rows]
     else:
         return F.linear(x, self.weight, self.bias)
     return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _pad_rows(flat: torch.Tensor, pad: int) -> torch.Tensor:
+    """flat with ``pad`` zero rows below (only the new rows are zeroed: half of F.pad's writes)."""
+    rows = flat.shape[0]
+    padded = flat.new_empty(rows + pad, flat.shape[1])
+    padded[:rows].copy_(flat)
+    padded[rows:].zero_()
+    return padded

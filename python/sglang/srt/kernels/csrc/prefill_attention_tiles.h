@@ -2,8 +2,8 @@
 // their packing, the micro-kernels that compute a tile of scores (Q.K^T) and accumulate a tile
 // of P.V, and the online-softmax step between them (with a vector exp). One layout per storage
 // and ISA:
-// - FloatLayout: float32 blocks, K as [dim][kKeys] and V as [kKeys][dim]; AVX-512F micro-kernels
-//   where present (SGLANG_AVX512), portable loops elsewhere.
+// - FloatLayout: float32 blocks, K as [dim][kKeys] and V as [kKeys][dim]; AVX-512 (F and DQ)
+//   micro-kernels where present (SGLANG_AVX512), portable loops elsewhere.
 // - PairLayout (bfloat16 with AVX512-BF16): K as [dim/2][kKeys][2] and V as [kKeys/2][dim][2],
 //   pairs for vdpbf16ps (16 key scores, or 16 output dims, per instruction).
 // Micro-kernels take R query rows (R <= kRowTile) at once; scores and P rows are kKeys apart.
@@ -19,7 +19,7 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__AVX512F__) && !defined(SGLANG_PORTABLE_KERNELS)
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && !defined(SGLANG_PORTABLE_KERNELS)
 #include <immintrin.h>
 #define SGLANG_AVX512 1
 #if defined(__AVX512BF16__)
