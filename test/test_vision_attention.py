@@ -84,6 +84,29 @@ def test_kernel_matches_float64_attention_within_segments(
     assert module.perf_counters.vision_flops == flops
 
 
+@needs_kernel
+@settings(max_examples=20, deadline=None)
+@given(
+    length=st.integers(1, 300),
+    dim=st.sampled_from([64, 80]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_keeps_far_negative_scores_of_a_partial_key_block(length, dim, dtype, seed):
+    """Every score near -150: the softmax is still well defined, and only a running max that
+    takes no score of the zero keys padding a block's last tile (scores 0) keeps its weights
+    from underflowing to 0 / 0."""
+    gen = torch.Generator().manual_seed(seed)
+    near_one = lambda: 1 + 0.1 * torch.randn(1, 1, length, dim, generator=gen)  # noqa: E731
+    q = (-150 / dim**0.5 * near_one()).to(dtype)
+    k, v = near_one().to(dtype), torch.randn(1, 1, length, dim, generator=gen).to(dtype)
+    module, scale, cu = _Attention(KERNEL), dim**-0.5, [0, length]
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    out, _ = fast_vision.varlen_vision_attention(module, q, k, v, None, scale, cu_seq_lens_q=cu_t)
+    bound = (1e-4 if dtype == torch.float32 else 2**-8 + 1e-5) * v.double().abs().max()
+    assert (out[0].double() - reference(q, k, v, cu, scale)).abs().max() <= bound
+
+
 class _Refusing:
     def varlen_attention(self, *args) -> None:
         raise AssertionError("the kernel was called")

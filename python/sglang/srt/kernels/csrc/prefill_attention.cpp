@@ -114,20 +114,31 @@ void pv_rows(const typename Layout::Elem* p, const typename Layout::Elem* v, int
   if (left == 1) Layout::template pv<1, NV>(p, v, dim, n, d0, acc);
 }
 
-// Scores of all rows for the block's first `keys` keys (rounded up to whole kKeyTile tiles).
+// Scores of rows [0, rows) for the keys from h on, 16 NK of them.
+template <typename Layout, int NK>
+void qk_tile(const typename Layout::Elem* q, const typename Layout::Elem* k, int64_t rows,
+             int64_t dim, int64_t h, float* scores) {
+  int64_t r = 0;
+  for (; r + kRowTile <= rows; r += kRowTile)
+    Layout::template qk<kRowTile, NK>(q + r * dim, k, dim, h, scores + r * kKeys);
+  const int64_t left = rows - r;
+  const auto* q_left = q + r * dim;
+  float* s_left = scores + r * kKeys;
+  if (left == 3) Layout::template qk<3, NK>(q_left, k, dim, h, s_left);
+  if (left == 2) Layout::template qk<2, NK>(q_left, k, dim, h, s_left);
+  if (left == 1) Layout::template qk<1, NK>(q_left, k, dim, h, s_left);
+}
+
+// Scores of all rows for the block's first `keys` keys (rounded up to whole tiles: kKeyTile,
+// or kTailTile where at most that many are left).
 template <typename Layout>
 void qk_rows(const typename Layout::Elem* q, const typename Layout::Elem* k, int64_t rows,
              int64_t dim, int64_t keys, float* scores) {
   for (int64_t h = 0; h < keys; h += kKeyTile) {
-    int64_t r = 0;
-    for (; r + kRowTile <= rows; r += kRowTile)
-      Layout::template qk<kRowTile>(q + r * dim, k, dim, h, scores + r * kKeys);
-    const int64_t left = rows - r;
-    const auto* q_left = q + r * dim;
-    float* s_left = scores + r * kKeys;
-    if (left == 3) Layout::template qk<3>(q_left, k, dim, h, s_left);
-    if (left == 2) Layout::template qk<2>(q_left, k, dim, h, s_left);
-    if (left == 1) Layout::template qk<1>(q_left, k, dim, h, s_left);
+    if (keys - h > kTailTile)
+      qk_tile<Layout, kKeyTile / 16>(q, k, rows, dim, h, scores);
+    else
+      qk_tile<Layout, kTailTile / 16>(q, k, rows, dim, h, scores);
   }
 }
 

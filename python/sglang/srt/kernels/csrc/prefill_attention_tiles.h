@@ -30,15 +30,16 @@
 namespace prefill_tiles {
 
 constexpr int64_t kKeys = 128;    // keys per packed block (one online-softmax step)
-constexpr int64_t kKeyTile = 64;  // keys per score micro-kernel call (4 vectors of 16)
+constexpr int64_t kKeyTile = 64;  // keys per score micro-kernel call (4 vectors of 16)...
+constexpr int64_t kTailTile = 32;  // ...or 2 at a block's end, where at most 32 keys are left
 constexpr int kRowTile = 4;       // query rows per micro-kernel call
 constexpr int kDimTile = 4;       // 16-wide output vectors per P.V micro-kernel call
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Keys of a block of n that the micro-kernels read: whole kKeyTile tiles (packing zero-pads n up
-// to there and leaves the rest of the block unwritten).
+// Keys of a block of n that the micro-kernels read: whole kTailTile tiles (packing zero-pads n
+// up to there and leaves the rest of the block unwritten).
 inline int64_t packed_keys(int64_t n) {
-  return std::min(kKeys, (n + kKeyTile - 1) / kKeyTile * kKeyTile);
+  return std::min(kKeys, (n + kTailTile - 1) / kTailTile * kTailTile);
 }
 
 inline float to_float(float x) { return x; }
@@ -150,33 +151,33 @@ struct FloatLayout {
     std::fill(dst + n * dim, dst + packed_keys(n) * dim, 0.f);
   }
 
-  // scores[r][h + j] = q[r] . k[h + j] for rows [0, R) and the kKeyTile keys from h on
-  template <int R>
+  // scores[r][h + j] = q[r] . k[h + j] for rows [0, R) and the 16 NK keys from h on
+  template <int R, int NK>
   static void qk(const float* q, const float* k, int64_t dim, int64_t h, float* scores) {
 #ifdef SGLANG_AVX512
-    __m512 acc[R][4];
+    __m512 acc[R][NK];
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+      for (int v = 0; v < NK; ++v) acc[r][v] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dim; ++d) {
-      __m512 kv[4];
-      for (int v = 0; v < 4; ++v) {
+      __m512 kv[NK];
+      for (int v = 0; v < NK; ++v) {
         kv[v] = _mm512_loadu_ps(k + d * kKeys + h + 16 * v);
         in_register(kv[v]);
       }
       for (int r = 0; r < R; ++r) {
         const __m512 b = _mm512_set1_ps(q[r * dim + d]);
-        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(b, kv[v], acc[r][v]);
+        for (int v = 0; v < NK; ++v) acc[r][v] = _mm512_fmadd_ps(b, kv[v], acc[r][v]);
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
+      for (int v = 0; v < NK; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
 #else
     for (int r = 0; r < R; ++r) {
       float* row = scores + r * kKeys + h;
-      for (int64_t j = 0; j < kKeyTile; ++j) row[j] = 0.f;
+      for (int64_t j = 0; j < 16 * NK; ++j) row[j] = 0.f;
       for (int64_t d = 0; d < dim; ++d) {
         const float b = q[r * dim + d];
-        for (int64_t j = 0; j < kKeyTile; ++j) row[j] += b * k[d * kKeys + h + j];
+        for (int64_t j = 0; j < 16 * NK; ++j) row[j] += b * k[d * kKeys + h + j];
       }
     }
 #endif
@@ -247,22 +248,22 @@ struct PairLayout {
     return _mm512_set1_epi32(bits);
   }
 
-  template <int R>
+  template <int R, int NK>
   static void qk(const Elem* q, const Elem* k, int64_t dim, int64_t h, float* scores) {
-    __m512 acc[R][4];
+    __m512 acc[R][NK];
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+      for (int v = 0; v < NK; ++v) acc[r][v] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dim; d += 2) {
-      __m512bh kv[4];
-      for (int v = 0; v < 4; ++v)
+      __m512bh kv[NK];
+      for (int v = 0; v < NK; ++v)
         kv[v] = (__m512bh)_mm512_loadu_si512(k + (d / 2 * kKeys + h + 16 * v) * 2);
       for (int r = 0; r < R; ++r) {
         const __m512bh b = (__m512bh)pair_at(q + r * dim + d);
-        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kv[v], b);
+        for (int v = 0; v < NK; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], kv[v], b);
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
+      for (int v = 0; v < NK; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
   }
 
   template <int R, int NV>
@@ -308,8 +309,10 @@ void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, floa
   };
   __m512 vmax = _mm512_set1_ps(kNegInf);
   if (all_valid) {
-    for (int64_t at = 0; at < n_padded; at += 16)  // n_padded: whole tiles of 16 here
-      vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + at));
+    int64_t at = 0;
+    for (; at + 16 <= n_padded; at += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + at));
+    if (at < n_padded)  // the lanes past n_padded hold scores of zero-padded keys
+      vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
   } else {
     for (int64_t at = j0 / 16 * 16; at < j1; at += 16)
       vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
