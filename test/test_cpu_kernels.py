@@ -238,7 +238,7 @@ def test_quick_gelu_rounds_where_hf_rounds(shape, scale, seed) -> None:
 
 
 @needs_quick_gelu
-def test_bf16_encoders_swap_quick_gelu_and_float32_keeps_hf() -> None:
+def test_bf16_models_swap_activations_and_float32_keeps_hf() -> None:
     from conftest import model_dir
     from transformers.activations import QuickGELUActivation
 
@@ -252,5 +252,84 @@ def test_bf16_encoders_swap_quick_gelu_and_float32_keeps_hf() -> None:
     assert NativeQuickGELU in kinds(bf16) and QuickGELUActivation not in kinds(bf16)
     fp32 = sglang.Engine(model_path=model_dir("qwen2_vl"), dtype="float32")
     assert QuickGELUActivation in kinds(fp32) and NativeQuickGELU not in kinds(fp32)
+    gated = [hasattr(m, "_silu_and_mul") for m in bf16.runner.adapter.language_model.modules()]
+    assert any(gated) or kernels.load("silu_and_mul") is None
+    assert not any(hasattr(m, "_silu_and_mul") for m in fp32.runner.model.modules())
     for engine in (bf16, fp32):
         engine.shutdown()
+
+
+SILU_AND_MUL = kernels.load("silu_and_mul")
+needs_silu_and_mul = pytest.mark.skipif(SILU_AND_MUL is None, reason="no C++ toolchain")
+
+
+@needs_silu_and_mul
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.sampled_from([(1,), (17,), (3, 33), (64, 80), (2, 5, 48)]),
+    scale=st.sampled_from([0.01, 1.0, 8.0, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_silu_and_mul_rounds_where_hf_rounds(shape, scale, seed) -> None:
+    """bfloat16 silu(gate) * up: HF's result, or one unit in the last place from it."""
+    from transformers.activations import SiLUActivation
+
+    gen = torch.Generator().manual_seed(seed)
+    specials = torch.tensor([0.0, -0.0, 88.0, -88.0, -100.0, float("inf"), float("-inf")])
+    gate = torch.cat([(torch.randn(shape, generator=gen) * scale).flatten(), specials])
+    up = torch.cat([torch.randn(shape, generator=gen).flatten(), torch.ones(7)])
+    gate, up = gate.bfloat16(), up.bfloat16()
+    want = SiLUActivation()(gate) * up
+    got = SILU_AND_MUL.silu_and_mul(gate, up)
+    assert got.dtype == torch.bfloat16 and got.shape == gate.shape
+    same = (got == want) | (got.isnan() & want.isnan())
+    ulp = want.float().abs().clamp_min(2.0**-126) * 2.0**-7
+    assert ((got.float() - want.float()).abs()[~same] <= ulp[~same]).all()
+    assert same.float().mean() >= 0.99
+
+
+class _GatedMLP(torch.nn.Module):
+    def __init__(self, act: torch.nn.Module) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj = torch.nn.Linear(8, 16), torch.nn.Linear(8, 16)
+        self.down_proj, self.act_fn = torch.nn.Linear(16, 8), act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """HF's gated MLP."""
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _ScaledGatedMLP(_GatedMLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x) * 2)
+
+
+@needs_silu_and_mul
+def test_gated_silu_mlps_are_routed_only_where_the_forward_is_hfs() -> None:
+    """HF's formula with a SiLU reaches the kernel (bfloat16: the same output as HF's, within a
+    rounding; float32 input: HF's path); another activation or another formula stays HF's."""
+    from transformers.activations import GELUActivation, SiLUActivation
+
+    from sglang.srt.layers import native_activation
+
+    routed = _GatedMLP(SiLUActivation()).bfloat16()
+    others = [_GatedMLP(GELUActivation()), _ScaledGatedMLP(torch.nn.SiLU())]
+    x = torch.randn(5, 8).bfloat16()
+    want = routed(x)
+    assert native_activation.install_gated_silu([routed, *others]) == 1
+    calls = []
+    real = routed._silu_and_mul
+
+    class Spy:
+        def silu_and_mul(self, gate, up):
+            calls.append(gate.shape)
+            return real.silu_and_mul(gate, up)
+
+    routed._silu_and_mul = Spy()
+    got = routed(x)
+    assert calls == [(5, 16)]
+    assert (got.float() - want.float()).abs().max() <= 2**-6 * want.float().abs().max()
+    routed.float()
+    assert torch.equal(routed(x.float()), _GatedMLP.forward(routed, x.float()))
+    assert calls == [(5, 16)]  # float32: HF's path
+    assert all("forward" not in vars(m) for m in others)

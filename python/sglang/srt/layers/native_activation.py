@@ -1,21 +1,30 @@
-"""QuickGELU of the encoders on a native one-pass kernel in bfloat16 (CLIP-style towers and
-Qwen2-VL's vision MLP use it).
+"""Activations of bfloat16 CPU models on native one-pass kernels.
 
-HF's ``QuickGELUActivation`` computes ``x * sigmoid(1.702 * x)`` in three tensor passes. The
-kernel (``kernels/csrc/quick_gelu.cpp``) rounds to bfloat16 where those passes round, in one
-pass: results equal HF's except, rarely, by one unit in the last place where the two
-exponentials differ in their last float bits (``test/test_cpu_kernels.py``). Installed for
-bfloat16 CPU encoders only: float32, the exact mode, keeps HF's activation.
+- QuickGELU of the encoders (CLIP-style towers, Qwen2-VL's vision MLP): HF's
+  ``QuickGELUActivation`` computes ``x * sigmoid(1.702 * x)`` in three tensor passes
+  (``kernels/csrc/quick_gelu.cpp``).
+- The SiLU-gated MLPs (``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with a SiLU: the
+  language models of the Qwen, Llama and Mistral families, Qwen2.5-VL's vision MLP): the SiLU
+  and the product in one pass (``kernels/csrc/silu_and_mul.cpp``).
+
+Each kernel rounds to bfloat16 where HF's passes round: results equal HF's except, rarely, by
+one unit in the last place where the two exponentials differ in their last float bits
+(``test/test_cpu_kernels.py``). Installed for bfloat16 CPU models only: float32, the exact
+mode, keeps HF's code.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
+import types
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
-from transformers.activations import QuickGELUActivation
+from transformers.activations import QuickGELUActivation, SiLUActivation
 
 from sglang.srt import kernels
 
@@ -46,3 +55,55 @@ def install(modules: Iterable[nn.Module]) -> int:
                 setattr(module, name, NativeQuickGELU(kernel))
                 count += 1
     return count
+
+
+def install_gated_silu(modules: Iterable[nn.Module]) -> int:
+    """Route every SiLU-gated MLP among ``modules`` through ``silu_and_mul`` (in place);
+    returns how many (none where the kernel does not build)."""
+    kernel = kernels.load("silu_and_mul")
+    if kernel is None:
+        return 0
+    count = 0
+    for module in modules:
+        if _is_gated_silu_mlp(module):
+            module._silu_and_mul = kernel
+            module.forward = types.MethodType(_gated_silu_forward, module)
+            count += 1
+    return count
+
+
+def _is_gated_silu_mlp(module: nn.Module) -> bool:
+    """Whether ``module``'s forward is exactly HF's gated MLP and its activation a SiLU: a class
+    whose forward does more (dropout, scaling, another order) keeps it."""
+    if not all(isinstance(getattr(module, n, None), nn.Module) for n in _GATED_PARTS):
+        return False
+    if type(getattr(module, "act_fn", None)) not in (SiLUActivation, nn.SiLU):
+        return False
+    return _forward_is_gated_mlp(type(module))
+
+
+_GATED_PARTS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _forward_is_gated_mlp(cls: type) -> bool:
+    """Whether ``cls.forward(self, x)`` is ``return down_proj(act_fn(gate_proj(x)) * up_proj(x))``
+    (or the same through a local), by its syntax tree."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    function = tree.body[0]
+    if not isinstance(function, ast.FunctionDef) or len(function.args.args) != 2:
+        return False
+    docstring = lambda s: isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)  # noqa: E731
+    code = "\n".join(ast.unparse(s) for s in function.body if not docstring(s))
+    x = function.args.args[1].arg
+    formula = f"self.down_proj(self.act_fn(self.gate_proj({x})) * self.up_proj({x}))"
+    return code in (f"return {formula}", f"down_proj = {formula}\nreturn down_proj")
+
+
+def _gated_silu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    gate, up = self.gate_proj(x), self.up_proj(x)
+    if gate.dtype == up.dtype == torch.bfloat16 and gate.device.type == "cpu":
+        return self.down_proj(self._silu_and_mul.silu_and_mul(gate, up))
+    return self.down_proj(self.act_fn(gate) * up)

@@ -100,6 +100,8 @@ class ModelRunner:
             logger.info(
                 "encoder QuickGELUs on the native kernel: %d", native_activation.install(encoder)
             )
+            gated = native_activation.install_gated_silu(self.model.modules())
+            logger.info("SiLU-gated MLPs on the native kernel: %d", gated)
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "prefill_attention_tiles.h"  // to_float, exp512, widen16; SGLANG_AVX512_BF16
+#include "prefill_attention_tiles.h"  // to_float, kNegInf; vector_math.h
 
 namespace {
 
@@ -154,7 +154,7 @@ void task_bf16(const Task& t, const c10::BFloat16* q16, const c10::BFloat16* k16
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 m = float_mask(n - j);
       const __m512 e = _mm512_maskz_mov_ps(
-          m, prefill_tiles::exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), high)));
+          m, vec::exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), high)));
       _mm512_mask_storeu_ps(row + j, m, e);
       total = _mm512_add_ps(total, e);
     }
@@ -167,7 +167,7 @@ void task_bf16(const Task& t, const c10::BFloat16* q16, const c10::BFloat16* k16
     __m512 value[kMaxBf16Dim / 16];
     for (int64_t c = 0; c < lanes; ++c) {
       const __m256i half = _mm256_maskz_loadu_epi16(float_mask(dim - 16 * c), row + 16 * c);
-      value[c] = prefill_tiles::widen16(half);
+      value[c] = vec::widen16(half);
     }
     for (int64_t g = 0; g < groups; ++g) {
       const __m512 p = _mm512_set1_ps(w.scores[g * n + j]);

@@ -2,8 +2,8 @@
 // their packing, the micro-kernels that compute a tile of scores (Q.K^T) and accumulate a tile
 // of P.V, and the online-softmax step between them (with a vector exp). One layout per storage
 // and ISA:
-// - FloatLayout: float32 blocks, K as [dim][kKeys] and V as [kKeys][dim]; AVX-512 (F and DQ)
-//   micro-kernels where present (SGLANG_AVX512), portable loops elsewhere.
+// - FloatLayout: float32 blocks, K as [dim][kKeys] and V as [kKeys][dim]; AVX-512 micro-kernels
+//   where present (SGLANG_AVX512, vector_math.h), portable loops elsewhere.
 // - PairLayout (bfloat16 with AVX512-BF16): K as [dim/2][kKeys][2] and V as [kKeys/2][dim][2],
 //   pairs for vdpbf16ps (16 key scores, or 16 output dims, per instruction).
 // Micro-kernels take R query rows (R <= kRowTile) at once; scores and P rows are kKeys apart.
@@ -19,15 +19,14 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__) && !defined(SGLANG_PORTABLE_KERNELS)
-#include <immintrin.h>
-#define SGLANG_AVX512 1
-#if defined(__AVX512BF16__)
-#define SGLANG_AVX512_BF16 1
-#endif
-#endif
+#include "vector_math.h"
 
 namespace prefill_tiles {
+
+#ifdef SGLANG_AVX512
+using vec::exp2_512;
+using vec::widen16;
+#endif
 
 constexpr int64_t kKeys = 128;    // keys per packed block (one online-softmax step)
 constexpr int64_t kKeyTile = 64;  // keys per score micro-kernel call (4 vectors of 16)...
@@ -44,38 +43,6 @@ inline int64_t packed_keys(int64_t n) {
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-
-// ---- 2^t of a float vector (softmax, in base 2) ----
-#ifdef SGLANG_AVX512
-// 2^t = 2^floor(t) 2^f with f = t - floor(t) in [0, 1) (one vreduceps), 2^f by a polynomial
-// fitted for relative error (degree 5: < 8e-8, float32's rounding; degree 3: < 8e-5, far below
-// bfloat16's 4e-3), 2^floor(t) applied by vscalefps (which floors t itself).
-template <int Degree>
-inline __m512 exp2_512(__m512 t) {
-  static_assert(Degree == 3 || Degree == 5, "fitted degrees: 3 and 5");
-  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p;
-  if constexpr (Degree == 5) {
-    p = _mm512_set1_ps(1.8775764619931579e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.989340625703335e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582631751894951e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4015361070632935e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931530833244324e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999999403953552e-1f));
-  } else {
-    p = _mm512_set1_ps(7.80244991183281e-2f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.260671854019165e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.958335041999817e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999251961708069e-1f));
-  }
-  return _mm512_scalef_ps(p, t);
-}
-
-// e^x, to float32's rounding.
-inline __m512 exp512(__m512 x) {
-  return exp2_512<5>(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)));
-}
-#endif
 
 // dst[0, n) = src[0, n) in dst's type (a plain copy where the types agree).
 template <typename T, typename Elem>
@@ -95,11 +62,6 @@ constexpr bool kStores16 = std::is_same_v<T, float>
                            || std::is_same_v<T, c10::BFloat16>
 #endif
     ;
-
-// 16 bfloat16 values (their bits) widened to float32, exactly.
-inline __m512 widen16(__m256i bf16_bits) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits), 16));
-}
 
 // dst[0, 16) = x rounded to T (kStores16<T>).
 template <typename T>

@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "prefill_attention_tiles.h"
+#include "vector_math.h"
 
 namespace {
 
@@ -25,33 +25,17 @@ inline float quick_gelu_one(float x) {
   return x * s;
 }
 
-#ifdef SGLANG_AVX512
-// Round to nearest even as c10::BFloat16 rounds (vcvtneps2bf16 would flush subnormals to zero,
-// and sigmoid of a large negative input is one): the bfloat16 bits in each lane's upper half.
-inline __m512i bf16_bits(__m512 x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC00000));
-}
-inline __m512 round_bf16(__m512 x) {
-  return _mm512_castsi512_ps(_mm512_and_si512(bf16_bits(x), _mm512_set1_epi32(0xFFFF0000)));
-}
-#endif
-
 void quick_gelu_rows(const c10::BFloat16* x, c10::BFloat16* y, int64_t n) {
   int64_t i = 0;
 #ifdef SGLANG_AVX512
   const __m512 scale = _mm512_set1_ps(kScale), one = _mm512_set1_ps(1.f);
   for (; i + 16 <= n; i += 16) {
     const auto* bits = reinterpret_cast<const __m256i*>(x + i);
-    const __m512 v = prefill_tiles::widen16(_mm256_loadu_si256(bits));
-    const __m512 t = round_bf16(_mm512_mul_ps(scale, v));
-    const __m512 e = prefill_tiles::exp512(_mm512_sub_ps(_mm512_setzero_ps(), t));
-    const __m512 s = round_bf16(_mm512_div_ps(one, _mm512_add_ps(one, e)));
-    const __m512i y16 = _mm512_srli_epi32(bf16_bits(_mm512_mul_ps(v, s)), 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtepi32_epi16(y16));
+    const __m512 v = vec::widen16(_mm256_loadu_si256(bits));
+    const __m512 t = vec::round_bf16(_mm512_mul_ps(scale, v));
+    const __m512 e = vec::exp512(_mm512_sub_ps(_mm512_setzero_ps(), t));
+    const __m512 s = vec::round_bf16(_mm512_div_ps(one, _mm512_add_ps(one, e)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), vec::narrow16(_mm512_mul_ps(v, s)));
   }
 #endif
   for (; i < n; ++i) y[i] = c10::BFloat16(quick_gelu_one(static_cast<float>(x[i])));

@@ -21,36 +21,26 @@
 
 #include <tuple>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "vector_math.h"
 
 namespace {
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#ifdef SGLANG_AVX512
 // Lanes [0, n) of 16 (n <= 16).
 inline __mmask16 first_lanes(int64_t n) {
   return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
 }
 
-// 16 floats rounded to bfloat16 as torch rounds (to nearest even, NaN to a quiet NaN,
-// subnormals kept) and stored to lanes `mask` of dst.
+// 16 floats rounded to bfloat16 as torch rounds, stored to lanes `mask` of dst.
 inline void store16_rounded(c10::BFloat16* dst, __m512 x, __mmask16 mask) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC00000));
-  const __m256i halves = _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
-  _mm256_mask_storeu_epi16(dst, mask, halves);
+  _mm256_mask_storeu_epi16(dst, mask, vec::narrow16(x));
 }
 inline void store16_rounded(float* dst, __m512 x, __mmask16 mask) {
   _mm512_mask_storeu_ps(dst, mask, x);
 }
 
 inline __m512 load16(const c10::BFloat16* src, __mmask16 mask) {
-  const __m256i bits = _mm256_maskz_loadu_epi16(mask, src);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  return vec::widen16(_mm256_maskz_loadu_epi16(mask, src));
 }
 inline __m512 load16(const float* src, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, src); }
 

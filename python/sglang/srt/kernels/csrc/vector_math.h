@@ -1,0 +1,74 @@
+// Vector helpers the kernels share: bfloat16 <-> float32 conversions exactly as torch does them,
+// and 2^t / e^x of float vectors. AVX-512 (F, DQ, BW, VL: every AVX-512 CPU since Skylake-SP and
+// Zen 4) where compiled for it: SGLANG_AVX512 says so, SGLANG_AVX512_BF16 adds AVX512-BF16.
+
+#pragma once
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && !defined(SGLANG_PORTABLE_KERNELS)
+#include <immintrin.h>
+#define SGLANG_AVX512 1
+#if defined(__AVX512BF16__)
+#define SGLANG_AVX512_BF16 1
+#endif
+#endif
+
+namespace vec {
+
+#ifdef SGLANG_AVX512
+// 16 bfloat16 values (their bits) widened to float32, exactly.
+inline __m512 widen16(__m256i bf16_bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_bits), 16));
+}
+
+// x rounded to bfloat16 as torch rounds (to nearest even, NaN to a quiet NaN, subnormals kept;
+// vcvtneps2bf16 would flush those): the bfloat16 bits in each lane's upper half.
+inline __m512i bf16_bits(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC00000));
+}
+
+// x rounded to bfloat16 (bf16_bits), as float32.
+inline __m512 round_bf16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(bf16_bits(x), _mm512_set1_epi32(0xFFFF0000)));
+}
+
+// x rounded to bfloat16 (bf16_bits), as 16 bfloat16 values.
+inline __m256i narrow16(__m512 x) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_bits(x), 16));
+}
+
+// 2^t = 2^floor(t) 2^f with f = t - floor(t) in [0, 1) (one vreduceps), 2^f by a polynomial
+// fitted for relative error (degree 5: < 8e-8, float32's rounding; degree 3: < 8e-5, far below
+// bfloat16's 4e-3), 2^floor(t) applied by vscalefps (which floors t itself).
+template <int Degree>
+inline __m512 exp2_512(__m512 t) {
+  static_assert(Degree == 3 || Degree == 5, "fitted degrees: 3 and 5");
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 p;
+  if constexpr (Degree == 5) {
+    p = _mm512_set1_ps(1.8775764619931579e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.989340625703335e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.582631751894951e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4015361070632935e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931530833244324e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999999403953552e-1f));
+  } else {
+    p = _mm512_set1_ps(7.80244991183281e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.260671854019165e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.958335041999817e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999251961708069e-1f));
+  }
+  return _mm512_scalef_ps(p, t);
+}
+
+// e^x, to float32's rounding.
+inline __m512 exp512(__m512 x) {
+  return exp2_512<5>(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)));
+}
+#endif
+
+}  // namespace vec
