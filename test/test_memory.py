@@ -182,8 +182,9 @@ class _FakeLibc:
 
 
 def test_heap_is_returned_after_loading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the compute process' raised malloc thresholds, loading runs with low ones, then the
-    freed heap is trimmed and the raised thresholds (clamped to a C int) come back."""
+    """Loading runs with low malloc thresholds, then the freed heap is trimmed and the forwards'
+    raised thresholds (clamped to a C int) are set: the environment's where it has them, else
+    compute_env's defaults (an offline Engine in a process started without them)."""
     libc = _FakeLibc()
     monkeypatch.setattr(host_memory, "_libc", lambda: libc)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", str(16 << 30))
@@ -197,9 +198,16 @@ def test_heap_is_returned_after_loading(monkeypatch: pytest.MonkeyPatch) -> None
         ("mallopt", -1, (1 << 31) - 1),
         ("mallopt", -3, (1 << 31) - 1),
     ]
+    raised_calls = list(libc.calls)
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     libc.calls.clear()
     with host_memory.heap_returned_while_loading():
         pass
-    assert libc.calls == []  # glibc's defaults already return large blocks: nothing to do
+    assert libc.calls == raised_calls  # an offline Engine's process: compute_env's defaults
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # the user's own setting wins
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    libc.calls.clear()
+    with host_memory.heap_returned_while_loading():
+        pass
+    assert libc.calls[-2:] == [("mallopt", -1, 131072), ("mallopt", -3, 131072)]

@@ -41,11 +41,9 @@ from collections.abc import Iterator
 
 import torch
 
-COMPUTE_ENV_DEFAULTS = {
-    "OMP_WAIT_POLICY": "PASSIVE",
-    "MALLOC_MMAP_THRESHOLD_": str(16 << 30),
-    "MALLOC_TRIM_THRESHOLD_": str(16 << 30),
-}
+from sglang.srt.model_executor.host_memory import FORWARD_MALLOC_ENV
+
+COMPUTE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", **FORWARD_MALLOC_ENV}
 
 
 def apply_compute_env_defaults() -> None:
