@@ -16,6 +16,7 @@ mode, keeps HF's code.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import types
@@ -85,6 +86,7 @@ def _is_gated_silu_mlp(module: nn.Module) -> bool:
 _GATED_PARTS = ("gate_proj", "up_proj", "down_proj")
 
 
+@functools.cache  # one parse per class, not per layer
 def _forward_is_gated_mlp(cls: type) -> bool:
     """Whether ``cls.forward(self, x)`` is ``return down_proj(act_fn(gate_proj(x)) * up_proj(x))``
     (or the same through a local), by its syntax tree."""
