@@ -1,4 +1,5 @@
-"""Encoder linears with oneDNN-packed bfloat16 weights: same products, weights held once."""
+"""oneDNN-packed bfloat16 weights: the encoders' (held once) and the language model's copies
+for prompt rows; same products."""
 
 from __future__ import annotations
 
@@ -53,23 +54,79 @@ def test_only_plain_bfloat16_linears_are_packed() -> None:
 
 
 @needs_mkldnn
-def test_bf16_engine_packs_the_encoder_and_counts_its_bytes() -> None:
-    """Every linear outside the language model and its head is packed, none inside; the weight
-    bytes the memory report uses still count the packed copies."""
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.sampled_from([1, 5, 16, 17, 40, 300]),
+    leading=st.sampled_from([(), (1,)]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_packed_copy_serves_prompt_rows_and_keeps_the_plain_weight(
+    rows, leading, bias, seed
+) -> None:
+    """A language-model linear with a packed copy runs inputs of more than ``MAX_ROWS`` rows on
+    the copy and smaller ones on the plain weight, which it keeps."""
+    from sglang.srt.layers import decode_linear
+
+    torch.manual_seed(seed)
+    linear = nn.Linear(64, 48, bias=bias).to(torch.bfloat16)
+    decode_linear.install([linear])
+    assert packed_linear.add_packed_copies([linear]) == 1
+    assert packed_linear.add_packed_copies([linear]) == 0  # one copy
+    assert linear.weight.untyped_storage().nbytes() == 64 * 48 * 2
+    assert packed_linear.packed_bytes(linear) == 64 * 48 * 2
+    # Route check: the copy is made of twice the weight, so the rows it serves come out doubled.
+    doubled = (linear.weight.detach() * 2).contiguous()
+    linear.packed_weight = torch.ops.mkldnn._reorder_linear_weight(doubled, None)
+    x = torch.randn(*leading, rows, 64).to(torch.bfloat16)
+    got = linear(x).double()
+    w, b = linear.weight.double(), (linear.bias.double() if bias else 0)
+    factor = 2 if rows > decode_linear.MAX_ROWS else 1
+    want = factor * (x.double() @ w.t()) + b
+    scale = factor * (x.double().abs() @ w.abs().t()) + abs(b) + 1e-3
+    assert got.shape == (*leading, rows, 48)
+    assert ((got - want).abs() / scale).max() < 2**-7
+
+
+@needs_mkldnn
+def test_packed_copies_are_made_where_memory_allows() -> None:
+    linears = [nn.Linear(32, 16).to(torch.bfloat16) for _ in range(2)]
+    copy_bytes = 2 * 32 * 16 * 2
+    need = int(copy_bytes / packed_linear.COPY_SHARE_OF_AVAILABLE)
+    assert packed_linear.copies_wanted("auto", linears, need)
+    assert not packed_linear.copies_wanted("auto", linears, need - 8)
+    assert packed_linear.copies_wanted("on", linears, 0)
+    assert not packed_linear.copies_wanted("off", linears, 10 * need)
+    assert not packed_linear.copies_wanted("auto", [nn.Linear(32, 16)], 10 * need)  # float32
+    with pytest.raises(ValueError, match="auto"):
+        packed_linear.copies_wanted("always", linears, need)
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("lm_copies", ["auto", "off"])
+def test_bf16_engine_packs_the_encoder_and_counts_its_bytes(lm_copies: str) -> None:
+    """Every linear outside the language model and its head is packed; the language model's
+    linears get packed copies beside their weights unless turned off (the tiny model's fit the
+    auto rule); the weight bytes the memory report uses count every packed weight."""
     from conftest import model_dir
 
     import sglang
     from sglang.srt.model_executor import host_memory
 
-    engine = sglang.Engine(model_path=model_dir("qwen2_vl"), dtype="bfloat16")
+    engine = sglang.Engine(
+        model_path=model_dir("qwen2_vl"), dtype="bfloat16", cpu_packed_lm_weights=lm_copies
+    )
     runner = engine.runner
     lm = runner.adapter.language_model
-    assert not any(hasattr(m, "packed_weight") for m in lm.modules())
+    lm_linears = [m for m in lm.modules() if isinstance(m, nn.Linear)]
+    copied = [m for m in lm.modules() if hasattr(m, "packed_weight")]
+    assert copied == (lm_linears if lm_copies == "auto" else [])
+    assert all(m.weight.untyped_storage().nbytes() == m.weight.numel() * 2 for m in lm_linears)
     tower = runner.model.model.visual
     linears = [m for m in tower.modules() if isinstance(m, nn.Linear)]
     assert linears and all(hasattr(m, "packed_weight") for m in linears)
     packed = packed_linear.packed_bytes(runner.model)
-    assert packed == sum(m.weight.numel() * 2 for m in linears)
+    assert packed == sum(m.weight.numel() * 2 for m in linears + copied)
     assert runner.weights_bytes == host_memory.module_bytes(runner.model) + packed
     out = engine.generate("Describe the weather.", {"temperature": 0, "max_new_tokens": 4})
     assert len(out["output_ids"]) == 4

@@ -13,7 +13,9 @@ multiple of ``ROW_MULTIPLE``: oneDNN's bfloat16 matmul (the kernel behind torch'
 runs some row counts far below its rate (451 x 1536 -> 8960 at 0.65 of 452's on AMD EPYC,
 AVX512-BF16, 2 threads); over random counts of 256-2048 rows x the 2B-shaped MLP, padding to a
 multiple of 16 measured 3-4% faster on average, over 5% faster for a quarter of the counts,
-at most 5% slower for the rest. Each row's result does not depend on the others.
+at most 5% slower for the rest. Each row's result does not depend on the others. Where the
+module holds a packed copy of its weight (``packed_linear.add_packed_copies``), inputs of more
+than ``MAX_ROWS`` rows run on that instead, unpadded.
 """
 
 from __future__ import annotations
@@ -60,8 +62,11 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     kernel = self._decode_kernel  # None: torch's product (set so to compare the two)
     pad = -rows % ROW_MULTIPLE
     flat = x.reshape(rows, x.shape[-1])
+    packed = self.__dict__.get("packed_weight")  # packed_linear.add_packed_copies
     if kernel is not None and 0 < rows <= MAX_ROWS and x.dtype == torch.bfloat16:
         out = kernel.linear_bf16(flat.contiguous(), self.weight, self.bias)
+    elif packed is not None and rows > MAX_ROWS and x.dtype == torch.bfloat16:
+        out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
     elif rows >= PAD_FROM_ROWS and pad:
         out = F.linear(_pad_rows(flat, pad), self.weight, self.bias)[:rows]
     else:

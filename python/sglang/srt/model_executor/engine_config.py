@@ -70,6 +70,14 @@ class EngineConfig:
         default=None, metadata={"help": "Tokens per prefill chunk; -1 disables chunking."}
     )
     disable_radix_cache: bool = False
+    cpu_packed_lm_weights: str = field(
+        default="auto",
+        metadata={
+            "help": "bfloat16 on a CPU: a second, oneDNN-packed copy of the language model's "
+            "linear weights for prompt chunks (~10%% faster prefill): auto (where the copy takes "
+            "at most a quarter of the memory available after loading), on or off."
+        },
+    )
 
     # Hybrid models (linear-attention layers, e.g. Qwen3.5)
     max_mamba_cache_size: int | None = field(
@@ -134,6 +142,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(KV_CACHE_DTYPES)}")
         if self.mamba_ssm_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError("mamba_ssm_dtype must be float32, bfloat16 or float16")
+        if self.cpu_packed_lm_weights not in ("auto", "on", "off"):
+            raise ValueError("cpu_packed_lm_weights must be auto, on or off")
         if self.mm_video_cache not in ("per-group", "whole"):
             raise ValueError("mm_video_cache must be per-group or whole")
         quantization.check_quantization_flag(self.quantization)

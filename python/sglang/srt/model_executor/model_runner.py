@@ -94,6 +94,7 @@ class ModelRunner:
             head = self.model.get_output_embeddings()
             routed = decode_linear.install([*self.adapter.language_model.modules(), head])
             logger.info("decode-sized bfloat16 linears on the native kernel: %d", routed)
+            self._add_packed_lm_copies(head)
             in_lm = {id(m) for m in self.adapter.language_model.modules()} | {id(head)}
             encoder = [m for m in self.model.modules() if id(m) not in in_lm]
             logger.info("encoder linears with packed weights: %d", packed_linear.install(encoder))
@@ -132,6 +133,15 @@ class ModelRunner:
             args.mm_cache_mode,
             video_groups=args.mm_video_cache == "per-group",
         )
+
+    def _add_packed_lm_copies(self, head: torch.nn.Module) -> None:
+        """Packed copies of the language model's linear weights for prompt chunks (the head's
+        prompt rows are the last tokens: decode-sized)."""
+        linears = [m for m in self.adapter.language_model.modules() if m is not head]
+        available = host_memory.host_memory_available()[0]
+        if packed_linear.copies_wanted(self.args.cpu_packed_lm_weights, linears, available):
+            copies = packed_linear.add_packed_copies(linears)
+            logger.info("language-model linears with packed copies for prompts: %d", copies)
 
     def _count_lm_work(self) -> None:
         """Multiply-adds per token of the LM's dense linears and of the LM head, and the bytes
