@@ -128,6 +128,8 @@ def test_bf16_engine_packs_the_encoder_and_counts_its_bytes(lm_copies: str) -> N
     packed = packed_linear.packed_bytes(runner.model)
     assert packed == sum(m.weight.numel() * 2 for m in linears + copied)
     assert runner.weights_bytes == host_memory.module_bytes(runner.model) + packed
+    copy_bytes = engine.get_server_info()["memory"]["lm_packed_copy_bytes"]
+    assert copy_bytes == sum(m.weight.numel() * 2 for m in copied)
     out = engine.generate("Describe the weather.", {"temperature": 0, "max_new_tokens": 4})
     assert len(out["output_ids"]) == 4
     engine.shutdown()

@@ -363,6 +363,7 @@ class MemoryReport:
     quantization: str | None
     weights_bytes: int
     weights_estimate_bytes: int | None
+    lm_packed_copy_bytes: int  # in weights_bytes: packed copies for prompts (packed_linear)
     kv_pool_bytes: int
     kv_pool_tokens: int
     kv_bytes_per_token: int
@@ -397,6 +398,8 @@ class MemoryReport:
 
     def _weights_note(self, estimate: int | None) -> str:
         setting = self.dtype + (f" + {self.quantization}" if self.quantization else "")
+        if self.lm_packed_copy_bytes:
+            setting += f"; {fmt_bytes(self.lm_packed_copy_bytes)} of packed copies for prompts"
         if estimate is None:
             return setting
         return f"{setting}; estimated {fmt_bytes(estimate)} from the checkpoint"
@@ -420,6 +423,7 @@ def runner_report(runner: Any, kv_bytes_per_token: int) -> MemoryReport:
         quantization=args.torchao_config or None,
         weights_bytes=runner.weights_bytes,
         weights_estimate_bytes=runner.fit_plan.weights if runner.fit_plan else None,
+        lm_packed_copy_bytes=runner.lm_packed_copy_bytes,
         kv_pool_bytes=runner.max_total_tokens * kv_bytes_per_token,
         kv_pool_tokens=runner.max_total_tokens,
         kv_bytes_per_token=kv_bytes_per_token,

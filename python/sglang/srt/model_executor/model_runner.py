@@ -81,6 +81,7 @@ class ModelRunner:
         )
         self.perf = PerfCounters()
         self._head_rows = 0  # rows the LM head scored in the current forward
+        self.lm_packed_copy_bytes = 0
         with host_memory.heap_returned_while_loading():
             self.model = self._load(model_path)
             self.adapter = get_adapter(self.model, self.config)
@@ -141,6 +142,7 @@ class ModelRunner:
         available = host_memory.host_memory_available()[0]
         if packed_linear.copies_wanted(self.args.cpu_packed_lm_weights, linears, available):
             copies = packed_linear.add_packed_copies(linears)
+            self.lm_packed_copy_bytes = packed_linear.packed_bytes(self.adapter.language_model)
             logger.info("language-model linears with packed copies for prompts: %d", copies)
 
     def _count_lm_work(self) -> None:
