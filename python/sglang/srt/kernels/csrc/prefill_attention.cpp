@@ -47,6 +47,14 @@ constexpr int64_t kTaskRows = 32;  // query rows (positions x heads of a KV grou
 // (vision windows) this beats shared buffers, whose first touch costs more than the attention.
 constexpr int64_t kLocalKeys = 2 * kKeys;
 
+// Query positions per task: rows (positions x groups) the multiple of lcm(groups, kRowTile)
+// nearest kTaskRows, so that no micro-kernel call takes a short tail of rows (GQA groups of 6:
+// 36 rows, not 30 = 7 x 4 + 2; 2-3% faster on a 433-token prompt after a 1,400-3,300 prefix).
+inline int64_t task_positions(int64_t groups) {
+  const int64_t unit = std::lcm<int64_t>(groups, kRowTile);  // rows of whole tiles and groups
+  return std::max<int64_t>(1, (kTaskRows + unit / 2) / unit) * unit / groups;
+}
+
 // ---- the batch ----
 struct Request {
   int64_t row, q_start, prefix, q_len;
@@ -275,7 +283,7 @@ void attention_impl(Problem& pb, const Operands<T>& ops, const KeyRow& key_row) 
     int64_t req, p0, positions, cost;
   };
   std::vector<Task> tasks;
-  const int64_t positions = std::max<int64_t>(1, kTaskRows / pb.groups);
+  const int64_t positions = task_positions(pb.groups);
   for (int64_t i = 0; i < static_cast<int64_t>(pb.reqs.size()); ++i) {
     const Request& r = pb.reqs[i];
     const int64_t step = r.packs_locally ? r.q_len : positions;
