@@ -8,6 +8,7 @@ answer: " + "w"*32. Images are deterministic JPEGs (q85) seeded by the image id.
     python -m benchmark.multiturn_image --quick
     python -m benchmark.multiturn_image --preset full --engines ours,vllm,hf
     python -m benchmark.multiturn_image --base-url http://127.0.0.1:30000 --label mine
+    python -m benchmark.multiturn_image --engines ours,vllm --interleave ...  # rounds in turn
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ from benchmark.common import (
     matmul_peak_gflops,
     memory_bandwidth_gbs,
     parse_resolution,
+    paused,
     perf_counters,
     process_tree_cpu_seconds,
     pyplot,
@@ -62,7 +66,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_conversation(
+def run_conversation(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """All rounds of ``conversation_rounds`` (same arguments)."""
+    return list(conversation_rounds(*args, **kwargs))
+
+
+def conversation_rounds(
     client: httpx.Client,
     base_url: str,
     model: str,
@@ -75,10 +84,10 @@ def run_conversation(
     peak_gflops: float | None = None,
     server_pid: int | None = None,
     bandwidth_gbs: float | None = None,
-) -> list[dict[str, Any]]:
-    """Warm up with an unrelated image, flush the caches, then play the rounds (image ids
-    ``image_offset + round``: repetitions use new images, so no engine can answer from a cache
-    that /flush_cache does not reach, such as vLLM's encoder cache)."""
+) -> Iterator[dict[str, Any]]:
+    """Warm up with an unrelated image, flush the caches, then play the rounds, yielding each
+    when it is done (image ids ``image_offset + round``: repetitions use new images, so no engine
+    can answer from a cache that /flush_cache does not reach, such as vLLM's encoder cache)."""
     w, h = resolution
     warm = [{"role": "user", "content": [image_part(make_jpeg(WARMUP_ID + w, w, h)), "hi"]}]
     warm[0]["content"][1] = {"type": "text", "text": "hi"}
@@ -126,7 +135,46 @@ def run_conversation(
         if progress is not None:
             progress.set_postfix(ttft_ms=f"{res.ttft * 1e3:.0f}")
             progress.update(1)
-    return out
+        yield out[-1]
+
+
+def interleaved_rounds(
+    servers: list[Any],
+    client: httpx.Client,
+    resolution: tuple[int, int],
+    rounds: int,
+    repeats: int,
+    **kwargs: Any,
+) -> dict[str, list[list[dict[str, Any]]]]:
+    """Every server plays each repetition's conversation (the same images), round by round in
+    turn: round r on the first server, round r on the next, ... A slow spell of the machine then
+    reaches all engines alike instead of the one that happened to run in it. The other servers
+    are stopped (SIGSTOP) while one plays a round, so that an idle server's polling takes
+    nothing from it; each round records what they used of the CPU meanwhile (``others_cpu_s``,
+    ~0). Returns {label: [one list of rounds per repetition]}."""
+    played: dict[str, list[list[dict[str, Any]]]] = {s.label: [] for s in servers}
+    pids = {s.label: s.proc.pid if s.proc else None for s in servers}
+    for k in range(repeats):
+        games = {
+            s.label: conversation_rounds(
+                client, s.base_url, s.model, resolution, rounds, image_offset=1000 * k,
+                server_pid=pids[s.label], **kwargs,
+            )
+            for s in servers
+        }  # fmt: skip
+        for label in games:
+            played[label].append([])
+        for _ in range(rounds):
+            for label, game in games.items():
+                others = [pid for other, pid in pids.items() if other != label]
+                with paused(others):
+                    before = [process_tree_cpu_seconds(pid) for pid in others]
+                    entry = next(game)
+                    after = [process_tree_cpu_seconds(pid) for pid in others]
+                known = [(a, b) for a, b in zip(after, before) if a is not None and b is not None]
+                entry["others_cpu_s"] = sum(a - b for a, b in known) if known else None
+                played[label][-1].append(entry)
+    return played
 
 
 def best_of(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -313,6 +361,55 @@ def compute_dtype(dtype: str) -> str:
     return dtype_name(resolve_dtype(dtype, transformers.PretrainedConfig(), "cpu").dtype)
 
 
+def play_interleaved(
+    args: argparse.Namespace,
+    plan: list[tuple[str, str]],
+    model_path: str | None,
+    resolutions: list[str],
+    common: dict[str, Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """``--interleave``: launch every engine of the plan, then play each resolution's
+    conversations on all of them round by round (``interleaved_rounds``); a peer that fails to
+    start is left out and reported."""
+    runs: list[dict[str, Any]] = []
+    failures: list[dict[str, str]] = []
+    with ExitStack() as stack, httpx.Client(timeout=3600) as client:
+        servers, modes = [], {}
+        for engine, mode in plan:
+            ctx = launch(
+                engine, model_path, mode or "per-image", args.server_args.split(), dtype=args.dtype
+            )
+            try:
+                server = stack.enter_context(ctx)
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                if engine == "ours":
+                    raise
+                failures.append({"engine": engine, "error": f"{type(exc).__name__}: {exc}"[-2000:]})
+                print(f"peer {engine} failed: {failures[-1]['error']}")
+                continue
+            servers.append(server)
+            modes[server.label] = mode or None
+        for res in resolutions:
+            start = time.perf_counter()
+            played = interleaved_rounds(
+                servers, client, parse_resolution(res), args.rounds_resolved, args.repeats,
+                **common,
+            )  # fmt: skip
+            for server in servers:
+                runs.append(
+                    {
+                        "engine": server.engine,
+                        "label": server.label,
+                        "mode": modes[server.label],
+                        "resolution": res,
+                        "startup_s": server.startup_s,
+                        "wall_s": time.perf_counter() - start,
+                        "rounds": best_of(played[server.label]),
+                    }
+                )
+    return runs, failures
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=PRESETS, default="full")
@@ -337,12 +434,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--label", default="external", help="label of the --base-url server")
     p.add_argument("--out", default="benchmark/results/multiturn_image")
     p.add_argument("--no-probe", action="store_true", help="skip the matmul peak probe")
+    p.add_argument("--interleave", action="store_true",
+                   help="launch every engine at once and play their rounds in turn (ratios "
+                   "robust to slow spells of the machine)")  # fmt: skip
     args = p.parse_args(argv)
     cpu = cpu_info()
     print(cpu_line(cpu))
     preset = PRESETS["quick" if args.quick else args.preset]
     resolutions = (args.resolutions or preset["resolutions"]).split(",")
-    rounds = args.rounds or preset["rounds"]
+    rounds = args.rounds_resolved = args.rounds or preset["rounds"]
     model_path = args.model_path or (
         None if args.base_url else default_model(args.model_size or preset["size"], args.family)
     )
@@ -356,6 +456,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     total = len(plan) * len(resolutions) * rounds * args.repeats
     bar = tqdm(total=total, desc="multiturn_image")
+    common = {
+        "max_tokens": args.max_tokens, "progress": bar, "extra": extra,
+        "peak_gflops": peak["gflop_per_s"] if peak else None,
+        "bandwidth_gbs": bandwidth["gb_per_s"] if bandwidth else None,
+    }  # fmt: skip
+    if args.interleave and not args.base_url:
+        plan = []  # played below, all engines at once
+        runs, failures = play_interleaved(args, targets(args), model_path, resolutions, common)
     for engine, mode in plan:
         if args.base_url:
             ctx = connect(args.base_url, args.label)
@@ -371,10 +479,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     rows = best_of([
                         run_conversation(
                             client, server.base_url, server.model, parse_resolution(res), rounds,
-                            args.max_tokens, bar, image_offset=1000 * k, extra=extra,
-                            peak_gflops=peak["gflop_per_s"] if peak else None,
-                            server_pid=server.proc.pid if server.proc else None,
-                            bandwidth_gbs=bandwidth["gb_per_s"] if bandwidth else None,
+                            image_offset=1000 * k,
+                            server_pid=server.proc.pid if server.proc else None, **common,
                         )
                         for k in range(args.repeats)
                     ])  # fmt: skip
@@ -406,7 +512,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "repeats": args.repeats,
             "think_mode": args.think_mode,
             "model_path": model_path,
-            "engines": [label for label, _ in plan],
+            "engines": [run["label"] for run in runs if run["resolution"] == resolutions[0]],
+            "interleaved": bool(args.interleave and not args.base_url),
             "matmul_peak": peak,
             "memory_bandwidth": bandwidth,
             "cpu": cpu,
@@ -424,6 +531,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"matmul peak (probe): {peak['gflop_per_s']:.1f} GFLOP/s "
             f"({peak['dtype']}, {peak['size']}^3, {peak['threads']} threads); memory bandwidth "
             f"(copy probe): {bandwidth['gb_per_s']:.1f} GB/s\n\n" + md
+        )
+    if result["config"]["interleaved"]:
+        idle = [r["others_cpu_s"] for run in runs for r in run["rounds"] if r.get("others_cpu_s")]
+        md = (
+            "engines up together, rounds played in turn (--interleave), the idle servers stopped "
+            f"meanwhile (CPU they used during a round: at most {max(idle, default=0.0):.2f} s)"
+            "\n\n" + md
         )
     md = cpu_line(cpu) + "\n\n" + md
     out.with_suffix(".md").write_text(md)

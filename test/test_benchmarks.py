@@ -120,14 +120,22 @@ def test_video_chat_smoke(tiny_model: str, tmp_path: Path) -> None:
 
 @needs_server
 @needs_plots
-def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("interleave", [False, True])
+def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path, interleave: bool) -> None:
+    """Both cache modes' servers, one after the other or (--interleave) both up, taking the
+    rounds in turn; each keeps its own conversation and cache."""
     from benchmark.multiturn_image import main
 
     out = tmp_path / "mt"
     main(["--model-path", tiny_model, "--resolutions", "64x64", "--rounds", "3",
-          "--max-tokens", "4", "--modes", "per-image,combined", "--out", str(out)])  # fmt: skip
+          "--max-tokens", "4", "--modes", "per-image,combined", "--out", str(out)]
+         + ["--interleave"] * interleave)  # fmt: skip
     data = _load(out)
     assert [run["label"] for run in data["runs"]] == ["ours:per-image", "ours:combined"]
+    assert data["config"]["interleaved"] is interleave
+    others = [r.get("others_cpu_s") for run in data["runs"] for r in run["rounds"]]
+    # the idle server is stopped while the other plays a round
+    assert all(x is not None and 0 <= x < 0.05 for x in others) if interleave else not any(others)
     for run in data["runs"]:
         assert [r["round"] for r in run["rounds"]] == [0, 1, 2]
         for r in run["rounds"]:
