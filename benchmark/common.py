@@ -365,15 +365,11 @@ def cpu_line(info: dict[str, Any]) -> str:
 def process_tree_cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU seconds used so far by process ``pid`` and its live descendants: work
     per request that other load on the machine does not inflate (unlike wall time)."""
-    if pid is None:
+    procs = _process_tree(pid)
+    if procs is None:
         return None
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
     total = 0.0
     for proc in procs:
         try:
@@ -384,6 +380,19 @@ def process_tree_cpu_seconds(pid: int | None) -> float | None:
     return total
 
 
+def _process_tree(pid: int | None) -> list[Any] | None:
+    """psutil handles of process ``pid`` and its live descendants (None: no such process)."""
+    if pid is None:
+        return None
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+
+
 @contextlib.contextmanager
 def paused(pids: list[int | None]) -> Iterator[None]:
     """Stops (SIGSTOP) the processes ``pids`` and their descendants for the block, then resumes
@@ -391,15 +400,7 @@ def paused(pids: list[int | None]) -> Iterator[None]:
     of a core) cannot take CPU from it."""
     import psutil
 
-    procs = []
-    for pid in pids:
-        if pid is None:
-            continue
-        try:
-            root = psutil.Process(pid)
-            procs += [root, *root.children(recursive=True)]
-        except psutil.Error:
-            continue
+    procs = [proc for pid in pids for proc in _process_tree(pid) or []]
     stopped = []
     try:
         for proc in procs:

@@ -361,11 +361,38 @@ def compute_dtype(dtype: str) -> str:
     return dtype_name(resolve_dtype(dtype, transformers.PretrainedConfig(), "cpu").dtype)
 
 
+def _launch(args: argparse.Namespace, engine: str, mode: str, model_path: str | None) -> Any:
+    return launch(
+        engine, model_path, mode or "per-image", args.server_args.split(), dtype=args.dtype
+    )
+
+
+def _peer_failed(failures: list[dict[str, str]], engine: str, exc: Exception) -> None:
+    failures.append({"engine": engine, "error": f"{type(exc).__name__}: {exc}"[-2000:]})
+    print(f"peer {engine} failed: {failures[-1]['error']}")
+
+
+def _run(
+    server: Any, mode: str, resolution: str, start: float, rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One engine's rounds at one resolution, as the results list them."""
+    return {
+        "engine": server.engine,
+        "label": server.label,
+        "mode": mode or None,
+        "resolution": resolution,
+        "startup_s": server.startup_s,
+        "wall_s": time.perf_counter() - start,
+        "rounds": rows,
+    }
+
+
 def play_interleaved(
     args: argparse.Namespace,
     plan: list[tuple[str, str]],
     model_path: str | None,
     resolutions: list[str],
+    rounds: int,
     common: dict[str, Any],
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """``--interleave``: launch every engine of the plan, then play each resolution's
@@ -376,37 +403,23 @@ def play_interleaved(
     with ExitStack() as stack, httpx.Client(timeout=3600) as client:
         servers, modes = [], {}
         for engine, mode in plan:
-            ctx = launch(
-                engine, model_path, mode or "per-image", args.server_args.split(), dtype=args.dtype
-            )
             try:
-                server = stack.enter_context(ctx)
+                server = stack.enter_context(_launch(args, engine, mode, model_path))
             except (RuntimeError, TimeoutError, OSError) as exc:
                 if engine == "ours":
                     raise
-                failures.append({"engine": engine, "error": f"{type(exc).__name__}: {exc}"[-2000:]})
-                print(f"peer {engine} failed: {failures[-1]['error']}")
+                _peer_failed(failures, engine, exc)
                 continue
             servers.append(server)
-            modes[server.label] = mode or None
+            modes[server.label] = mode
         for res in resolutions:
             start = time.perf_counter()
             played = interleaved_rounds(
-                servers, client, parse_resolution(res), args.rounds_resolved, args.repeats,
-                **common,
-            )  # fmt: skip
+                servers, client, parse_resolution(res), rounds, args.repeats, **common
+            )
             for server in servers:
-                runs.append(
-                    {
-                        "engine": server.engine,
-                        "label": server.label,
-                        "mode": modes[server.label],
-                        "resolution": res,
-                        "startup_s": server.startup_s,
-                        "wall_s": time.perf_counter() - start,
-                        "rounds": best_of(played[server.label]),
-                    }
-                )
+                rows = best_of(played[server.label])
+                runs.append(_run(server, modes[server.label], res, start, rows))
     return runs, failures
 
 
@@ -442,7 +455,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(cpu_line(cpu))
     preset = PRESETS["quick" if args.quick else args.preset]
     resolutions = (args.resolutions or preset["resolutions"]).split(",")
-    rounds = args.rounds_resolved = args.rounds or preset["rounds"]
+    rounds = args.rounds or preset["rounds"]
     model_path = args.model_path or (
         None if args.base_url else default_model(args.model_size or preset["size"], args.family)
     )
@@ -461,16 +474,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "peak_gflops": peak["gflop_per_s"] if peak else None,
         "bandwidth_gbs": bandwidth["gb_per_s"] if bandwidth else None,
     }  # fmt: skip
-    if args.interleave and not args.base_url:
-        plan = []  # played below, all engines at once
-        runs, failures = play_interleaved(args, targets(args), model_path, resolutions, common)
+    interleaved = args.interleave and not args.base_url
+    if interleaved:
+        runs, failures = play_interleaved(args, plan, model_path, resolutions, rounds, common)
+        plan = []  # played: the loop below plays engines one after the other
     for engine, mode in plan:
         if args.base_url:
             ctx = connect(args.base_url, args.label)
         else:
-            ctx = launch(
-                engine, model_path, mode or "per-image", args.server_args.split(), dtype=args.dtype
-            )
+            ctx = _launch(args, engine, mode, model_path)
         try:
             with ctx as server, httpx.Client(timeout=3600) as client:
                 for res in resolutions:
@@ -484,23 +496,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         )
                         for k in range(args.repeats)
                     ])  # fmt: skip
-                    runs.append(
-                        {
-                            "engine": server.engine,
-                            "label": server.label,
-                            "mode": mode or None,
-                            "resolution": res,
-                            "startup_s": server.startup_s,
-                            "wall_s": time.perf_counter() - start,
-                            "rounds": rows,
-                        }
-                    )
+                    runs.append(_run(server, mode, res, start, rows))
                     write_json(out.with_suffix(".partial.json"), runs)
         except (RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:
             if engine == "ours" or args.base_url:
                 raise
-            failures.append({"engine": engine, "error": f"{type(exc).__name__}: {exc}"[-2000:]})
-            print(f"peer {engine} failed: {failures[-1]['error']}")
+            _peer_failed(failures, engine, exc)
     bar.close()
     summary = summarize(runs, resolutions)
     result = {
@@ -513,7 +514,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "think_mode": args.think_mode,
             "model_path": model_path,
             "engines": [run["label"] for run in runs if run["resolution"] == resolutions[0]],
-            "interleaved": bool(args.interleave and not args.base_url),
+            "interleaved": interleaved,
             "matmul_peak": peak,
             "memory_bandwidth": bandwidth,
             "cpu": cpu,
@@ -532,7 +533,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"({peak['dtype']}, {peak['size']}^3, {peak['threads']} threads); memory bandwidth "
             f"(copy probe): {bandwidth['gb_per_s']:.1f} GB/s\n\n" + md
         )
-    if result["config"]["interleaved"]:
+    if interleaved:
         idle = [r["others_cpu_s"] for run in runs for r in run["rounds"] if r.get("others_cpu_s")]
         md = (
             "engines up together, rounds played in turn (--interleave), the idle servers stopped "

@@ -48,9 +48,8 @@ def install(modules: Iterable[nn.Module]) -> int:
     count = 0
     for module in modules:
         if _eligible(module):
+            _pack(module)
             weight = module.weight
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-            module.packed_weight_bytes = weight.numel() * weight.element_size()
             weight.data = torch.zeros((), dtype=weight.dtype).expand(weight.shape)
             module.forward = types.MethodType(_forward, module)
             count += 1
@@ -65,9 +64,7 @@ def add_packed_copies(modules: Iterable[nn.Module]) -> int:
     count = 0
     for module in modules:
         if _eligible(module):
-            weight = module.weight.detach()
-            module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-            module.packed_weight_bytes = weight.numel() * weight.element_size()
+            _pack(module)
             count += 1
     return count
 
@@ -77,15 +74,27 @@ def copies_wanted(setting: str, modules: Iterable[nn.Module], available_bytes: i
     (the copies take at most ``COPY_SHARE_OF_AVAILABLE`` of ``available_bytes``)."""
     if setting not in PACKED_COPY_SETTINGS:
         raise ValueError(f"packed copies: {setting!r} is not one of {PACKED_COPY_SETTINGS}")
-    if setting != "auto" or not available():
-        return setting == "on" and available()
-    copy_bytes = sum(m.weight.numel() * m.weight.element_size() for m in modules if _eligible(m))
+    if setting == "off" or not available():
+        return False
+    if setting == "on":
+        return True
+    copy_bytes = sum(_weight_bytes(m) for m in modules if _eligible(m))
     return 0 < copy_bytes <= COPY_SHARE_OF_AVAILABLE * available_bytes
 
 
 def packed_bytes(model: nn.Module) -> int:
     """Bytes of the packed weights under ``model`` (not in its parameters' storages)."""
     return sum(getattr(m, "packed_weight_bytes", 0) for m in model.modules())
+
+
+def _pack(module: nn.Linear) -> None:
+    """The packed copy of the module's weight, and its bytes for the memory report."""
+    module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), None)
+    module.packed_weight_bytes = _weight_bytes(module)
+
+
+def _weight_bytes(module: nn.Linear) -> int:
+    return module.weight.numel() * module.weight.element_size()
 
 
 def _eligible(module: nn.Module) -> bool:
