@@ -2,7 +2,8 @@
 // one call. Request i's queries are rows [q_start, q_start + q_len) of q at sequence positions
 // [prefix, prefix + q_len); its keys and values sit at the pool slots req_to_token[row, :seq_len].
 //
-// Two phases, each spread over threads by a shared counter (costliest tasks first):
+// Two phases, each spread over threads by a shared counter (KV head by KV head, costliest
+// tasks first):
 // 1. Pack: per (request, KV head, block of kKeys keys), the scattered K/V rows are copied once
 //    into contiguous blocks in the layout the dot products want (zero-padded to whole key
 //    tiles, packed_keys).
@@ -298,10 +299,12 @@ void attention_impl(Problem& pb, const Operands<T>& ops, const KeyRow& key_row) 
   std::vector<Scratch<Elem>> scratch;
   for (int64_t w = 0; w < at::get_num_threads(); ++w)
     scratch.emplace_back(positions * pb.groups, dim);
-  run_tasks(static_cast<int64_t>(tasks.size()) * kv_heads, [&](int64_t t, int64_t w) {
-    const Task& task = tasks[t / kv_heads];
+  // KV head outermost: a worker's next task reads the K/V blocks its last one read (in L2)
+  const int64_t per_head = static_cast<int64_t>(tasks.size());
+  run_tasks(per_head * kv_heads, [&](int64_t t, int64_t w) {
+    const Task& task = tasks[t % per_head];
     const Request& r = pb.reqs[task.req];
-    const int64_t kvh = t % kv_heads;
+    const int64_t kvh = t / per_head;
     Scratch<Elem>& sc = scratch[w];
     const Elem* k_blocks = k_pack.get() + shared_blocks(r, kvh);
     const Elem* v_blocks = v_pack.get() + shared_blocks(r, kvh);

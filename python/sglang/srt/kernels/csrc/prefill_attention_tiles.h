@@ -95,6 +95,14 @@ inline void store_scaled(const float* acc, float scale, int64_t n, T* dst) {
 inline void in_register(__m512& x) { asm("" : "+v"(x)); }
 #endif
 
+// Tells the compiler that a micro-kernel's loop runs at least once (head dims are multiples of
+// 16, P.V takes at least one key pair): without it GCC keeps the accumulators of the
+// zero-trip case in stack slots, zeroed before the loop and copied after it, which costs a
+// score micro-kernel over a head dim of 80 a sixth of its time.
+inline void assume_some(int64_t count) {
+  if (count < 1) __builtin_unreachable();
+}
+
 // ---- float32 blocks: K [dim][kKeys], V [kKeys][dim] ----
 struct FloatLayout {
   using Elem = float;
@@ -116,6 +124,7 @@ struct FloatLayout {
   // scores[r][h + j] = q[r] . k[h + j] for rows [0, R) and the 16 NK keys from h on
   template <int R, int NK>
   static void qk(const float* q, const float* k, int64_t dim, int64_t h, float* scores) {
+    assume_some(dim);
 #ifdef SGLANG_AVX512
     __m512 acc[R][NK];
     for (int r = 0; r < R; ++r)
@@ -148,6 +157,7 @@ struct FloatLayout {
   // acc[r][d0 : d0 + 16 NV] += sum_j p[r][j] v[j][d0 : ...] over keys [0, n)
   template <int R, int NV>
   static void pv(const float* p, const float* v, int64_t dim, int64_t n, int64_t d0, float* acc) {
+    assume_some(n);
 #ifdef SGLANG_AVX512
     __m512 a[R][NV];
     for (int r = 0; r < R; ++r)
@@ -212,6 +222,7 @@ struct PairLayout {
 
   template <int R, int NK>
   static void qk(const Elem* q, const Elem* k, int64_t dim, int64_t h, float* scores) {
+    assume_some(dim);
     __m512 acc[R][NK];
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < NK; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -230,6 +241,7 @@ struct PairLayout {
 
   template <int R, int NV>
   static void pv(const Elem* p, const Elem* v, int64_t dim, int64_t n, int64_t d0, float* acc) {
+    assume_some(n);
     __m512 a[R][NV];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < NV; ++c) a[r][c] = _mm512_loadu_ps(acc + r * dim + d0 + 16 * c);
