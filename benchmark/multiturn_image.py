@@ -530,7 +530,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if peak and bandwidth:
         md = (
             f"matmul peak (probe): {peak['gflop_per_s']:.1f} GFLOP/s "
-            f"({peak['dtype']}, {peak['size']}^3, {peak['threads']} threads); memory bandwidth "
+            f"({peak['dtype']}, {peak['size']}^3, {peak['threads']} threads"
+            + (
+                f"; torch {peak['torch_gflop_per_s']:.1f}, native {peak['native_gflop_per_s']:.1f}"
+                if "native_gflop_per_s" in peak
+                else ""
+            )
+            + "); memory bandwidth "
             f"(copy probe): {bandwidth['gb_per_s']:.1f} GB/s\n\n" + md
         )
     if interleaved:

@@ -1,5 +1,5 @@
-"""oneDNN-packed bfloat16 weights: the encoders' (held once) and the language model's copies
-for prompt rows; same products."""
+"""Packed bfloat16 weights (oneDNN's, or the native GEMM's on AVX512-BF16 without AMX): the
+encoders' (held once) and the language model's copies for prompt rows; same products."""
 
 from __future__ import annotations
 
@@ -12,6 +12,14 @@ from torch import nn
 from sglang.srt.layers import packed_linear
 
 needs_mkldnn = pytest.mark.skipif(not packed_linear.available(), reason="no oneDNN in this torch")
+
+
+def packed_size(module: nn.Linear) -> int:
+    """Bytes of the module's packed weight: the native GEMM's pads the columns to panels."""
+    out_features, in_features = module.weight.shape
+    if module.packed_gemm is not None:
+        out_features = -(-out_features // 64) * 64
+    return out_features * in_features * 2
 
 
 @needs_mkldnn
@@ -41,7 +49,7 @@ def test_packed_product_equals_torch_linear(rows, features, bias, seed) -> None:
     weight = linear.weight
     assert weight.shape == (out_features, in_features) and weight.dtype == torch.bfloat16
     assert weight.device.type == "cpu" and weight.untyped_storage().nbytes() == 2
-    assert packed_linear.packed_bytes(linear) == out_features * in_features * 2
+    assert packed_linear.packed_bytes(linear) == packed_size(linear)
     assert packed_linear.install([linear]) == 0  # packed once
 
 
@@ -74,10 +82,12 @@ def test_packed_copy_serves_prompt_rows_and_keeps_the_plain_weight(
     assert packed_linear.add_packed_copies([linear]) == 1
     assert packed_linear.add_packed_copies([linear]) == 0  # one copy
     assert linear.weight.untyped_storage().nbytes() == 64 * 48 * 2
-    assert packed_linear.packed_bytes(linear) == 64 * 48 * 2
+    assert packed_linear.packed_bytes(linear) == packed_size(linear)
     # Route check: the copy is made of twice the weight, so the rows it serves come out doubled.
-    doubled = (linear.weight.detach() * 2).contiguous()
-    linear.packed_weight = torch.ops.mkldnn._reorder_linear_weight(doubled, None)
+    doubled = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    doubled.weight.data.copy_(linear.weight.detach() * 2)
+    packed_linear.add_packed_copies([doubled])
+    linear.packed_weight = doubled.packed_weight
     x = torch.randn(*leading, rows, 64).to(torch.bfloat16)
     got = linear(x).double()
     w, b = linear.weight.double(), (linear.bias.double() if bias else 0)
@@ -126,10 +136,81 @@ def test_bf16_engine_packs_the_encoder_and_counts_its_bytes(lm_copies: str) -> N
     linears = [m for m in tower.modules() if isinstance(m, nn.Linear)]
     assert linears and all(hasattr(m, "packed_weight") for m in linears)
     packed = packed_linear.packed_bytes(runner.model)
-    assert packed == sum(m.weight.numel() * 2 for m in linears + copied)
+    assert packed == sum(packed_size(m) for m in linears + copied)
     assert runner.weights_bytes == host_memory.module_bytes(runner.model) + packed
     copy_bytes = engine.get_server_info()["memory"]["lm_packed_copy_bytes"]
-    assert copy_bytes == sum(m.weight.numel() * 2 for m in copied)
+    assert copy_bytes == sum(packed_size(m) for m in copied)
+    native = packed_linear._native_gemm() is not None
+    assert all((m.packed_gemm is not None) == native for m in linears + copied)
     out = engine.generate("Describe the weather.", {"temperature": 0, "max_new_tokens": 4})
     assert len(out["output_ids"]) == 4
     engine.shutdown()
+
+
+native_gemm = packed_linear._native_gemm()
+needs_native_gemm = pytest.mark.skipif(
+    native_gemm is None, reason="the native GEMM serves CPUs with AVX512-BF16 and no AMX"
+)
+
+
+@needs_native_gemm
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 120),
+    in_pairs=st.integers(1, 700),
+    out_features=st.integers(1, 200),
+    bias=st.booleans(),
+    row_stride_extra=st.sampled_from([0, 6]),
+    seed=st.integers(0, 2**16),
+)
+def test_native_gemm_is_the_product_within_bfloat16_rounding(
+    rows, in_pairs, out_features, bias, row_stride_extra, seed
+) -> None:
+    """Any row count (tiles of 7 and their tails, blocks of 98), column count (panels of 64 and
+    a masked last one), even input size, strided rows: one bfloat16 rounding of the float32 sum
+    from the exact product."""
+    torch.manual_seed(seed)
+    in_features = 2 * in_pairs
+    weight = torch.randn(out_features, in_features).to(torch.bfloat16)
+    b = torch.randn(out_features).to(torch.bfloat16) if bias else None
+    wide = torch.randn(rows, in_features + row_stride_extra).to(torch.bfloat16)
+    x = wide[:, :in_features]
+    got = native_gemm.linear(x, native_gemm.pack(weight), b, out_features).double()
+    want = x.double() @ weight.double().t() + (b.double() if bias else 0)
+    scale = x.double().abs() @ weight.double().abs().t() + (b.double().abs() if bias else 0)
+    # float32 accumulation over the input: |error| <= n u sum |terms|, n the pairs, then one
+    # bfloat16 rounding of the result
+    accumulation = in_pairs * 2**-24 * scale
+    assert ((got - want).abs() <= 2**-8 * want.abs() + 1.01 * accumulation + 1e-30).all()
+
+
+@needs_native_gemm
+def test_native_gemm_rows_do_not_depend_on_the_batch() -> None:
+    """A row's output is the same bits alone, in any block position and at any thread count."""
+    torch.manual_seed(0)
+    weight = torch.randn(200, 384).to(torch.bfloat16)
+    packed = native_gemm.pack(weight)
+    x = torch.randn(150, 384).to(torch.bfloat16)
+    whole = native_gemm.linear(x, packed, None, 200)
+    for row in (0, 6, 7, 97, 98, 149):
+        alone = native_gemm.linear(x[row : row + 1], packed, None, 200)
+        assert torch.equal(alone[0], whole[row])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(native_gemm.linear(x, packed, None, 200), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_native_gemm
+def test_native_gemm_rejects_what_it_cannot_take() -> None:
+    with pytest.raises(RuntimeError, match="even"):
+        native_gemm.pack(torch.zeros(8, 5, dtype=torch.bfloat16))
+    packed = native_gemm.pack(torch.zeros(8, 6, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="disagree"):
+        native_gemm.linear(torch.zeros(3, 8, dtype=torch.bfloat16), packed, None, 8)
+    with pytest.raises(RuntimeError, match="disagree"):
+        native_gemm.linear(torch.zeros(3, 6, dtype=torch.bfloat16), packed, None, 65)
+    odd = nn.Linear(5, 8).to(torch.bfloat16)  # odd input size: oneDNN's packing
+    assert packed_linear.install([odd]) == 1 and odd.packed_gemm is None

@@ -18,7 +18,9 @@ module holds a packed copy of its weight (``packed_linear.add_packed_copies``), 
 than ``MAX_ROWS`` rows run on that instead, padded to a multiple of ``PACKED_ROW_MULTIPLE``: on
 packed weights some odd counts run slow too (451 rows x 1536 -> 8960: 381-404 GFLOP/s), every
 multiple of 4 from 400 to 528 rows measured within 1% of the best except two (440, 508: 3-7%
-slower), so the padding wastes less than a multiple of 16's (433 rows: 436, not 448).
+slower), so the padding wastes less than a multiple of 16's (433 rows: 436, not 448). The
+native GEMM's packed copies (``packed_linear``, CPUs with AVX512-BF16 and no AMX) take any row
+count unpadded.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sglang.srt.layers import packed_linear
 
 MAX_ROWS = 16
 PAD_FROM_ROWS = 256
@@ -70,11 +74,13 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         out = kernel.linear_bf16(flat.contiguous(), self.weight, self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)
     on_packed = packed is not None and rows > MAX_ROWS and x.dtype == torch.bfloat16
+    if on_packed and self.__dict__.get("packed_gemm") is not None:
+        return packed_linear.product(self, x)  # the native GEMM: any row count runs at its rate
     if on_packed or rows >= PAD_FROM_ROWS:
         pad = -rows % (PACKED_ROW_MULTIPLE if on_packed else ROW_MULTIPLE)
         flat = _pad_rows(flat, pad) if pad else flat
     if on_packed:
-        out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
+        out = packed_linear.product(self, flat)
     elif flat.shape[0] != rows:
         out = F.linear(flat, self.weight, self.bias)
     else:
