@@ -317,7 +317,7 @@ def matmul_peak_gflops(
     kind = getattr(torch, dtype)
     a, b = torch.randn(size, size).to(kind), torch.randn(size, size).to(kind)
     rates = {"torch": _best_rate(lambda: torch.mm(a, b), size, seconds)}
-    native = packed_linear._native_gemm() if kind == torch.bfloat16 else None
+    native = packed_linear.native_gemm() if kind == torch.bfloat16 else None
     if native is not None:
         packed = native.pack(b.t().contiguous())
         rates["native"] = _best_rate(lambda: native.linear(a, packed, None, size), size, seconds)

@@ -140,16 +140,16 @@ def test_bf16_engine_packs_the_encoder_and_counts_its_bytes(lm_copies: str) -> N
     assert runner.weights_bytes == host_memory.module_bytes(runner.model) + packed
     copy_bytes = engine.get_server_info()["memory"]["lm_packed_copy_bytes"]
     assert copy_bytes == sum(packed_size(m) for m in copied)
-    native = packed_linear._native_gemm() is not None
+    native = packed_linear.native_gemm() is not None
     assert all((m.packed_gemm is not None) == native for m in linears + copied)
     out = engine.generate("Describe the weather.", {"temperature": 0, "max_new_tokens": 4})
     assert len(out["output_ids"]) == 4
     engine.shutdown()
 
 
-native_gemm = packed_linear._native_gemm()
+GEMM = packed_linear.native_gemm()
 needs_native_gemm = pytest.mark.skipif(
-    native_gemm is None, reason="the native GEMM serves CPUs with AVX512-BF16 and no AMX"
+    GEMM is None, reason="the native GEMM serves CPUs with AVX512-BF16 and no AMX"
 )
 
 
@@ -175,7 +175,7 @@ def test_native_gemm_is_the_product_within_bfloat16_rounding(
     b = torch.randn(out_features).to(torch.bfloat16) if bias else None
     wide = torch.randn(rows, in_features + row_stride_extra).to(torch.bfloat16)
     x = wide[:, :in_features]
-    got = native_gemm.linear(x, native_gemm.pack(weight), b, out_features).double()
+    got = GEMM.linear(x, GEMM.pack(weight), b, out_features).double()
     want = x.double() @ weight.double().t() + (b.double() if bias else 0)
     scale = x.double().abs() @ weight.double().abs().t() + (b.double().abs() if bias else 0)
     # float32 accumulation over the input: |error| <= n u sum |terms|, n the pairs, then one
@@ -189,16 +189,16 @@ def test_native_gemm_rows_do_not_depend_on_the_batch() -> None:
     """A row's output is the same bits alone, in any block position and at any thread count."""
     torch.manual_seed(0)
     weight = torch.randn(200, 384).to(torch.bfloat16)
-    packed = native_gemm.pack(weight)
+    packed = GEMM.pack(weight)
     x = torch.randn(150, 384).to(torch.bfloat16)
-    whole = native_gemm.linear(x, packed, None, 200)
+    whole = GEMM.linear(x, packed, None, 200)
     for row in (0, 6, 7, 97, 98, 149):
-        alone = native_gemm.linear(x[row : row + 1], packed, None, 200)
+        alone = GEMM.linear(x[row : row + 1], packed, None, 200)
         assert torch.equal(alone[0], whole[row])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(native_gemm.linear(x, packed, None, 200), whole)
+        assert torch.equal(GEMM.linear(x, packed, None, 200), whole)
     finally:
         torch.set_num_threads(threads)
 
@@ -206,11 +206,11 @@ def test_native_gemm_rows_do_not_depend_on_the_batch() -> None:
 @needs_native_gemm
 def test_native_gemm_rejects_what_it_cannot_take() -> None:
     with pytest.raises(RuntimeError, match="even"):
-        native_gemm.pack(torch.zeros(8, 5, dtype=torch.bfloat16))
-    packed = native_gemm.pack(torch.zeros(8, 6, dtype=torch.bfloat16))
+        GEMM.pack(torch.zeros(8, 5, dtype=torch.bfloat16))
+    packed = GEMM.pack(torch.zeros(8, 6, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="disagree"):
-        native_gemm.linear(torch.zeros(3, 8, dtype=torch.bfloat16), packed, None, 8)
+        GEMM.linear(torch.zeros(3, 8, dtype=torch.bfloat16), packed, None, 8)
     with pytest.raises(RuntimeError, match="disagree"):
-        native_gemm.linear(torch.zeros(3, 6, dtype=torch.bfloat16), packed, None, 65)
+        GEMM.linear(torch.zeros(3, 6, dtype=torch.bfloat16), packed, None, 65)
     odd = nn.Linear(5, 8).to(torch.bfloat16)  # odd input size: oneDNN's packing
     assert packed_linear.install([odd]) == 1 and odd.packed_gemm is None

@@ -116,7 +116,7 @@ def product(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _native_gemm() -> Any | None:
+def native_gemm() -> Any | None:
     """The native GEMM where it is the faster product: AVX512-BF16 without AMX."""
     flags = kernels.cpu_flags()
     if "avx512_bf16" not in flags or "amx_bf16" in flags:
@@ -129,7 +129,7 @@ def _pack(module: nn.Linear) -> None:
     """The packed copy of the module's weight (the native GEMM's where it applies, else
     oneDNN's), and its bytes for the memory report."""
     weight = module.weight.detach()
-    gemm = None if kernels.disabled() or weight.shape[1] % 2 else _native_gemm()
+    gemm = None if kernels.disabled() or weight.shape[1] % 2 else native_gemm()
     if gemm is not None:
         module.packed_weight = gemm.pack(weight)
         module.packed_weight_bytes = module.packed_weight.numel() * weight.element_size()
