@@ -47,15 +47,10 @@ def _build_dir(name: str, source: Path) -> Path:
     return Path(root) / "kernels" / f"{name}-{key.hexdigest()[:16]}"
 
 
-def disabled() -> bool:
-    """Whether ``SGLANG_DISABLE_CPU_KERNELS`` turns the kernels off."""
-    return os.environ.get(DISABLE_ENV, "0") not in ("", "0")
-
-
 def load(name: str) -> ModuleType | None:
     """The compiled module of ``csrc/<name>.cpp``, or None where it cannot be built or
     ``SGLANG_DISABLE_CPU_KERNELS`` is set."""
-    if disabled():
+    if os.environ.get(DISABLE_ENV, "0") not in ("", "0"):
         return None
     return _build(name)
 

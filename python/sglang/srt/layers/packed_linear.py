@@ -37,7 +37,6 @@ and stay.
 
 from __future__ import annotations
 
-import functools
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -115,9 +114,9 @@ def product(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], module.out_features)
 
 
-@functools.cache
 def native_gemm() -> Any | None:
-    """The native GEMM where it is the faster product: AVX512-BF16 without AMX."""
+    """The native GEMM where it is the faster product: AVX512-BF16 without AMX (None also where
+    ``SGLANG_DISABLE_CPU_KERNELS`` is set, read at each call as ``kernels.load`` reads it)."""
     flags = kernels.cpu_flags()
     if "avx512_bf16" not in flags or "amx_bf16" in flags:
         return None
@@ -129,7 +128,7 @@ def _pack(module: nn.Linear) -> None:
     """The packed copy of the module's weight (the native GEMM's where it applies, else
     oneDNN's), and its bytes for the memory report."""
     weight = module.weight.detach()
-    gemm = None if kernels.disabled() or weight.shape[1] % 2 else native_gemm()
+    gemm = None if weight.shape[1] % 2 else native_gemm()
     if gemm is not None:
         module.packed_weight = gemm.pack(weight)
         module.packed_weight_bytes = module.packed_weight.numel() * weight.element_size()

@@ -23,10 +23,11 @@
 #include <torch/extension.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "run_tasks.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -151,16 +152,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());
   auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const int64_t lda = x.stride(0), blocks = (m + kBlockRows - 1) / kBlockRows;
-  const int64_t tasks = panels * blocks;
-  std::atomic<int64_t> next{0};
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t t; (t = next.fetch_add(1)) < tasks;) {
-      const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows;
-      panel_rows(a + r0 * lda, lda, std::min(kBlockRows, m - r0), w + j * pairs * kCols * 2,
-                 pairs, biases.data() + j * kCols, y + r0 * n + j * kCols, n,
-                 n - j * kCols);
-    }
+  run_tasks(panels * blocks, [&](int64_t t, int64_t) {
+    const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows;
+    panel_rows(a + r0 * lda, lda, std::min(kBlockRows, m - r0), w + j * pairs * kCols * 2, pairs,
+               biases.data() + j * kCols, y + r0 * n + j * kCols, n, n - j * kCols);
   });
 #endif
   return out;

@@ -26,7 +26,6 @@
 #include <torch/extension.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +36,7 @@
 #include <vector>
 
 #include "prefill_attention_tiles.h"
+#include "run_tasks.h"
 
 namespace {
 
@@ -96,18 +96,6 @@ struct Operands {
 // A request's keys in [lo, hi) that query position pos may see.
 inline int64_t first_visible(int64_t pos, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-}
-
-// Runs task(t, worker) for t in [0, n) on all threads, each taking the next t when done with
-// one (callers put costly tasks first); worker < at::get_num_threads() names its scratch.
-template <typename F>
-void run_tasks(int64_t n, const F& task) {
-  std::atomic<int64_t> next{0};
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t worker = begin; worker < end; ++worker)
-      for (int64_t t; (t = next.fetch_add(1)) < n;) task(t, worker);
-  });
 }
 
 template <typename Layout, int NV>
