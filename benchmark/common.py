@@ -217,6 +217,14 @@ def encoder_counters(info: dict[str, Any]) -> dict[str, float] | None:
     return {k: float(cache.get(k, 0) or 0) for k in ENCODER_KEYS}
 
 
+def gc_counters(info: dict[str, Any]) -> dict[str, float] | None:
+    """The compute process's garbage-collection counters (servers of this project only)."""
+    gc = info.get("gc")
+    if not isinstance(gc, dict):
+        return None
+    return {k: float(gc.get(k, 0) or 0) for k in ("collections", "seconds")}
+
+
 def counter_delta(
     before: dict[str, float] | None, after: dict[str, float] | None
 ) -> dict[str, float] | None:
@@ -330,6 +338,24 @@ def matmul_peak_gflops(
     }
 
 
+def cuda_matmul_peak_gflops(size: int = 8192, repeats: int = 10) -> dict[str, Any]:
+    """The GPU's bfloat16 matrix-multiply rate: the best of ``repeats`` size^3 products, each
+    timed with CUDA events."""
+    import torch
+
+    a, b = (torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.mm(a, b)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return {"gflop_per_s": 2 * size**3 / best / 1e9, "size": size, "dtype": "bfloat16"}
+
+
 def _best_rate(product: Callable[[], Any], size: int, seconds: float) -> float:
     product()  # warm-up: packing and kernel selection
     best, deadline = float("inf"), time.perf_counter() + seconds
@@ -369,6 +395,36 @@ def cpu_info() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "isa": {flag: flag in flags for flag in wanted},
     }
+
+
+def gpu_info() -> dict[str, Any] | None:
+    """The CUDA device torch sees (None without one): name, memory, multiprocessors, and the
+    torch, CUDA and driver versions."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    try:
+        driver = subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        driver = ""
+    return {
+        "name": props.name,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "multiprocessors": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "driver": driver or None,
+    }
+
+
+def gpu_line(info: dict[str, Any]) -> str:
+    return (
+        f"GPU: {info['name']}, {info['memory_gib']} GiB, {info['multiprocessors']} SMs; "
+        f"torch {info['torch']}, CUDA {info['cuda']}, driver {info['driver']}"
+    )
 
 
 def cpu_line(info: dict[str, Any]) -> str:

@@ -158,12 +158,13 @@ def _tensor_specs(config: Any) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def _random_bf16(name: str, shape: tuple[int, ...], gen: Any) -> Any:
+    """A host tensor of random bfloat16 weights, drawn on the generator's device."""
     import torch
 
-    t = torch.empty(shape, dtype=torch.bfloat16)
+    t = torch.empty(shape, dtype=torch.bfloat16, device=gen.device)
     if len(shape) == 1 and name.endswith("weight"):  # norm scales: near 1
-        return t.normal_(1.0, 0.02, generator=gen)
-    return t.normal_(0.0, 0.02, generator=gen)
+        return t.normal_(1.0, 0.02, generator=gen).cpu()
+    return t.normal_(0.0, 0.02, generator=gen).cpu()
 
 
 def _shards(specs: list[tuple[str, tuple[int, ...]]]) -> list[list[tuple[str, tuple[int, ...]]]]:
@@ -189,12 +190,14 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _write_weights(
     out: Path, specs: list[tuple[str, tuple[int, ...]]], seed: int, mute: Any
 ) -> None:
-    """Random bfloat16 weights, shard by shard; the head's rows of the ``mute`` ids are zero."""
+    """Random bfloat16 weights, shard by shard; the head's rows of the ``mute`` ids are zero.
+    Drawn on the GPU where there is one (seconds for a 7B model, minutes on a CPU)."""
     import torch
     from safetensors.torch import save_file
 
     shards = _shards(specs)
-    gen = torch.Generator().manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(seed)
     names = [name for name, _ in specs]
     head = ([n for n in names if n.endswith("lm_head.weight")]  # tied: the embedding
             or [n for n in names if n.endswith("embed_tokens.weight")])[0]  # fmt: skip
@@ -529,8 +532,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--timeout", type=float, default=1800, help="seconds for a server to start")
     p.add_argument("--out", default="benchmark/results/memory")
+    p.add_argument("--build-only", action="store_true", help="build the checkpoint, print it")
     args = p.parse_args(argv)
     dims = shape_config(args.shape, args.layers, args.vision_depth)
+    if args.build_only:
+        print(cached_checkpoint(dims, args.shape))
+        return {}
     cpu = cpu_info()
     print(cpu_line(cpu))
     model = Path(args.model_path) if args.model_path else cached_checkpoint(dims, args.shape)

@@ -35,6 +35,9 @@ from benchmark.common import (
     cpu_line,
     encoder_counters,
     flush_cache,
+    gc_counters,
+    gpu_info,
+    gpu_line,
     image_part,
     make_jpeg,
     markdown_table,
@@ -108,6 +111,7 @@ def conversation_rounds(
         after = server_info(client, base_url)
         delta = counter_delta(encoder_counters(info), encoder_counters(after))
         perf = counter_delta(perf_counters(info), perf_counters(after))
+        gc = counter_delta(gc_counters(info), gc_counters(after))
         if not res.ok:
             raise RuntimeError(f"round {r} at {w}x{h} failed: {res.error}")
         cached = res.cached_tokens
@@ -128,6 +132,8 @@ def conversation_rounds(
                 "server_cpu_s": cpu_after - cpu_before
                 if cpu_before is not None and cpu_after is not None
                 else None,
+                "gc_ms": gc["seconds"] * 1e3 if gc else None,
+                "gc_collections": int(gc["collections"]) if gc else None,
                 **achieved(perf, peak_gflops),
                 **round_breakdown(perf, delta, res.ttft, peak_gflops, bandwidth_gbs),
             }
@@ -289,14 +295,14 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         split_rows = [
             [lb, r, e["ttft_ms"], e["round_gflops"], e["mfu"], e["api_other_ms"],
              e["preprocess_ms"], e["vision_ms"], e["lm_ms"], e["sampling_ms"],
-             e["decode_ms_per_step"], e["decode_of_bandwidth"]]
+             e["decode_ms_per_step"], e["decode_of_bandwidth"], e.get("gc_ms")]
             for lb in labels if lb.startswith("ours")
             for r, e in enumerate(by.get(lb, [])) if e.get("round_gflops") is not None
         ]  # fmt: skip
         if split_rows:
             parts.append(
                 "model FLOPs utilisation and where TTFT went (ms); decode against the copy-probe "
-                "bandwidth:\n\n"
+                "bandwidth; the compute process's garbage collection over the whole round:\n\n"
                 + markdown_table(
                     [
                         "run",
@@ -311,6 +317,7 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
                         "sampling",
                         "decode ms/step",
                         "decode / bandwidth",
+                        "GC ms (round)",
                     ],
                     split_rows,
                 )  # fmt: skip
@@ -451,8 +458,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="launch every engine at once and play their rounds in turn (ratios "
                    "robust to slow spells of the machine)")  # fmt: skip
     args = p.parse_args(argv)
-    cpu = cpu_info()
+    cpu, gpu = cpu_info(), gpu_info()
     print(cpu_line(cpu))
+    if gpu:
+        print(gpu_line(gpu))
     preset = PRESETS["quick" if args.quick else args.preset]
     resolutions = (args.resolutions or preset["resolutions"]).split(",")
     rounds = args.rounds or preset["rounds"]
@@ -518,6 +527,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "matmul_peak": peak,
             "memory_bandwidth": bandwidth,
             "cpu": cpu,
+            "gpu": gpu,
         },
         "runs": runs,
         "failures": failures,
@@ -546,7 +556,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"meanwhile (CPU they used during a round: at most {max(idle, default=0.0):.2f} s)"
             "\n\n" + md
         )
-    md = cpu_line(cpu) + "\n\n" + md
+    md = cpu_line(cpu) + "\n\n" + (gpu_line(gpu) + "\n\n" if gpu else "") + md
     out.with_suffix(".md").write_text(md)
     plot(runs, resolutions, out.with_suffix(".png"))
     print(md)

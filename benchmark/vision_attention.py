@@ -1,6 +1,7 @@
 """The vision towers' segment attention on the CPU: the native varlen kernel against the torch
 path it replaces (SDPA per run of equal segments), side by side, then its effect on one image's
-encode in the engine.
+encode in the engine. With ``--device cuda``: the one-call flash varlen path against the same
+torch path, on the GPU (timed to the device's completion).
 
 Attention: Qwen2.5-VL-3B's tower shapes (16 heads x 80) for the layouts its blocks see: windowed
 blocks, many 64-token windows; full-attention blocks, one segment per image (~3,600 and ~1,200
@@ -15,6 +16,7 @@ counters, best of ``--repeats``.
 
     python -m benchmark.vision_attention                  # attention only, ~30 s
     python -m benchmark.vision_attention --encode         # and the engine encode, ~1 min more
+    python -m benchmark.vision_attention --device cuda --dtypes bfloat16   # on a GPU
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from benchmark.common import (
     best_seconds,
     cpu_info,
     cpu_line,
+    cuda_matmul_peak_gflops,
+    gpu_info,
+    gpu_line,
     markdown_table,
     matmul_peak_gflops,
     write_results,
@@ -37,20 +42,39 @@ from benchmark.common import (
 from sglang.srt import kernels
 from sglang.srt.models import fast_vision
 
-PATHS = ("kernel", "torch")
+PATHS = ("kernel", "torch")  # on CUDA "kernel" is the flash varlen call
 
 
-def _attention_case(heads: int, dim: int, lengths: list[int], dtype: torch.dtype):
+def _attention_case(
+    heads: int, dim: int, lengths: list[int], dtype: torch.dtype, device: str = "cpu"
+):
     """Inputs of both paths for one packed sequence; returns {path: callable}."""
     tokens = sum(lengths)
     # as the tower hands them over: (N, heads, dim) storage
-    q, k, v = (torch.randn(tokens, heads, dim).to(dtype) for _ in range(3))
-    cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
-    kernel, scale = kernels.load("prefill_attention"), dim**-0.5
+    q, k, v = (torch.randn(tokens, heads, dim).to(device, dtype) for _ in range(3))
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(device, torch.int32)
+    scale = dim**-0.5
+    if device == "cuda":
+        longest = max(lengths)
+        return {
+            "kernel": _synced(lambda: fast_vision._segments_on_flash(q, k, v, cu, longest, scale)),
+            "torch": _synced(
+                lambda: fast_vision._segments_by_runs(q, k, v, cu.tolist(), scale, 0.0)
+            ),
+        }
+    kernel = kernels.load("prefill_attention")
     return {
         "kernel": lambda: fast_vision._segments_on_kernel(kernel, q, k, v, cu, scale),
         "torch": lambda: fast_vision._segments_by_runs(q, k, v, cu.tolist(), scale, 0.0),
     }
+
+
+def _synced(call: Any) -> Any:
+    def run() -> None:
+        call()
+        torch.cuda.synchronize()
+
+    return run
 
 
 def _layout(text: str) -> list[int]:
@@ -64,7 +88,9 @@ def attention_rows(args: argparse.Namespace, peak: float) -> list[dict[str, Any]
     for dtype in args.dtypes:
         for layout in args.layouts:
             lengths = _layout(layout)
-            calls = _attention_case(args.heads, args.dim, lengths, getattr(torch, dtype))
+            calls = _attention_case(
+                args.heads, args.dim, lengths, getattr(torch, dtype), args.device
+            )
             best = best_seconds(calls, args.repeats)
             flops = 4.0 * args.heads * args.dim * sum(n * n for n in lengths)
             row = {"dtype": dtype, "segments": layout, "gflop": flops / 1e9}
@@ -129,8 +155,11 @@ def markdown(result: dict[str, Any]) -> str:
         for r in result["rows"]
     ]  # fmt: skip
     load = " ".join(f"{x:.2f}" for x in result["load_average"])
+    machine = cpu_line(result["cpu"])
+    if result.get("gpu"):
+        machine = gpu_line(result["gpu"]) + "; kernel = one flash varlen call"
     text = (
-        f"{cpu_line(result['cpu'])}; {result['threads']} threads; bfloat16 matmul peak "
+        f"{machine}; {result['threads']} threads; bfloat16 matmul peak "
         f"{result['bf16_peak_gflops']:.0f} GFLOP/s; heads {result['config']['heads']}, dim "
         f"{result['config']['dim']}; load average before the run {load}\n\n"
         + markdown_table(head, rows)
@@ -157,17 +186,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--encode", action="store_true", help="also one image's encode in the engine")
     p.add_argument("--image", type=lambda s: [int(x) for x in s.split("x")], default=[1280, 720])
     p.add_argument("--out", default="benchmark/results/vision_attention")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args(argv)
-    if kernels.load("prefill_attention") is None:
+    on_gpu = args.device == "cuda"
+    if not on_gpu and kernels.load("prefill_attention") is None:
         raise RuntimeError("the native attention kernel could not be built on this machine")
     started, load_before = time.perf_counter(), os.getloadavg()  # the run itself adds ~2
-    cpu = cpu_info()
-    print(cpu_line(cpu))
-    peak = matmul_peak_gflops(dtype="bfloat16")["gflop_per_s"]
+    cpu, gpu = cpu_info(), gpu_info() if on_gpu else None
+    print(cpu_line(cpu) + (f"; {gpu_line(gpu)}" if gpu else ""))
+    peak = cuda_matmul_peak_gflops() if on_gpu else matmul_peak_gflops(dtype="bfloat16")
+    peak = peak["gflop_per_s"]
     result: dict[str, Any] = {
         "benchmark": "vision_attention",
         "config": vars(args),
         "cpu": cpu,
+        "gpu": gpu,
         "threads": torch.get_num_threads(),
         "bf16_peak_gflops": peak,
         "rows": attention_rows(args, peak),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import types
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt import kernels
+from sglang.srt.core.perf_counters import PerfCounters
 from sglang.srt.models import fast_vision
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 
@@ -116,6 +118,21 @@ def test_varlen_attention_equals_per_segment_sdpa() -> None:
             q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], scale=0.3
         )
         assert torch.equal(out[0, a:b], ref[0].transpose(0, 1))
+
+
+def test_attention_flops_follow_each_cu_seqlens_tensor() -> None:
+    """Segment lengths are read from the device once per cu_seqlens tensor (the layers of a
+    forward share it), and a new tensor, equal in shape but not in lengths, is read anew."""
+    counters = PerfCounters()
+    module = types.SimpleNamespace(perf_counters=counters, attention_kernel=None)
+    q = torch.randn(1, 2, 12, 8)
+    first = torch.tensor([0, 4, 12], dtype=torch.int32)
+    for _ in range(3):  # three layers of one forward
+        fast_vision.varlen_vision_attention(module, q, q, q, None, cu_seq_lens_q=first)
+    assert counters.vision_flops == 3 * 4.0 * 2 * 8 * (4**2 + 8**2)
+    second = torch.tensor([0, 6, 12], dtype=torch.int32)
+    fast_vision.varlen_vision_attention(module, q, q, q, None, cu_seq_lens_q=second)
+    assert counters.vision_flops == 4.0 * 2 * 8 * (3 * (4**2 + 8**2) + 2 * 6**2)
 
 
 def test_other_families_are_left_alone() -> None:

@@ -43,6 +43,14 @@ class ServerArgs(EngineConfig):
         },
     )
 
+    gc_warning_threshold_secs: float = field(
+        default=0.0,
+        metadata={
+            "help": "Log a warning for every garbage collection of the server's compute process "
+            "that takes longer than this many seconds (0: off)."
+        },
+    )
+
     # Threads
     decode_threads: int = field(
         default=0,
@@ -107,6 +115,8 @@ class ServerArgs(EngineConfig):
             get_tool_call_parser(self.tool_call_parser)
         if self.watchdog_timeout <= 0:
             raise ValueError("watchdog_timeout must be positive")
+        if self.gc_warning_threshold_secs < 0:
+            raise ValueError("gc_warning_threshold_secs must be 0 (off) or positive")
         if self.decode_threads < 0:
             raise ValueError("decode_threads must be 0 (auto) or positive")
         if self.max_request_body_mb <= 0:

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -62,13 +63,19 @@ def causal_attention_flops(heads: int, dim: int, keys_seen: float) -> float:
 
 
 def instrument_vision(tower: nn.Module, counters: PerfCounters) -> None:
-    """Time ``tower``'s forward and count the FLOPs of its linear and patch-projection layers."""
+    """Time ``tower``'s forward and count the FLOPs of its linear and patch-projection layers.
+    On CUDA the clock is read after the device finishes (kernels run asynchronously)."""
     started: list[float] = []
+    on_cuda = next(tower.parameters()).device.type == "cuda"
 
     def before(module: nn.Module, args: Any) -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
         started.append(time.perf_counter())
 
     def after(module: nn.Module, args: Any, output: Any) -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
         counters.vision_seconds += time.perf_counter() - started.pop()
         counters.vision_calls += 1
 

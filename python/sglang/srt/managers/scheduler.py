@@ -29,6 +29,7 @@ from sglang.srt.core.req import Req
 from sglang.srt.managers.batch_builder import BatchBuilder
 from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
 from sglang.srt.managers.constraints import ConstraintManager
+from sglang.srt.managers.gc_monitor import GcMonitor
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
 from sglang.srt.managers.output_processor import OutputProcessor
 from sglang.srt.managers.prefill_planner import PrefillPlanner, ready_to_decode
@@ -79,6 +80,7 @@ class Scheduler:
         self.planner = PrefillPlanner(args, runner, self.tree, self.states)
         self.builder = BatchBuilder(runner, self.tree, self.states, self.constraints)
         self.outputs = OutputProcessor(runner, tokenizer, self.constraints, self.states)
+        self.gc_monitor: GcMonitor | None = None  # the server's compute process sets one
 
     @property
     def chunk_size(self) -> int | None:
@@ -343,6 +345,7 @@ class Scheduler:
                 **runner.embedder.cache.stats(),
             },
             "perf": runner.perf.as_dict(),
+            "gc": self.gc_monitor.stats() if self.gc_monitor else None,
             "weight_quantization": runner.quantization.as_dict() if runner.quantization else None,
             "memory": runner.memory_report.as_dict(),
         }

@@ -24,6 +24,7 @@ from sglang.srt.core.io_struct import (
     TokenizedRequest,
 )
 from sglang.srt.core.req import Req
+from sglang.srt.managers.gc_monitor import GcMonitor
 from sglang.srt.managers.scheduler import RequestFailed, Scheduler
 from sglang.srt.server_args import ServerArgs
 
@@ -177,6 +178,7 @@ def run_scheduler_process(
             torch.manual_seed(args.random_seed)
         runner = ModelRunner(args, model_path)
         scheduler = Scheduler(args, runner, runner.tokenizer)
+        scheduler.gc_monitor = GcMonitor(args.gc_warning_threshold_secs)
         ctx = zmq.Context()
         recv = ctx.socket(zmq.PULL)
         recv.bind(recv_addr)

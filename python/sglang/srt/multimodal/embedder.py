@@ -271,6 +271,8 @@ class MultimodalEmbedder:
         for item in items:
             if item.modality == "video":
                 item.features = None  # remade from the frames if the embedding is ever missing
+        if torch.device(self.device).type == "cuda":  # the encoder's time, not its launch's
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         tokens = sum(item.num_tokens for item in items)
         self.stats.encoder_calls += 1

@@ -65,7 +65,7 @@ def apply_penalties(
             continue
         out = torch.tensor(output_ids[i], dtype=torch.int64)
         if sp.frequency_penalty or sp.presence_penalty:
-            counts = torch.bincount(out, minlength=vocab)[:vocab].to(logits.dtype)
+            counts = torch.bincount(out, minlength=vocab)[:vocab].to(logits)
             logits[i] -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0)
         if sp.repetition_penalty != 1.0:
             seen = torch.cat([torch.tensor(prompt_ids[i], dtype=torch.int64), out]).unique()
