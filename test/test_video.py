@@ -17,6 +17,11 @@ import pytest
 import torch
 import transformers
 from conftest import hf_greedy, make_image, model_dir
+from fixtures.video_reference import CASES as VIDEO_CASES
+from fixtures.video_reference import case_id, describe
+from fixtures.video_reference import clip as reference_clip
+from fixtures.video_reference import hf_processor as video_hf_processor
+from fixtures.video_reference import load_reference as load_video_reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers.video_utils import VideoMetadata
@@ -151,25 +156,40 @@ def _stats(engine: sglang.Engine):
 
 
 # Preprocessing -------------------------------------------------------------------------------
+def _preprocessed(family: str, frames: int, height: int, width: int) -> dict[str, np.ndarray]:
+    """Our preprocessing of a reference case's clip, as a request's video goes through it."""
+    settings = VideoSettings.from_model_dir(model_dir(family))
+    video = load_video(reference_clip(frames + height + width, frames, height, width), settings)
+    return preprocess_frames(video.frames, settings)
+
+
+@pytest.mark.parametrize("case", VIDEO_CASES, ids=lambda case: case_id(*case))
+def test_preprocess_equals_recorded_hf_output(case) -> None:
+    """Bit for bit what HF's video processor (on torchvision) made of the clip, recorded in
+    ``fixtures/video_preprocess_hf.json`` by ``fixtures/video_reference.py``."""
+    want = load_video_reference()[case_id(*case)]
+    got = {key: describe(value) for key, value in _preprocessed(*case).items()}
+    assert set(got) == set(want)
+    for key, mine in got.items():
+        assert (mine["shape"], mine["dtype"]) == (want[key]["shape"], want[key]["dtype"]), key
+        differing = {i: (v, mine["samples"][i]) for i, v in want[key]["samples"].items()
+                     if mine["samples"][i] != v}  # fmt: skip
+        assert mine["sha256"] == want[key]["sha256"], f"{key}: samples (HF, ours) {differing}"
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("torchvision") is None, reason="HF's video processor needs torchvision"
 )
-@pytest.mark.parametrize("shape", [(4, 50, 70), (7, 120, 90), (9, 33, 200)])
-def test_preprocess_equals_hf_video_processor(shape) -> None:
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
-
-    settings = VideoSettings.from_model_dir(model_dir("qwen2_vl"))
-    hf = Qwen2VLVideoProcessor(
-        size={"shortest_edge": settings.min_pixels, "longest_edge": settings.max_pixels},
-        do_sample_frames=False,
-        cap_pixels_per_frame=False,
-    )
-    frames = clip(sum(shape), *shape)
-    want = hf(videos=[frames], return_tensors="np")
-    video = load_video(frames, settings)
-    got = preprocess_frames(video.frames, settings)
-    np.testing.assert_array_equal(got["video_grid_thw"], want["video_grid_thw"])
-    np.testing.assert_array_equal(got["pixel_values_videos"], want["pixel_values_videos"])
+@pytest.mark.parametrize("case", VIDEO_CASES, ids=lambda case: case_id(*case))
+def test_preprocess_equals_hf_video_processor(case) -> None:
+    """The same against HF's processor itself, where torchvision imports."""
+    family, frames, height, width = case
+    video = reference_clip(frames + height + width, frames, height, width)
+    want = video_hf_processor(family, model_dir(family))(videos=[video], return_tensors="np")
+    got = _preprocessed(*case)
+    assert set(got) == set(want.keys())
+    for key, value in got.items():
+        np.testing.assert_array_equal(value, want[key])
 
 
 @pytest.mark.parametrize("num_frames", [2, 5, 8])
