@@ -15,13 +15,13 @@ import pytest
 import torch
 import transformers
 from conftest import hf_greedy, load_hf_model, make_image, model_dir, placeholder
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import sglang
 from sglang.srt.managers.prefill_planner import PrefillPlanner
 from sglang.srt.mem_cache.kv_layout import KVLayout
-from sglang.srt.models.adapters import ModelAdapter
+from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 
 MAX_NEW = 6
@@ -252,8 +252,7 @@ def test_planned_chunks_never_end_inside_a_span(spans, start, budget) -> None:
     # Disjoint spans, as images and a prefix-LM's prompt are.
     spans = [s for i, s in enumerate(spans) if all(s[0] >= e for _, e in spans[:i])]
     total = max([e for _, e in spans] + [start + 1]) + 5
-    if any(a < start < e for a, e in spans):  # a chunk never starts inside a span
-        return
+    assume(not any(a < start < e for a, e in spans))  # a chunk never starts inside a span
     req = SimpleNamespace(
         computed_len=start,
         input_ids=[0] * total,
@@ -267,5 +266,17 @@ def test_planned_chunks_never_end_inside_a_span(spans, start, budget) -> None:
     assert n <= budget or any(a == start and e > start + budget for a, e in spans)
 
 
-def test_adapter_defaults_are_causal() -> None:
-    assert ModelAdapter.bidirectional is None and ModelAdapter.position_offset == 0
+@pytest.mark.parametrize(
+    "family, bidirectional, offset",
+    [
+        ("qwen2_5_vl", None, 0),
+        ("llava", None, 0),
+        ("gemma3", "images", 0),
+        ("paligemma", "prompt", 1),
+    ],
+)
+def test_what_attends_both_ways_per_family(family: str, bidirectional, offset: int) -> None:
+    """Causal families take the generic adapter's defaults; Gemma 3's images and PaliGemma's
+    prompt attend both ways, and PaliGemma's positions start at 1 (HF's conventions)."""
+    adapter = get_adapter(None, transformers.AutoConfig.from_pretrained(model_dir(family)))
+    assert (adapter.bidirectional, adapter.position_offset) == (bidirectional, offset)

@@ -85,6 +85,8 @@ def _assert_healthy(url: str) -> None:
         if info["num_running_reqs"] == 0 and info["num_queue_reqs"] == 0:
             break
         time.sleep(0.1)
+    else:
+        raise AssertionError(f"the server did not drain in 30 s: {info['load']}")
     assert info["mm_embedding_cache"]["pinned"] == 0
     assert httpx.get(f"{url}/debug/check_integrity").json() == {"ok": True}
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt import kernels
 
 KERNEL = kernels.load("prefill_attention")
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain to build the kernel")
+needs_kernel = needs_compiler
 
 
 def reference(q, k_buf, v_buf, table, rows, q_starts, prefixes, q_lens, scale, window):

@@ -482,12 +482,20 @@ def test_second_turn_encodes_nothing(family: str) -> None:
     assert second["meta_info"]["cached_tokens"] > SPECS[family].rows
 
 
+@pytest.mark.parametrize("video_cache", ["per-group", "whole"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_deliberate_error_breaks_parity(family: str) -> None:
+def test_deliberate_error_breaks_parity(family: str, video_cache: str) -> None:
     """The cached embeddings of frame groups 0 and 1 trade places (where the video is one
-    item: its first and last rows do); the parity check then fails."""
-    engine = _engine(family)
-    _reset(engine, -1)
+    item, ``--mm-video-cache whole``: its first and last rows do); the parity check then
+    fails."""
+    if video_cache == "whole":
+        engine = sglang.Engine(
+            dtype="float32", model_path=model_dir(family), chunked_prefill_size=-1,
+            mm_video_cache="whole",
+        )  # fmt: skip
+    else:
+        engine = _engine(family)
+        _reset(engine, -1)
     prompt = video_prompt(family)
     ref = _ref(family, prompt, 1)
     assert _matches(_generate(engine, prompt, video_data=clip(1)), ref)
@@ -495,10 +503,12 @@ def test_deliberate_error_breaks_parity(family: str) -> None:
     item = tokenized.mm_items[0]
     cache = engine.scheduler.runner.embedder.cache
     entries = cache._entries
-    if _separable(engine):
+    if engine.scheduler.runner.embedder._split_videos:
+        assert video_cache == "per-group" and _separable(engine)
         g0, g1 = frame_groups(item, _settings(family).frames_per_group)[:2]
         entries[g0.hash], entries[g1.hash] = entries[g1.hash], entries[g0.hash]
     else:
+        assert video_cache == "whole"
         rows = entries[item.hash].embedding
         rows[[0, -2]] = rows[[-2, 0]]
     scheduler = engine.scheduler

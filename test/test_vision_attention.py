@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ from sglang.srt.core.perf_counters import PerfCounters
 from sglang.srt.models import fast_vision
 
 KERNEL = kernels.load("prefill_attention")
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain to build the kernel")
+needs_kernel = needs_compiler
 
 
 class _Attention(torch.nn.Module):

@@ -5,7 +5,10 @@ code is compiled for the ISA present; the build directory is keyed by the CPU's 
 version, the source and every header of ``csrc/``, so a machine never loads a kernel built
 for another) and OpenMP for ``at::parallel_for``. Where no compiler is found or the build fails,
 ``load`` returns None and callers keep their torch path; ``SGLANG_DISABLE_CPU_KERNELS=1`` forces
-that (read at each call, so callers that load per call follow it).
+that (read at each call, so callers that load per call follow it). With
+``SGLANG_REQUIRE_CPU_KERNELS=1`` (CI sets it) a build that fails raises instead, with the
+compiler's output. Each module's ``isa()`` names the instruction set it was compiled for
+(``expected_isa`` says which this CPU should give).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -21,6 +25,10 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 DISABLE_ENV = "SGLANG_DISABLE_CPU_KERNELS"
+REQUIRE_ENV = "SGLANG_REQUIRE_CPU_KERNELS"
+AVX512 = ("avx512f", "avx512dq", "avx512bw", "avx512vl")  # vector_math.h's SGLANG_AVX512
+# What each kernel's bfloat16 path needs beyond plain x86 (the rest take vector_math.h's rule).
+BF16_ONLY = {"linear_bf16": ("avx512f",), "gemm_bf16": ("avx512f", "avx512bw")}
 
 
 @functools.cache
@@ -45,6 +53,36 @@ def _build_dir(name: str, source: Path) -> Path:
         key.update(part.encode())
     root = os.environ.get("SGLANG_CACHE_DIR") or Path.home() / ".cache" / "sglang"
     return Path(root) / "kernels" / f"{name}-{key.hexdigest()[:16]}"
+
+
+def kernel_names() -> list[str]:
+    return sorted(path.stem for path in CSRC.glob("*.cpp"))
+
+
+def compiler_name() -> str:
+    """The C++ compiler torch's extension builder calls: ``$CXX``, else ``c++``."""
+    return os.environ.get("CXX", "c++")
+
+
+def compiler() -> str | None:
+    """The path of ``compiler_name()``, or None where there is no such program."""
+    return shutil.which(compiler_name())
+
+
+def expected_isa(name: str) -> str:
+    """What ``isa()`` of kernel ``name`` reports when built with ``-march=native`` on this CPU:
+    "avx512_bf16", "avx512" or "portable"."""
+    flags = cpu_flags()
+    if name in BF16_ONLY:
+        needs = ("avx512_bf16", *BF16_ONLY[name])
+        return "avx512_bf16" if all(f in flags for f in needs) else "portable"
+    if not all(f in flags for f in AVX512):
+        return "portable"
+    return "avx512_bf16" if "avx512_bf16" in flags else "avx512"
+
+
+def _required() -> bool:
+    return os.environ.get(REQUIRE_ENV, "0") not in ("", "0")
 
 
 def load(name: str) -> ModuleType | None:
@@ -72,5 +110,7 @@ def _build(name: str) -> ModuleType | None:
             verbose=False,
         )
     except Exception as exc:  # no compiler, no ninja, a failed build: the torch path stays
+        if _required():
+            raise RuntimeError(f"native CPU kernel {name} failed to build: {exc}") from exc
         logger.warning("native CPU kernel %s unavailable, using torch: %s", name, exc)
         return None

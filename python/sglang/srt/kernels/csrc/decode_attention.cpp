@@ -260,6 +260,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf,
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("decode_attention", &decode_attention,
         "Decode attention of one query per request over the paged KV pool");
 }

@@ -32,6 +32,9 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define SGLANG_GEMM_BF16 1
+#define SGLANG_COMPILED_ISA "avx512_bf16"
+#else
+#define SGLANG_COMPILED_ISA "portable"
 #endif
 
 namespace {
@@ -164,6 +167,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("supported", &supported, "Whether this build has the AVX512-BF16 kernel");
   m.def("pack", &pack, "(N, K) bfloat16 weight -> the kernel's panels");
   m.def("linear", &linear, "x (M, K) times a packed weight, plus bias -> (M, N) bfloat16");

@@ -23,6 +23,9 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define SGLANG_AVX512_BF16 1
+#define SGLANG_COMPILED_ISA "avx512_bf16"
+#else
+#define SGLANG_COMPILED_ISA "portable"
 #endif
 
 namespace {
@@ -127,6 +130,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& weight,
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("linear_bf16", &linear_bf16, "x W^T (+ b) for a few bfloat16 rows, at memory bandwidth",
         py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
 }

@@ -396,6 +396,7 @@ void varlen_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("prefill_attention", &prefill_attention,
         "Causal prefill attention of a batch of requests over the paged KV pool, into out");
   m.def("varlen_attention", &varlen_attention,

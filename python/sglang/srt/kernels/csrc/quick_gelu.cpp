@@ -56,5 +56,6 @@ at::Tensor quick_gelu(const at::Tensor& x) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("quick_gelu", &quick_gelu, "x * sigmoid(1.702 x) of bfloat16 x, rounded as HF rounds it");
 }

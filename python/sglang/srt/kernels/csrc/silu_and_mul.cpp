@@ -54,5 +54,6 @@ at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of bfloat16 tensors, rounded as HF rounds");
 }

@@ -13,6 +13,15 @@
 #endif
 #endif
 
+// The instruction set the including kernel was compiled for (its module's isa()).
+#if defined(SGLANG_AVX512_BF16)
+#define SGLANG_COMPILED_ISA "avx512_bf16"
+#elif defined(SGLANG_AVX512)
+#define SGLANG_COMPILED_ISA "avx512"
+#else
+#define SGLANG_COMPILED_ISA "portable"
+#endif
+
 namespace vec {
 
 #ifdef SGLANG_AVX512

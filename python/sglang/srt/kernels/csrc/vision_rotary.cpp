@@ -111,6 +111,7 @@ std::tuple<at::Tensor, at::Tensor> rotary_pair(const at::Tensor& q, const at::Te
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("rotary_pair", &rotary_pair,
         "q and k rotated as HF's apply_rotary_pos_emb_vision rotates them, bit for bit");
 }

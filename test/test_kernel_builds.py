@@ -1,0 +1,72 @@
+"""The native CPU kernels build wherever a C++ compiler exists, for the instruction set this CPU
+has, and a bfloat16 engine runs on them.
+
+A kernel that failed to build would leave its callers on their torch paths. CI sets
+``SGLANG_REQUIRE_CPU_KERNELS=1``, under which ``kernels.load`` raises with the compiler's
+message; without it, the kernel tests still fail (they skip only where no compiler exists).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from conftest import model_dir, needs_compiler
+
+import sglang
+from sglang.srt import kernels
+from sglang.srt.layers import packed_linear
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", kernels.kernel_names())
+def test_every_kernel_builds_for_this_cpu(name: str) -> None:
+    module = kernels.load(name)
+    assert module is not None, f"{name} did not build (the warning above has the compiler output)"
+    assert module.isa() == kernels.expected_isa(name), sorted(kernels.cpu_flags())
+
+
+@needs_compiler
+def test_a_failing_build_raises_where_kernels_are_required(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CXX", "/bin/false")
+    monkeypatch.setattr(kernels, "_build", functools.cache(kernels._build.__wrapped__))
+    monkeypatch.setenv(kernels.REQUIRE_ENV, "1")
+    with pytest.raises(RuntimeError, match="quick_gelu failed to build"):
+        kernels.load("quick_gelu")
+    monkeypatch.setenv(kernels.REQUIRE_ENV, "0")
+    assert kernels.load("quick_gelu") is None  # not required: callers keep their torch path
+
+
+def test_the_expected_isa_follows_the_cpu_flags(monkeypatch) -> None:
+    avx512 = {"avx512f", "avx512dq", "avx512bw", "avx512vl"}
+    cases = [
+        ({"avx2"}, "portable", "portable"),
+        (avx512, "avx512", "portable"),
+        (avx512 | {"avx512_bf16"}, "avx512_bf16", "avx512_bf16"),
+        ({"avx512f", "avx512_bf16"}, "portable", "avx512_bf16"),  # linear_bf16 needs F only
+    ]
+    for flags, shared, linear in cases:
+        monkeypatch.setattr(kernels, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert kernels.expected_isa("prefill_attention") == shared
+        assert kernels.expected_isa("quick_gelu") == shared
+        assert kernels.expected_isa("linear_bf16") == linear
+
+
+@needs_compiler
+def test_a_bfloat16_engine_runs_on_the_kernels() -> None:
+    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"), dtype="bfloat16")
+    runner = engine.runner
+    assert runner.attn_backend.prefill_kernel is not None
+    assert runner.attn_backend.decode_kernel is not None
+    tower = [m for m in runner.model.model.visual.modules() if hasattr(m, "attention_kernel")]
+    assert tower and all(m.attention_kernel is not None for m in tower)
+    lm = list(runner.adapter.language_model.modules())
+    assert any(getattr(m, "_decode_kernel", None) is not None for m in lm)
+    assert any(hasattr(m, "_silu_and_mul") for m in lm)
+    flags = kernels.cpu_flags()
+    native_gemm = "avx512_bf16" in flags and "amx_bf16" not in flags
+    packed = [m for m in runner.model.modules() if hasattr(m, "packed_weight")]
+    assert packed and all((m.packed_gemm is not None) == native_gemm for m in packed)
+    assert (packed_linear.native_gemm() is not None) == native_gemm
+    engine.shutdown()
