@@ -136,29 +136,48 @@ def _processor(family: str) -> MultimodalProcessor:
     return MultimodalProcessor(path, AutoConfig.from_pretrained(path))
 
 
-def _both_ways(processor: MultimodalProcessor, prompt: str, images: list, monkeypatch) -> tuple:
-    """(ids, spans) as processed, and as processed with the expanded text tokenized whole."""
+def _both_ways(
+    processor: MultimodalProcessor, prompt: str, images: list, monkeypatch
+) -> tuple[tuple, tuple, bool]:
+    """(ids, spans) as processed, the same with the expanded text tokenized whole, and whether
+    the first took the short path (``_expanded_ids`` gave the ids)."""
     loaded = processor.load_images(images)
-    ids, items = processor.process(prompt, None, loaded)
+    results = []
+    original = processor._expanded_ids
+
+    def spy(*args):
+        results.append(original(*args))
+        return results[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(processor, "_expanded_ids", spy)
+        ids, items = processor.process(prompt, None, loaded)
     with monkeypatch.context() as m:
         m.setattr(processor, "_expanded_ids", lambda *args: None)
         whole_ids, whole_items = processor.process(prompt, None, loaded)
-    return (ids, [i.spans for i in items]), (whole_ids, [i.spans for i in whole_items])
+    short = any(r is not None for r in results)
+    return (ids, [i.spans for i in items]), (whole_ids, [i.spans for i in whole_items]), short
 
 
 @pytest.mark.parametrize("family", ALL_VLM_FAMILIES)
 def test_ids_expanded_from_the_short_prompt_equal_the_expanded_text_tokenized(
     family: str, monkeypatch
 ) -> None:
-    """Where every image's replacement is its placeholder token repeated, the prompt is
-    tokenized before expansion and the placeholder ids repeated: the ids and image spans are
-    those of tokenizing the expanded text."""
+    """Where every image's replacement is its placeholder token repeated (and that token is one
+    added token), the prompt is tokenized before expansion and the placeholder ids repeated:
+    the ids and image spans are those of tokenizing the expanded text. Elsewhere the short path
+    must not be taken."""
     processor = _processor(family)
+    args = _expansion_args(processor, family)
+    placeholder_text, replacements = args[1], args[2]
+    added = processor.tokenizer.get_added_vocab().get(placeholder_text)
+    step = len(placeholder_text)
+    repeated = all(r and r == placeholder_text * (len(r) // step) for r in replacements)
+    expected = repeated and added == processor.adapter.image_token_id
     for prompt, images in _cases(family):
-        fast, whole = _both_ways(processor, prompt, images, monkeypatch)
+        fast, whole, short = _both_ways(processor, prompt, images, monkeypatch)
+        assert short == expected, (replacements[0][:80], added)
         assert fast == whole
-    if family.startswith("qwen2"):  # a family the short path serves
-        assert processor._expanded_ids(*_expansion_args(processor, family)) is not None
 
 
 def _expansion_args(processor: MultimodalProcessor, family: str) -> tuple:
@@ -189,9 +208,12 @@ def test_short_prompt_expansion_on_any_text_around_the_images(texts, sizes) -> N
     prompt = f"{texts[0]}{ph}{texts[1]}{ph}{texts[2]}"
     images = [make_image(i, w, h) for i, (w, h) in enumerate(sizes)]
     loaded = processor.load_images(images)
-    ids, items = processor.process(prompt, None, loaded)
     original = processor._expanded_ids
+    short: list = []
     try:
+        processor._expanded_ids = lambda *args: short.append(original(*args)) or short[-1]
+        ids, items = processor.process(prompt, None, loaded)
+        assert short and short[-1] is not None  # the short path served the first
         processor._expanded_ids = lambda *args: None
         whole_ids, whole_items = processor.process(prompt, None, loaded)
     finally:

@@ -58,8 +58,48 @@ def test_invalid_values_are_rejected(flags: list[str]) -> None:
         parse_args(flags)
 
 
-def test_every_field_has_a_flag() -> None:
+# SGLang's launch flags that users bring (its docs; values that parse, and the field they set).
+SGLANG_FLAGS = {
+    "--model-path": ("/m", "model_path", "/m"),
+    "--host": ("0.0.0.0", "host", "0.0.0.0"),
+    "--port": ("31234", "port", 31234),
+    "--chunked-prefill-size": ("512", "chunked_prefill_size", 512),
+    "--max-running-requests": ("7", "max_running_requests", 7),
+    "--max-prefill-tokens": ("4096", "max_prefill_tokens", 4096),
+    "--context-length": ("2048", "context_length", 2048),
+    "--mem-fraction-static": ("0.5", "mem_fraction_static", 0.5),
+    "--served-model-name": ("m", "served_model_name", "m"),
+    "--chat-template": ("qwen2-vl", "chat_template", "qwen2-vl"),
+    "--api-key": ("k", "api_key", "k"),
+    "--log-level": ("debug", "log_level", "debug"),
+    "--mm-attention-backend": ("sdpa", "mm_attention_backend", "sdpa"),
+    "--attention-backend": ("torch_native", "attention_backend", "torch_native"),
+}
+SGLANG_SWITCHES = {
+    "--enable-multimodal": "enable_multimodal",
+    "--disable-radix-cache": "disable_radix_cache",
+    "--enable-metrics": "enable_metrics",
+    "--enable-cache-report": "enable_cache_report",
+}
+
+
+@pytest.mark.parametrize("flag", SGLANG_FLAGS)
+def test_sglang_flags_set_their_fields(flag: str) -> None:
+    value, field, parsed = SGLANG_FLAGS[flag]
+    assert getattr(parse_args([flag, value]), field) == parsed
+
+
+@pytest.mark.parametrize("flag", SGLANG_SWITCHES)
+def test_sglang_switches_turn_their_fields_on(flag: str) -> None:
+    field = SGLANG_SWITCHES[flag]
+    assert not getattr(parse_args([]), field)  # off, or (--enable-multimodal) decided by the model
+    assert getattr(parse_args([flag]), field) is True
+
+
+def test_every_field_has_a_flag_with_the_fields_default() -> None:
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    flags = {a.dest for a in parser._actions}
-    assert {f for f in ServerArgs.__dataclass_fields__} <= flags
+    dests = {a.dest: a for a in parser._actions}
+    for name in ServerArgs.__dataclass_fields__:
+        assert f"--{name.replace('_', '-')}" in dests[name].option_strings
+    assert parse_args([]) == ServerArgs()  # the CLI's defaults are the dataclass's
