@@ -300,20 +300,22 @@ def test_rendered_chat_prompt_keeps_a_single_bos() -> None:
 def test_perf_counters_count_prefill_flops_and_decode_time_apart() -> None:
     """A round's FLOPs are its prefill's: linears over the prompt's tokens, the head over one
     row, causal attention over the prompt; decode steps add time and bytes, no FLOPs."""
-    from sglang.srt.core.perf_counters import causal_attention_flops, causal_keys_seen
-
     engine = sglang.Engine(dtype="float32", model_path=model_dir("qwen2"))
     runner = engine.runner
     text = runner.text_config
     ids = [[11 + (7 * i) % 300 for i in range(40)]]
     engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 5})
     perf = runner.perf
-    assert perf.lm_linear_flops == 2.0 * 40 * runner.lm_linear_macs
-    assert perf.lm_head_flops == 2.0 * 1 * runner.lm_head_macs
-    heads = text.num_attention_heads
-    dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    layers = text.num_hidden_layers
-    want = layers * causal_attention_flops(heads, dim, causal_keys_seen(0, 40))
+    # By hand from the config: per layer q, k, v, o and the gated MLP's three matrices.
+    hidden, heads, kv_heads = text.hidden_size, text.num_attention_heads, text.num_key_value_heads
+    dim = getattr(text, "head_dim", None) or hidden // heads
+    attention = hidden * (2 * heads * dim + 2 * kv_heads * dim)
+    per_layer = attention + 3 * hidden * text.intermediate_size
+    assert perf.lm_linear_flops == 2.0 * 40 * text.num_hidden_layers * per_layer
+    assert perf.lm_head_flops == 2.0 * 1 * hidden * text.vocab_size
+    # QK^T and PV: 2 x 2 x dim per (head, query, key); query i sees keys 0..i.
+    keys_seen = sum(range(1, 41))
+    want = text.num_hidden_layers * 4.0 * heads * dim * keys_seen
     assert perf.lm_attention_flops == pytest.approx(want)
     assert perf.decode_steps == 4 and perf.decode_attention_seconds > 0
     engine.shutdown()

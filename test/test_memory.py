@@ -3,6 +3,7 @@ fit check that refuses a launch before loading, the CPU KV budget rules and the 
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 import torch
 import transformers
 from conftest import model_dir
+from safetensors import safe_open
 
 import sglang
 from sglang.srt.model_executor import host_memory, memory
@@ -125,7 +127,13 @@ def test_mem_fraction_static_sizes_the_kv_pool() -> None:
 def test_server_info_reports_memory() -> None:
     eng = sglang.Engine(model_path=model_dir(FAMILY), dtype="float32", max_total_tokens=64)
     info = eng.get_server_info()["memory"]
-    assert info["weights_bytes"] == host_memory.module_bytes(eng.runner.model)
+    # The checkpoint's tensors (float32, as the engine runs them) and the model's buffers.
+    checkpoint = 0
+    for path in Path(model_dir(FAMILY)).glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            checkpoint += sum(4 * math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    buffers = sum(b.numel() * b.element_size() for b in eng.runner.model.buffers())
+    assert info["weights_bytes"] == checkpoint + buffers
     assert info["weights_estimate_bytes"] == pytest.approx(info["weights_bytes"], rel=0.005)
     assert (info["kv_pool_tokens"], info["kv_budget_rule"]) == (64, "max_total_tokens")
     assert info["kv_pool_bytes"] == 64 * info["kv_bytes_per_token"]
