@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_bounds import excess
 from conftest import needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,8 +20,10 @@ LINEAR = kernels.load("linear_bf16")
 needs_kernel = needs_compiler
 
 
-def _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap) -> torch.Tensor:
-    out = []
+def _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap, drop=None):
+    """float64 attention of each request's query over its keys, and each output element's
+    spread (``attention_bounds``); ``drop``: a key position no query sees."""
+    out, spread = [], []
     for b in range(q.shape[0]):
         n = int(lens[b])
         first = max(0, n - window) if window > 0 else 0
@@ -31,8 +34,12 @@ def _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap) -> to
         scores = qb @ k.transpose(1, 2) * scale
         if softcap > 0:
             scores = torch.tanh(scores / softcap) * softcap
-        out.append((scores.softmax(-1) @ v).reshape(q.shape[1], q.shape[2]))
-    return torch.stack(out)
+        if drop is not None and first <= drop < n:
+            scores[..., drop - first] = float("-inf")
+        weights = scores.softmax(-1)
+        out.append((weights @ v).reshape(q.shape[1], q.shape[2]))
+        spread.append((weights @ v.abs()).reshape(q.shape[1], q.shape[2]))
+    return torch.stack(out), torch.stack(spread)
 
 
 @needs_kernel
@@ -61,10 +68,26 @@ def test_decode_kernel_matches_attention_over_gathered_keys(
     q = torch.randn(batch, heads, dim, generator=gen).to(dtype)
     scale = dim**-0.5
     got = KERNEL.decode_attention(q, k_buf, v_buf, table, rows, lens, scale, window, softcap)
-    want = _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap)
     assert got.dtype == dtype and got.shape == q.shape
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16: the output's rounding
-    torch.testing.assert_close(got.double(), want, atol=tolerance, rtol=tolerance)
+    reference = _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap)
+    assert excess(got, *reference, dtype) <= 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_decode_bound_catches_one_key_left_out(dtype, seed) -> None:
+    """Against a reference that leaves one key of a 300-token context out (a one-key masking
+    error), the kernel's output is outside the bound."""
+    gen = torch.Generator().manual_seed(seed)
+    k_buf, v_buf = (torch.randn(640, 2, 64, generator=gen).to(dtype) for _ in range(2))
+    table = torch.randperm(640, generator=gen).reshape(2, 320)
+    rows, lens = torch.tensor([1, 0]), torch.tensor([300, 300])
+    q = torch.randn(2, 8, 64, generator=gen).to(dtype)
+    got = KERNEL.decode_attention(q, k_buf, v_buf, table, rows, lens, 0.125, -1, 0.0)
+    args = (q, k_buf, v_buf, table, rows, lens, 0.125, -1, 0.0)
+    assert excess(got, *_reference(*args), dtype) <= 1
+    assert excess(got, *_reference(*args, drop=150), dtype) > 1
 
 
 @needs_kernel

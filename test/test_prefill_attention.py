@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_bounds import excess
 from conftest import needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,9 +28,12 @@ KERNEL = kernels.load("prefill_attention")
 needs_kernel = needs_compiler
 
 
-def reference(q, k_buf, v_buf, table, rows, q_starts, prefixes, q_lens, scale, window):
-    """Plain float64 softmax attention, one request at a time, with an explicit mask."""
+def reference(q, k_buf, v_buf, table, rows, q_starts, prefixes, q_lens, scale, window, drop=None):
+    """Plain float64 softmax attention, one request at a time, with an explicit mask, and the
+    spread of each output element (``attention_bounds``); ``drop``: a position no query sees
+    (a deliberate masking error)."""
     out = torch.zeros(q.shape, dtype=torch.float64)
+    spread = torch.zeros(q.shape, dtype=torch.float64)
     for row, start, prefix, n in zip(rows, q_starts, prefixes, q_lens):
         slots = table[row, : prefix + n]
         k = k_buf[slots].double().transpose(0, 1)  # (kv_heads, keys, dim)
@@ -42,9 +46,13 @@ def reference(q, k_buf, v_buf, table, rows, q_starts, prefixes, q_lens, scale, w
         allowed = kv_pos <= q_pos
         if window > 0:
             allowed &= kv_pos > q_pos - window
+        if drop is not None:
+            allowed &= kv_pos != drop
         scores = (qi @ k.transpose(1, 2) * scale).masked_fill(~allowed, float("-inf"))
-        out[start : start + n] = (scores.softmax(-1) @ v).transpose(0, 1)
-    return out
+        weights = scores.softmax(-1)
+        out[start : start + n] = (weights @ v).transpose(0, 1)
+        spread[start : start + n] = (weights @ v.abs()).transpose(0, 1)
+    return out, spread
 
 
 def random_batch(gen, kv_heads, groups, dim, prefixes, q_lens, dtype):
@@ -81,10 +89,21 @@ def test_prefill_kernel_matches_float64_attention(
     scale = dim**-0.5
     out = torch.empty(args[0].shape, dtype=dtype)
     KERNEL.prefill_attention(out, *args, scale, window)
-    want = reference(*args, scale, window)
-    v_max = args[2].double().abs().max()
-    bound = 1e-4 * v_max if dtype == torch.float32 else (2**-8 + 1e-5) * v_max
-    assert (out.double() - want).abs().max() <= bound
+    assert excess(out, *reference(*args, scale, window), dtype) <= 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_bound_catches_one_key_left_out(dtype, seed) -> None:
+    """The kernel's output against a reference that leaves one key of a long request out of the
+    softmax (a one-key masking error): outside the bound."""
+    gen = torch.Generator().manual_seed(seed)
+    args = random_batch(gen, 2, 3, 64, [290, 0], [40, 7], dtype)
+    out = torch.empty(args[0].shape, dtype=dtype)
+    KERNEL.prefill_attention(out, *args, 0.125, -1)
+    assert excess(out, *reference(*args, 0.125, -1), dtype) <= 1
+    assert excess(out, *reference(*args, 0.125, -1, drop=145), dtype) > 1
 
 
 @needs_kernel

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_bounds import excess
 from conftest import needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,15 +36,21 @@ class _Attention(torch.nn.Module):
         self.perf_counters = PerfCounters()
 
 
-def reference(q, k, v, cu: list[int], scale: float) -> torch.Tensor:
-    """float64 softmax attention within each segment; (1, heads, N, dim) in, (N, heads, dim) out."""
+def reference(q, k, v, cu: list[int], scale: float, drop: int | None = None):
+    """float64 softmax attention within each segment, (1, heads, N, dim) in, (N, heads, dim)
+    out, and each element's spread (``attention_bounds``); ``drop``: a token no query sees."""
     out = torch.zeros(q.shape[2], q.shape[1], q.shape[3], dtype=torch.float64)
+    spread = torch.zeros_like(out)
     for a, b in zip(cu, cu[1:]):
         if b > a:
             qs, ks, vs = (t[0, :, a:b].double() for t in (q, k, v))
-            weights = (qs @ ks.transpose(1, 2) * scale).softmax(-1)
+            scores = qs @ ks.transpose(1, 2) * scale
+            if drop is not None and a <= drop < b:
+                scores[..., drop - a] = float("-inf")
+            weights = scores.softmax(-1)
             out[a:b] = (weights @ vs).transpose(0, 1)
-    return out
+            spread[a:b] = (weights @ vs.abs()).transpose(0, 1)
+    return out, spread
 
 
 def random_qkv(gen, tokens: int, heads: int, dim: int, dtype, token_major: bool):
@@ -77,10 +84,7 @@ def test_kernel_matches_float64_attention_within_segments(
     cu_t = torch.tensor(cu, dtype=torch.int32)
     out, _ = fast_vision.varlen_vision_attention(module, q, k, v, None, scale, cu_seq_lens_q=cu_t)
     assert out.shape == (1, cu[-1], heads, dim) and out.dtype == dtype
-    v_max = v.double().abs().max() if cu[-1] else 1.0
-    bound = 1e-4 * v_max if dtype == torch.float32 else (2**-8 + 1e-5) * v_max
-    error = (out[0].double() - reference(q, k, v, cu, scale)).abs()
-    assert error.numel() == 0 or error.max() <= bound
+    assert excess(out[0], *reference(q, k, v, cu, scale), dtype) <= 1
     flops = 4.0 * heads * dim * sum(n * n for n in lengths)
     assert module.perf_counters.vision_flops == flops
 
@@ -104,8 +108,24 @@ def test_kernel_keeps_far_negative_scores_of_a_partial_key_block(length, dim, dt
     module, scale, cu = _Attention(KERNEL), dim**-0.5, [0, length]
     cu_t = torch.tensor(cu, dtype=torch.int32)
     out, _ = fast_vision.varlen_vision_attention(module, q, k, v, None, scale, cu_seq_lens_q=cu_t)
-    bound = (1e-4 if dtype == torch.float32 else 2**-8 + 1e-5) * v.double().abs().max()
-    assert (out[0].double() - reference(q, k, v, cu, scale)).abs().max() <= bound
+    max_score = float((q.double() @ k.double().transpose(-1, -2)).abs().max()) * scale
+    assert excess(out[0], *reference(q, k, v, cu, scale), dtype, max_score) <= 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_bound_catches_one_key_left_out(dtype, seed) -> None:
+    """Against a reference that leaves one token of a 300-token image out of every query's
+    softmax (a one-key masking error), the kernel's output is outside the bound."""
+    gen = torch.Generator().manual_seed(seed)
+    cu = [0, 300, 364]
+    q, k, v = random_qkv(gen, cu[-1], 4, 80, dtype, True)
+    module, scale = _Attention(KERNEL), 80**-0.5
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    out, _ = fast_vision.varlen_vision_attention(module, q, k, v, None, scale, cu_seq_lens_q=cu_t)
+    assert excess(out[0], *reference(q, k, v, cu, scale), dtype) <= 1
+    assert excess(out[0], *reference(q, k, v, cu, scale, drop=150), dtype) > 1
 
 
 class _Refusing:
@@ -119,11 +139,11 @@ def test_other_dtypes_padded_float32_and_dropout_keep_the_torch_path() -> None:
     q, k, v = random_qkv(gen, 10, 2, 16, torch.float16, True)
     module = _Attention(_Refusing())
     out, _ = fast_vision.varlen_vision_attention(module, q, k, v, None, 0.25, cu_seq_lens_q=cu)
-    torch.testing.assert_close(out[0].double(), reference(q, k, v, [0, 3, 10], 0.25), atol=2e-3,
-                               rtol=2e-3)  # fmt: skip
+    torch.testing.assert_close(out[0].double(), reference(q, k, v, [0, 3, 10], 0.25)[0],
+                               atol=2e-3, rtol=2e-3)  # fmt: skip
     q, k, v = random_qkv(gen, 10, 2, 24, torch.float32, True)
     out, _ = fast_vision.varlen_vision_attention(module, q, k, v, None, 0.25, cu_seq_lens_q=cu)
-    want = reference(q, k, v, [0, 3, 10], 0.25)
+    want, _ = reference(q, k, v, [0, 3, 10], 0.25)
     torch.testing.assert_close(out[0].double(), want, atol=1e-5, rtol=1e-5)
     q, k, v = random_qkv(gen, 10, 2, 16, torch.float32, True)
     torch.manual_seed(0)
