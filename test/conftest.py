@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from hypothesis import settings
 from PIL import Image
 
 from sglang.srt import kernels
@@ -47,6 +48,18 @@ PREFIX_LM_FAMILIES = ("paligemma",)  # the whole prompt attends both ways
 needs_compiler = pytest.mark.skipif(
     kernels.compiler() is None, reason=f"no C++ compiler ({kernels.compiler_name()} not found)"
 )
+
+# Property tests run examples(n) examples: n in CI, NIGHTLY_FACTOR x n with
+# HYPOTHESIS_PROFILE=nightly (tests without their own count take the profile's).
+NIGHTLY_FACTOR = 10
+settings.register_profile("ci", deadline=None)
+settings.register_profile("nightly", deadline=None, max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(ci: int) -> int:
+    return ci * NIGHTLY_FACTOR if settings().max_examples >= 1000 else ci
+
 
 _MODEL_ROOT: Path | None = None
 

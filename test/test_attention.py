@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -42,7 +43,7 @@ requests = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(reqs=requests, window=st.sampled_from([None, 3, 8]), softcap=st.sampled_from([None, 5.0]))
 def test_backend_matches_naive_attention(reqs, window, softcap) -> None:
     torch.manual_seed(0)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,7 +46,7 @@ requests = st.lists(
 )
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     reqs=requests,
     heads=st.sampled_from([(4, 2), (4, 4), (6, 2)]),

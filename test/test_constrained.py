@@ -11,7 +11,7 @@ import time
 
 import jsonschema
 import pytest
-from conftest import hf_greedy, make_image, model_dir, placeholder
+from conftest import examples, hf_greedy, make_image, model_dir, placeholder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,7 +93,7 @@ json_schemas = st.recursive(_leaves, _containers, max_leaves=5)
 
 
 @settings(
-    max_examples=5,
+    max_examples=examples(15),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attention_bounds import excess
-from conftest import needs_compiler
+from conftest import examples, needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,7 +43,7 @@ def _reference(q, k_buf, v_buf, table, rows, lens, scale, window, softcap, drop=
 
 
 @needs_kernel
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     batch=st.integers(1, 5),
     kv_heads=st.integers(1, 3),
@@ -134,7 +134,7 @@ def test_engine_decodes_through_the_kernel(monkeypatch) -> None:
 
 
 @needs_kernel
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     rows=st.integers(1, 20),
     in_features=st.sampled_from([1, 31, 32, 33, 64, 200, 1536]),
@@ -194,7 +194,7 @@ def test_bf16_engine_routes_decode_linears_and_keeps_prefill_on_torch(monkeypatc
 
 
 @needs_kernel
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     rows=st.integers(200, 700),
     leading=st.sampled_from([(), (1,)]),
@@ -236,7 +236,7 @@ needs_quick_gelu = needs_compiler
 
 
 @needs_quick_gelu
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     shape=st.sampled_from([(1,), (17,), (3, 33), (64, 80), (2, 5, 48)]),
     scale=st.sampled_from([0.01, 1.0, 8.0, 100.0]),
@@ -286,7 +286,7 @@ needs_silu_and_mul = needs_compiler
 
 
 @needs_silu_and_mul
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     shape=st.sampled_from([(1,), (17,), (3, 33), (64, 80), (2, 5, 48)]),
     scale=st.sampled_from([0.01, 1.0, 8.0, 100.0]),

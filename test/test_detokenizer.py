@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 import pytest
-from conftest import model_dir
+from conftest import examples, model_dir
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
@@ -102,7 +102,7 @@ def _stream(detokenizer: IncrementalDetokenizer, groups: list[list[int]]) -> lis
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_streamed_deltas_add_up_to_the_whole_decode(family: str, data: Any) -> None:
     tok = _tokenizer(family)
@@ -126,7 +126,7 @@ def test_streamed_deltas_add_up_to_the_whole_decode(family: str, data: Any) -> N
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_stop_strings_are_held_back_and_trimmed(family: str, data: Any) -> None:
     tok = _tokenizer(family)

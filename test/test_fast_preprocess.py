@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import model_dir
+from conftest import examples, model_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -35,7 +35,7 @@ def _assert_bit_identical(processor, images: list[Image.Image]) -> None:
 
 
 @pytest.mark.parametrize("family", QWEN_FAMILIES)
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=examples(12), deadline=None)
 @given(
     width=st.integers(28, 700),
     height=st.integers(28, 700),

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 import transformers
-from conftest import make_image, model_dir, needs_compiler
+from conftest import examples, make_image, model_dir, needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,7 +145,7 @@ ROTARY = kernels.load("vision_rotary")
 
 
 @needs_compiler
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     tokens=st.integers(1, 40),
     heads=st.integers(1, 5),

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
-from conftest import hf_greedy, load_hf_model, make_image, model_dir, placeholder
+from conftest import examples, hf_greedy, load_hf_model, make_image, model_dir, placeholder
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -241,7 +241,7 @@ def test_paligemma_kv_is_reused_only_by_the_same_prompt() -> None:
 
 
 # Chunk planning never splits a bidirectional span -------------------------------------------------
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     spans=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 20)), max_size=4),
     start=st.integers(0, 80),

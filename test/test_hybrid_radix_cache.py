@@ -4,6 +4,7 @@ budget is LRU, node eviction frees snapshots, and slot accounting holds under ra
 from __future__ import annotations
 
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -104,7 +105,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(ops, st.integers(0, 4))
 def test_random_operations_keep_slot_accounting(operations, capacity) -> None:
     kv_pool, states, tree = _setup(capacity, kv=64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from conftest import ALL_VLM_FAMILIES, hf_greedy, make_image, model_dir, placeholder
+from conftest import ALL_VLM_FAMILIES, examples, hf_greedy, make_image, model_dir, placeholder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig
@@ -188,7 +188,7 @@ def _expansion_args(processor: MultimodalProcessor, family: str) -> tuple:
     return prompt, processor.hf_processor.image_token, replacements, True
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     texts=st.lists(
         st.lists(st.sampled_from([*"ab .,\n\t", "é", "日", "<|im_end|>", "<|vision_end|>"])).map(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -30,7 +31,7 @@ def packed_size(module: nn.Linear) -> int:
 
 
 @needs_mkldnn
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     rows=st.sampled_from([1, 3, 17, 64, 300]),
     features=st.sampled_from([(32, 16), (80, 200), (128, 384)]),
@@ -69,7 +70,7 @@ def test_only_plain_bfloat16_linears_are_packed() -> None:
 
 
 @needs_mkldnn
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     rows=st.sampled_from([1, 5, 16, 17, 40, 300]),
     leading=st.sampled_from([(), (1,)]),
@@ -161,7 +162,7 @@ needs_native_gemm = pytest.mark.skipif(
 
 
 @needs_native_gemm
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     rows=st.integers(1, 120),
     in_pairs=st.integers(1, 700),

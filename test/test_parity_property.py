@@ -5,7 +5,7 @@ sliding layers, per-layer KV shapes, shared KV) and PaliGemma (a prefix-LM)."""
 from __future__ import annotations
 
 import pytest
-from conftest import hf_greedy, make_image, model_dir, placeholder
+from conftest import examples, hf_greedy, make_image, model_dir, placeholder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +34,7 @@ layouts = st.lists(
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     layout=layouts,
     tail=st.lists(st.sampled_from(WORDS), min_size=1, max_size=5),

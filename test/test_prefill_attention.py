@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attention_bounds import excess
-from conftest import needs_compiler
+from conftest import examples, needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,7 +69,7 @@ def random_batch(gen, kv_heads, groups, dim, prefixes, q_lens, dtype):
 
 
 @needs_kernel
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     requests=st.integers(1, 3),
     kv_heads=st.integers(1, 4),

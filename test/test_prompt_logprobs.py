@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 import torch
-from conftest import _hf, make_image, model_dir, placeholder
+from conftest import _hf, examples, make_image, model_dir, placeholder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from server_utils import launch_server
@@ -142,7 +142,7 @@ def test_prompt_logprobs_survive_a_batch_rerun_one_by_one(monkeypatch) -> None:
     engine.scheduler.check_integrity()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     ids=st.lists(st.integers(3, 500), min_size=2, max_size=40),
     start_draw=st.integers(0, 10**6),

@@ -5,7 +5,7 @@ from a state snapshot of the conversation so far."""
 from __future__ import annotations
 
 import pytest
-from conftest import hf_greedy, make_image, model_dir
+from conftest import examples, hf_greedy, make_image, model_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +37,7 @@ turns = st.lists(
 )
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     turns=turns,
     chunk=st.sampled_from([5, 17, 64, -1]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,7 +54,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(ops)
 def test_random_operations_keep_invariants(operations) -> None:
     pool, tree = _setup(64)

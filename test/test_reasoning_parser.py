@@ -4,6 +4,7 @@ the output is cut."""
 from __future__ import annotations
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +37,7 @@ def test_prompt_opens_reasoning() -> None:
 words = st.lists(st.sampled_from(["a", "b c", "\n", " ", "<", "/", "think", ">", "x"]), max_size=8)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     reasoning=words,
     answer=words,

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import make_image, model_dir, placeholder
+from conftest import examples, make_image, model_dir, placeholder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -110,7 +110,7 @@ def _request(draw: st.DrawFn, rid: str) -> tuple[TokenizedRequest, bool]:
 
 
 @settings(
-    max_examples=30,
+    max_examples=examples(30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

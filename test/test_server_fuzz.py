@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import model_dir
+from conftest import examples, model_dir
 from hypothesis import HealthCheck, given, settings
 from server_utils import launch_server
 
@@ -25,7 +25,10 @@ def test_no_server_errors_under_fuzzing(fuzz_server):
             continue
 
         @settings(
-            max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=examples(20),
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
         )
         def run(case) -> None:
             if isinstance(case.body, dict):

@@ -7,7 +7,7 @@ import functools
 import re
 
 import pytest
-from conftest import model_dir
+from conftest import examples, model_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -59,7 +59,7 @@ def _first_stop_tail(tok, ids, stops, skip, special) -> tuple[int, str] | None:
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "llama"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_tail_check_stops_where_the_whole_text_check_does(family: str, data) -> None:
     tok = _tokenizer(family)
@@ -145,7 +145,7 @@ def _first_regex_full(tok, ids, patterns, skip) -> tuple[int, str] | None:
     return None
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_tail_regex_check_stops_where_the_whole_text_check_does(data) -> None:
     tok = _tokenizer("qwen2_5_vl")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,7 +56,7 @@ _pieces = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(pieces=st.lists(_pieces, max_size=6), cuts=st.lists(st.integers(0, 400), max_size=8))
 def test_stream_parse_equals_whole_parse(pieces: list[str], cuts: list[int]) -> None:
     text = "".join(pieces)

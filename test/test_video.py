@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import hf_greedy, make_image, model_dir
+from conftest import examples, hf_greedy, make_image, model_dir
 from fixtures.video_reference import CASES as VIDEO_CASES
 from fixtures.video_reference import case_id, describe
 from fixtures.video_reference import clip as reference_clip
@@ -257,7 +257,7 @@ def test_group_encoding_equals_whole(family: str) -> None:
         )
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 9), min_size=1, max_size=5),
     gaps=st.lists(st.integers(0, 4), min_size=5, max_size=5),
@@ -334,7 +334,7 @@ def test_whole_video_mode_matches_hf_and_encodes_at_once() -> None:
     engine.scheduler.check_integrity()
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     chunk=st.integers(2, 40),
     frames=st.integers(2, 9),

@@ -15,7 +15,7 @@ import threading
 import httpx
 import numpy as np
 import pytest
-from conftest import model_dir
+from conftest import examples, model_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_utils import launch_server
@@ -203,7 +203,7 @@ def test_malformed_video_is_a_value_error(name: str) -> None:
     assert not re.search(r"0x[0-9a-fA-F]{6,}", str(info.value))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8),
     cut=st.floats(0.05, 1.0),

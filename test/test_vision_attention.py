@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attention_bounds import excess
-from conftest import needs_compiler
+from conftest import examples, needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,7 +61,7 @@ def random_qkv(gen, tokens: int, heads: int, dim: int, dtype, token_major: bool)
 
 
 @needs_kernel
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     lengths=st.lists(
         st.one_of(st.integers(1, 300), st.just(64), st.just(0)), min_size=1, max_size=5
@@ -90,7 +90,7 @@ def test_kernel_matches_float64_attention_within_segments(
 
 
 @needs_kernel
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(
     length=st.integers(1, 300),
     dim=st.sampled_from([64, 80]),

@@ -8,7 +8,7 @@ import functools
 from collections import Counter
 
 import torch
-from conftest import make_image, model_dir, placeholder
+from conftest import examples, make_image, model_dir, placeholder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -53,7 +53,7 @@ def _reference(req: Req) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return embeds, extras
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     layout=st.lists(
         st.tuples(st.integers(0, 6), st.integers(0, len(SIZES) - 1)), min_size=1, max_size=4
