@@ -56,22 +56,14 @@ def benchmark_rounds(path: Path) -> dict[str, Any] | None:
     return out
 
 
+ROUND_FIELDS = ("ttft_ms", "encoder_ms", "encoded_items", "encoder_calls", "vision_ms", "lm_ms",
+                "prompt_tokens", "cached_tokens", "gc_ms")  # fmt: skip
+
+
 def _runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per run, each field of ``ROUND_FIELDS`` as a list over the rounds."""
     return {
-        run["label"]: {
-            key: [r.get(field) for r in run["rounds"]]
-            for key, field in (
-                ("ttft_ms", "ttft_ms"),
-                ("encoder_ms", "encoder_ms"),
-                ("encoded_items", "encoded_items"),
-                ("encoder_calls", "encoder_calls"),
-                ("vision_ms", "vision_ms"),
-                ("lm_ms", "lm_ms"),
-                ("prompt_tokens", "prompt_tokens"),
-                ("cached_tokens", "cached_tokens"),
-                ("gc_ms", "gc_ms"),
-            )
-        }
+        run["label"]: {field: [r.get(field) for r in run["rounds"]] for field in ROUND_FIELDS}
         for run in runs
     }
 

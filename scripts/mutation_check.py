@@ -50,7 +50,8 @@ MUTATIONS = [
         (
             (
                 "chunks = self._get_chunked_embedding_by_item(reqs, prefix_lens, extend_lens)\n",
-                "chunks = self._get_chunked_embedding_by_item(reqs, prefix_lens, extend_lens)[:-1]\n",
+                "chunks = self._get_chunked_embedding_by_item(reqs, prefix_lens, extend_lens)"
+                "[:-1]\n",
             ),
         ),
         ("test/test_parity.py", "-k", "chunk_sizes"),

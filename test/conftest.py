@@ -49,16 +49,24 @@ needs_compiler = pytest.mark.skipif(
     kernels.compiler() is None, reason=f"no C++ compiler ({kernels.compiler_name()} not found)"
 )
 
+# The native GEMM serves CPUs with AVX512-BF16 and no AMX, where a compiler builds it.
+NATIVE_GEMM_EXPECTED = (
+    kernels.expected_isa("gemm_bf16") == "avx512_bf16"
+    and "amx_bf16" not in kernels.cpu_flags()
+    and kernels.compiler() is not None
+)
+
 # Property tests run examples(n) examples: n in CI, NIGHTLY_FACTOR x n with
 # HYPOTHESIS_PROFILE=nightly (tests without their own count take the profile's).
+NIGHTLY = os.environ.get("HYPOTHESIS_PROFILE") == "nightly"
 NIGHTLY_FACTOR = 10
 settings.register_profile("ci", deadline=None)
 settings.register_profile("nightly", deadline=None, max_examples=1000)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile("nightly" if NIGHTLY else "ci")
 
 
 def examples(ci: int) -> int:
-    return ci * NIGHTLY_FACTOR if settings().max_examples >= 1000 else ci
+    return ci * NIGHTLY_FACTOR if NIGHTLY else ci
 
 
 _MODEL_ROOT: Path | None = None

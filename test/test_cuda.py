@@ -319,6 +319,9 @@ def test_only_cache_misses_move_to_the_gpu(monkeypatch) -> None:
 
 
 # Vision attention on flash ---------------------------------------------------------------------
+_original_flash = fast_vision._segments_on_flash
+
+
 @pytest.mark.parametrize("dim", [80, 72])  # Qwen2.5-VL's and Qwen3-VL's head dims
 def test_vision_attention_on_flash_matches_float32_segments(dim: int, monkeypatch) -> None:
     lengths = [64, 64, 100, 7, 256, 1]
@@ -351,9 +354,6 @@ def test_vision_attention_on_flash_matches_float32_segments(dim: int, monkeypatc
     sdpa_err = (sdpa.float() - reference).abs().max().item()
     REPORT.setdefault("vision_flash", {})[dim] = {"flash_err": flash_err, "sdpa_err": sdpa_err}
     assert flash_err <= 2 * sdpa_err + 1e-3
-
-
-_original_flash = fast_vision._segments_on_flash
 
 
 # Sampling on device logits ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from conftest import model_dir, needs_compiler
+from conftest import NATIVE_GEMM_EXPECTED, model_dir, needs_compiler
 
 import sglang
 from sglang.srt import kernels
@@ -64,9 +64,7 @@ def test_a_bfloat16_engine_runs_on_the_kernels() -> None:
     lm = list(runner.adapter.language_model.modules())
     assert any(getattr(m, "_decode_kernel", None) is not None for m in lm)
     assert any(hasattr(m, "_silu_and_mul") for m in lm)
-    flags = kernels.cpu_flags()
-    native_gemm = "avx512_bf16" in flags and "amx_bf16" not in flags
     packed = [m for m in runner.model.modules() if hasattr(m, "packed_weight")]
-    assert packed and all((m.packed_gemm is not None) == native_gemm for m in packed)
-    assert (packed_linear.native_gemm() is not None) == native_gemm
+    assert packed and all((m.packed_gemm is not None) == NATIVE_GEMM_EXPECTED for m in packed)
+    assert (packed_linear.native_gemm() is not None) == NATIVE_GEMM_EXPECTED
     engine.shutdown()

@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import examples
+from conftest import NATIVE_GEMM_EXPECTED, examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from sglang.srt import kernels
 from sglang.srt.layers import packed_linear
 
 needs_mkldnn = pytest.mark.skipif(not packed_linear.available(), reason="no oneDNN in this torch")
-# The native GEMM serves CPUs with AVX512-BF16 and no AMX, where a compiler builds it.
-NATIVE_GEMM_EXPECTED = (
-    kernels.expected_isa("gemm_bf16") == "avx512_bf16"
-    and "amx_bf16" not in kernels.cpu_flags()
-    and kernels.compiler() is not None
-)
 
 
 def packed_size(module: nn.Linear) -> int:

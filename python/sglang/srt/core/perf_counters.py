@@ -62,20 +62,25 @@ def causal_attention_flops(heads: int, dim: int, keys_seen: float) -> float:
     return 4.0 * heads * dim * keys_seen
 
 
+def wait_for_device(device: torch.device | str) -> None:
+    """Wait until ``device`` has run the work queued on it, before a clock is read: CUDA runs
+    kernels asynchronously, so a host clock alone measures their launches."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def instrument_vision(tower: nn.Module, counters: PerfCounters) -> None:
-    """Time ``tower``'s forward and count the FLOPs of its linear and patch-projection layers.
-    On CUDA the clock is read after the device finishes (kernels run asynchronously)."""
+    """Time ``tower``'s forward and count the FLOPs of its linear and patch-projection layers
+    (the clock is read once the device is done)."""
     started: list[float] = []
-    on_cuda = next(tower.parameters()).device.type == "cuda"
+    device = next(tower.parameters()).device
 
     def before(module: nn.Module, args: Any) -> None:
-        if on_cuda:
-            torch.cuda.synchronize()
+        wait_for_device(device)
         started.append(time.perf_counter())
 
     def after(module: nn.Module, args: Any, output: Any) -> None:
-        if on_cuda:
-            torch.cuda.synchronize()
+        wait_for_device(device)
         counters.vision_seconds += time.perf_counter() - started.pop()
         counters.vision_calls += 1
 

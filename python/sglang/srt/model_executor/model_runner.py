@@ -11,7 +11,7 @@ import transformers
 from transformers import AutoConfig
 
 from sglang.srt.core.forward_batch import ForwardBatch, PromptLogprobs
-from sglang.srt.core.perf_counters import PerfCounters, instrument_vision
+from sglang.srt.core.perf_counters import PerfCounters, instrument_vision, wait_for_device
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
 from sglang.srt.layers import decode_linear, native_activation, packed_linear
 from sglang.srt.layers.attention import create_attention_backend
@@ -259,8 +259,7 @@ class ModelRunner:
         started = time.perf_counter()
         self._head_rows = 0
         logits = self._forward(batch)
-        if self.device.startswith("cuda"):  # the clock, not the logits, needs the device done
-            torch.cuda.synchronize()
+        wait_for_device(self.device)  # the clock, not the logits, needs the device done
         perf, elapsed = self.perf, time.perf_counter() - started
         if batch.is_decode:
             kv_tokens = sum(batch.prefix_lens) + batch.size

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from sglang.srt.core.perf_counters import wait_for_device
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
 from sglang.srt.models.adapters.base import context_key
 from sglang.srt.multimodal.frame_groups import frame_groups
@@ -271,8 +272,7 @@ class MultimodalEmbedder:
         for item in items:
             if item.modality == "video":
                 item.features = None  # remade from the frames if the embedding is ever missing
-        if torch.device(self.device).type == "cuda":  # the encoder's time, not its launch's
-            torch.cuda.synchronize()
+        wait_for_device(self.device)  # the encoder's time, not its launches'
         elapsed = time.perf_counter() - start
         tokens = sum(item.num_tokens for item in items)
         self.stats.encoder_calls += 1
