@@ -227,8 +227,8 @@ _FAMILY = {  # model_type -> (config class, processor class, architecture)
 
 
 def _write_processor_files(out: Path, tok: Any, processor_class: str) -> None:
-    from sglang.testing.tiny.common import patch_json, qwen_generation, qwen_preprocessor
-    from sglang.testing.tiny.common import write_json as write_config_json
+    from sglang.tiny_models.common import patch_json, qwen_generation, qwen_preprocessor
+    from sglang.tiny_models.common import write_json as write_config_json
 
     tok.save_pretrained(out)
     patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
@@ -261,8 +261,8 @@ def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
     import torch
     import transformers
 
-    from sglang.testing.tiny import build_tokenizer
-    from sglang.testing.tiny.common import patch_json, qwen_ids
+    from sglang.tiny_models import build_tokenizer
+    from sglang.tiny_models.common import patch_json, qwen_ids
 
     config_class, processor_class, architecture = _FAMILY[dims["model_type"]]
     tok = build_tokenizer("qwen2_5_vl")

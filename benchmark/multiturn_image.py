@@ -347,7 +347,7 @@ def plot(runs: list[dict[str, Any]], resolutions: list[str], path: Path) -> None
 
 
 def default_model(size: str, family: str | None = None) -> str:
-    from sglang.testing.tiny import DEFAULT_FAMILY, tiny_model_path
+    from sglang.tiny_models import DEFAULT_FAMILY, tiny_model_path
 
     return str(tiny_model_path(family or DEFAULT_FAMILY, size=size))
 

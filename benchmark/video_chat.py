@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from benchmark.common import chat, cpu_info, cpu_line, markdown_table, pyplot, write_json
 from benchmark.servers import launch
-from sglang.testing.tiny import tiny_model_path
 from sglang.testing.video_clips import encode_clip, random_frames
+from sglang.tiny_models import tiny_model_path
 
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 QUESTIONS = [

@@ -32,7 +32,7 @@ from benchmark.common import (
     pyplot,
     write_json,
 )
-from sglang.testing.tiny import (
+from sglang.tiny_models import (
     DEFAULT_FAMILY,
     IMAGE_PLACEHOLDER,
     SMALL_FAMILIES,

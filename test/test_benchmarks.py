@@ -99,7 +99,7 @@ def test_synthetic_set_format(tmp_path: Path) -> None:
 # Smoke runs (tiny model, tiny settings) ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from sglang.testing.tiny import build_tiny_model
+    from sglang.tiny_models import build_tiny_model
 
     return str(build_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("bench") / "qwen2_5_vl"))
 
@@ -185,7 +185,7 @@ def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path, interleave: bool
 def test_multiturn_image_smoke_on_qwen3_5(tmp_path: Path) -> None:
     """The hybrid model resumes every later round from a state snapshot; thinking off."""
     from benchmark.multiturn_image import main
-    from sglang.testing.tiny import build_tiny_model
+    from sglang.tiny_models import build_tiny_model
 
     model = build_tiny_model("qwen3_5", tmp_path / "qwen3_5")
     out = tmp_path / "mt35"

@@ -9,6 +9,8 @@ message; without it, the kernel tests still fail (they skip only where no compil
 from __future__ import annotations
 
 import functools
+import logging
+from pathlib import Path
 
 import pytest
 from conftest import NATIVE_GEMM_EXPECTED, model_dir, needs_compiler
@@ -36,6 +38,35 @@ def test_a_failing_build_raises_where_kernels_are_required(tmp_path, monkeypatch
         kernels.load("quick_gelu")
     monkeypatch.setenv(kernels.REQUIRE_ENV, "0")
     assert kernels.load("quick_gelu") is None  # not required: callers keep their torch path
+
+
+def test_a_first_build_says_so_before_and_after(tmp_path, monkeypatch, caplog) -> None:
+    """A first run must not look like a hang: one line before the compiler starts (what, for
+    which ISA, roughly how long, where it is cached) and one when done; a cached kernel
+    is silent."""
+    import torch.utils.cpp_extension
+
+    compiles: list[list[str]] = []
+
+    def fake_build(name: str, build_directory: str, **_: object) -> object:
+        compiles.append([r.getMessage() for r in caplog.records])
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+        return object()
+
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_build)
+    monkeypatch.setattr(kernels, "_build", functools.cache(kernels._build.__wrapped__))
+    caplog.set_level(logging.INFO, logger=kernels.__name__)
+    kernels.load("quick_gelu")
+    (before,) = compiles[0]
+    assert before.startswith("building native CPU kernel quick_gelu")
+    assert kernels.expected_isa("quick_gelu") in before and str(tmp_path / "kernels") in before
+    assert caplog.records[-1].getMessage().startswith("built native CPU kernel quick_gelu in ")
+
+    caplog.clear()
+    monkeypatch.setattr(kernels, "_build", functools.cache(kernels._build.__wrapped__))
+    kernels.load("quick_gelu")
+    assert len(compiles) == 2 and caplog.records == []
 
 
 def test_the_expected_isa_follows_the_cpu_flags(monkeypatch) -> None:

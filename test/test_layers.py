@@ -12,7 +12,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "python" / "sglang"
 
 # Longest prefix wins. Equal ranks may import each other; a module imports only its rank or lower.
 LAYERS: dict[str, int] = {
-    "sglang.testing.tiny": 0,  # leaf: builds checkpoints with transformers only
+    "sglang.tiny_models": 0,  # leaf: builds checkpoints with transformers only
     "sglang.srt.kernels": 0,
     "sglang.srt.sampling": 0,
     "sglang.srt.constrained": 0,
@@ -110,7 +110,21 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("module", "rank"),
-    [("sglang.srt.core.req", 1), ("sglang.testing.tiny.common", 0), ("sglang.testing.x", 7)],
+    [("sglang.srt.core.req", 1), ("sglang.tiny_models.common", 0), ("sglang.testing.x", 7)],
 )
 def test_longest_prefix_decides(module: str, rank: int) -> None:
     assert layer_of(module) == rank
+
+
+def test_the_engine_never_imports_test_helpers() -> None:
+    """``sglang.testing`` is for tests only: nothing a server runs (``srt``, the launcher, the
+    tiny-model builders behind the default model) imports it."""
+    offenders = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        name = module_name(path, PACKAGE_ROOT)
+        if name.startswith("sglang.testing"):
+            continue
+        for line, target in imported_modules(path, name, PACKAGE_ROOT):
+            if target == "sglang.testing" or target.startswith("sglang.testing."):
+                offenders.append(f"{name}:{line} imports {target}")
+    assert offenders == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -12,17 +13,17 @@ import torch
 import transformers
 from PIL import Image
 
+import sglang.tiny_models as tiny
 from sglang.srt.entrypoints.default_model import default_model_path
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.testing import tiny
-from sglang.testing.tiny import (
+from sglang.tiny_models import (
     FAMILIES,
     IMAGE_PLACEHOLDER,
     IMAGE_TOKEN,
     build_tiny_model,
     tiny_model_path,
 )
-from sglang.testing.tiny import build as tiny_build
+from sglang.tiny_models import build as tiny_build
 
 TEXT_ONLY = tuple(f for f in FAMILIES if f not in IMAGE_PLACEHOLDER)
 # Placeholder tokens per image for a 64x64 and a 96x128 (h x w) image; pins the tiny recipes.
@@ -142,9 +143,16 @@ def test_published_layout_chat_template_json(tmp_path: Path) -> None:
     assert type(processor).__name__ == "Qwen2_5_VLProcessor"
 
 
-def test_default_model_path_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_model_path_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.INFO, logger=tiny_build.__name__)
     first = default_model_path()
+    before, after = (r.getMessage() for r in caplog.records)  # a first run says what it builds
+    assert before.startswith("building the tiny qwen2_5_vl checkpoint") and str(first) in before
+    assert after.startswith(f"built {first.name} in ")
+    caplog.clear()
     assert first.parent == tmp_path / "tiny-models"
     assert first.name == f"qwen2_5_vl-v{tiny.RECIPE_VERSION}"
     mtime = (first / "model.safetensors").stat().st_mtime_ns
@@ -152,7 +160,7 @@ def test_default_model_path_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(tiny_build, "build_tiny_model", lambda *a, **k: calls.append("x"))
     assert default_model_path() == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
-    assert not calls
+    assert not calls and caplog.records == []
 
 
 def test_concurrent_cache_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,15 +18,27 @@ from sglang.srt.multimodal.media_fetch import FetchPolicy
 @dataclass(frozen=True)
 class ServerArgs(EngineConfig):
     # Model
-    served_model_name: str | None = None
-    chat_template: str | None = None
+    served_model_name: str | None = field(
+        default=None,
+        metadata={"help": "Model name in API responses and /v1/models (default: the model path)."},
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "A Jinja chat template, inline or a .jinja file (default: the model's own)."
+        },
+    )
     enable_multimodal: bool | None = field(
         default=None, metadata={"help": "Serve images (on by default for VLM folders)."}
     )
 
     # Memory and scheduling
-    max_prefill_tokens: int = 16384
-    schedule_policy: str = "fcfs"
+    max_prefill_tokens: int = field(
+        default=16384, metadata={"help": "Most prompt tokens one prefill batch takes."}
+    )
+    schedule_policy: str = field(
+        default="fcfs", metadata={"help": "Waiting-queue order: fcfs (the only one implemented)."}
+    )
     enable_mixed_chunk: bool = field(
         default=False,
         metadata={
@@ -34,7 +46,13 @@ class ServerArgs(EngineConfig):
             "chunk instead of waiting for it (not for linear-attention models)."
         },
     )
-    random_seed: int | None = None
+    random_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": "Seed torch's generator at start-up (sampling with a per-request seed is "
+            "reproducible regardless)."
+        },
+    )
     watchdog_timeout: float = field(
         default=300.0,
         metadata={
@@ -79,14 +97,38 @@ class ServerArgs(EngineConfig):
     )
 
     # HTTP server
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: str | None = None
-    enable_metrics: bool = False
-    enable_cache_report: bool = False
-    log_level: str = "info"
-    allowed_local_media_path: str | None = None
-    media_url_max_file_size_mb: int = 20
+    host: str = field(default="127.0.0.1", metadata={"help": "Address the HTTP server listens on."})
+    port: int = field(default=30000, metadata={"help": "Port the HTTP server listens on."})
+    api_key: str | None = field(
+        default=None,
+        metadata={
+            "help": "Require 'Authorization: Bearer KEY' on every API route (not on /health, "
+            "/metrics or the chat page itself)."
+        },
+    )
+    enable_metrics: bool = field(
+        default=False, metadata={"help": "Serve Prometheus metrics at /metrics."}
+    )
+    enable_cache_report: bool = field(
+        default=False,
+        metadata={
+            "help": "Report prompt tokens served from the prefix cache in "
+            "usage.prompt_tokens_details.cached_tokens."
+        },
+    )
+    log_level: str = field(
+        default="info", metadata={"help": "Logging level: debug, info, warning, error."}
+    )
+    allowed_local_media_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder under which local image and video paths (file:// or plain) may be "
+            "read; none by default."
+        },
+    )
+    media_url_max_file_size_mb: int = field(
+        default=20, metadata={"help": "Largest image or video download in MB."}
+    )
     media_url_timeout: float = field(
         default=10.0, metadata={"help": "Deadline in seconds for a whole image download."}
     )

@@ -1,7 +1,7 @@
 """The model served when no model path is given: a tiny random Qwen2.5-VL.
 
 It is built locally on first use (a byte-level BPE tokenizer trained on a small corpus and seeded
-random float32 weights, no model hub or network) by ``sglang.testing.tiny``, and cached under
+random float32 weights, no model hub or network) by ``sglang.tiny_models``, and cached under
 ``$SGLANG_CACHE_DIR/tiny-models``. Its answers are meaningless; it exists so that the engine and
 the server start, and can be tried end to end, offline.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sglang.testing.tiny import DEFAULT_FAMILY, tiny_model_path
+from sglang.tiny_models import DEFAULT_FAMILY, tiny_model_path
 
 
 def default_model_path() -> Path:

@@ -31,6 +31,11 @@ logger = logging.getLogger(__name__)
 
 class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        # As SGLang's Engine: log at ``log_level`` unless the application configured logging.
+        logging.basicConfig(
+            level=str(kwargs.get("log_level", "info")).upper(),
+            format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+        )
         model_path = resolve_model_path(model_path)
         self.server_args = ServerArgs(model_path=model_path, **kwargs)
         args = self.server_args

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -101,7 +102,17 @@ def _build(name: str) -> ModuleType | None:
 
         directory = _build_dir(name, source)
         directory.mkdir(parents=True, exist_ok=True)
-        return build(
+        fresh = not (directory / f"sglang_{name}.so").is_file()
+        if fresh:
+            logger.info(
+                "building native CPU kernel %s for this CPU (%s): first use only, about 20 s; "
+                "cached in %s",
+                name,
+                expected_isa(name),
+                directory,
+            )
+        start = time.perf_counter()
+        module = build(
             name=f"sglang_{name}",
             sources=[str(source)],
             build_directory=str(directory),
@@ -109,6 +120,9 @@ def _build(name: str) -> ModuleType | None:
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )
+        if fresh:
+            logger.info("built native CPU kernel %s in %.1f s", name, time.perf_counter() - start)
+        return module
     except Exception as exc:  # no compiler, no ninja, a failed build: the torch path stays
         if _required():
             raise RuntimeError(f"native CPU kernel {name} failed to build: {exc}") from exc

@@ -38,8 +38,17 @@ class EngineConfig:
     device: str | None = field(
         default=None, metadata={"help": "cpu or cuda (default: cuda if any)."}
     )
-    context_length: int | None = None
-    trust_remote_code: bool = False
+    context_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest prompt + output in tokens "
+            "(default: the model's max_position_embeddings)."
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow a model folder's own Python code (auto_map) to run."},
+    )
     torchao_config: str = field(
         default="",
         metadata={
@@ -65,11 +74,16 @@ class EngineConfig:
     max_total_tokens: int | None = field(
         default=None, metadata={"help": "KV cache size in tokens (overrides the memory fraction)."}
     )
-    max_running_requests: int | None = None
+    max_running_requests: int | None = field(
+        default=None,
+        metadata={"help": "Requests decoding at once (default: from the KV pool size, 8 to 256)."},
+    )
     chunked_prefill_size: int | None = field(
         default=None, metadata={"help": "Tokens per prefill chunk; -1 disables chunking."}
     )
-    disable_radix_cache: bool = False
+    disable_radix_cache: bool = field(
+        default=False, metadata={"help": "Turn off the prefix (radix) cache of KV entries."}
+    )
     cpu_packed_lm_weights: str = field(
         default="auto",
         metadata={
@@ -100,7 +114,10 @@ class EngineConfig:
             + " (default torch_native)."
         },
     )
-    mm_attention_backend: str = "sdpa"
+    mm_attention_backend: str = field(
+        default="sdpa",
+        metadata={"help": "Vision tower attention: sdpa (the only one implemented)."},
+    )
     enable_torch_compile: bool = field(
         default=False,
         metadata={"help": "Compile the Qwen-VL vision blocks (minutes of start-up per shape)."},
@@ -113,7 +130,13 @@ class EngineConfig:
     mm_embedding_cache_mb: int | None = field(
         default=None, metadata={"help": "Embedding cache budget (env SGLANG_VLM_CACHE_SIZE_MB)."}
     )
-    mm_encoder_token_budget: int | None = None
+    mm_encoder_token_budget: int | None = field(
+        default=None,
+        metadata={
+            "help": "Most vision tokens one encoder call takes "
+            "(default: the prefill chunk size, at least 1024)."
+        },
+    )
     mm_video_cache: str = field(
         default="per-group",
         metadata={
