@@ -356,3 +356,48 @@ def test_base64_images_still_work(server):
     data = "data:image/jpeg;base64," + base64.b64encode(_jpeg(3)).decode()
     resp = _post(url, "/v1/chat/completions", _chat([_image_part(data)]))
     assert resp.status_code == 200, resp.text
+
+
+def _raw_status(url: str, head: bytes, pieces: int = 1) -> int:
+    """The status code the server answers to ``head`` sent raw, in ``pieces`` writes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        step = -(-len(head) // pieces)
+        for start in range(0, len(head), step):
+            try:
+                client.sendall(head[start : start + step])
+            except (BrokenPipeError, ConnectionResetError):  # answered and closed mid-head
+                break
+            time.sleep(0.05 if pieces > 1 else 0)
+        reply = client.recv(65536)
+    return int(reply.split(b" ", 2)[1])
+
+
+def _head(target: str = "/health", headers: list[tuple[str, str]] = ()) -> bytes:
+    lines = [f"GET {target} HTTP/1.1", "Host: x", *(f"{k}: {v}" for k, v in headers)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+@pytest.mark.parametrize(
+    ("name", "head", "status"),
+    [
+        ("2000 headers in one read", _head(headers=[(f"x-{i}", "y") for i in range(2000)]), 431),
+        ("101 headers", _head(headers=[(f"x-{i}", "y") for i in range(100)]), 431),
+        ("one 9 KiB header", _head(headers=[("x-big", "y" * 9 * 1024)]), 431),
+        ("40 KiB over 8 headers", _head(headers=[(f"x-{i}", "y" * 5000) for i in range(8)]), 431),
+        ("a 9 KiB path", _head(target="/health?" + "q" * 9 * 1024), 414),
+        ("99 headers and 1 Host", _head(headers=[(f"x-{i}", "y") for i in range(99)]), 200),
+    ],
+)
+def test_request_heads_are_bounded(server, name, head, status):
+    url, _ = server
+    assert _raw_status(url, head) == status, name
+    _assert_healthy(url)
+
+
+def test_a_head_arriving_in_pieces_is_bounded_too(server):
+    """h11 buffers a head that arrives in several reads only up to its limit: 400 past it."""
+    url, _ = server
+    head = _head(headers=[(f"x-{i}", "y" * 4000) for i in range(30)])  # 120 KB in 6 writes
+    assert _raw_status(url, head, pieces=6) in (400, 431)
+    _assert_healthy(url)

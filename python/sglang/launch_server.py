@@ -16,6 +16,7 @@ import uuid
 import uvicorn
 
 from sglang.srt.entrypoints.default_model import resolve_model_path
+from sglang.srt.entrypoints.middleware import MAX_HEADER_BYTES, MAX_TARGET_BYTES
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger("sglang.launch_server")
@@ -100,6 +101,10 @@ def _serve(args: ServerArgs, model_path: str, ready, addrs: tuple[str, str], pro
         port=args.port,
         log_level=args.log_level,
         timeout_keep_alive=5,
+        # h11 (not httptools, should it be installed): a head arriving in several reads is
+        # refused past this size; one that arrives whole meets HeaderLimitMiddleware.
+        http="h11",
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES + MAX_TARGET_BYTES,
         timeout_graceful_shutdown=FATAL_GRACE_S,
     )
     server = uvicorn.Server(config)

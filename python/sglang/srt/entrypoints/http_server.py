@@ -18,7 +18,11 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
 from sglang.srt.entrypoints.http_utils import error_response, first_error
-from sglang.srt.entrypoints.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from sglang.srt.entrypoints.middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    HeaderLimitMiddleware,
+)
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.serving_generate import GenerateHandler
@@ -43,10 +47,12 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     app = FastAPI(
         title="sglang-vitcache", version="0.1.0", lifespan=_lifespan(manager, args, warm_up)
     )
-    # The last added is the outermost: the API key is checked before any body is read.
+    # The last added is the outermost: the head's limits, then the API key, are checked before
+    # any body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_body_mb * 2**20)
     if args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=args.api_key, open_paths=OPEN_PATHS)
+    app.add_middleware(HeaderLimitMiddleware)
     _add_exception_handlers(app)
     _add_info_routes(app, manager, args)
     handlers: dict[str, tuple[str, BodyHandler]] = {

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: API key and request-body limit.
+"""Pure ASGI middleware: header limits, API key and request-body limit.
 
 Pure ASGI (not Starlette's ``BaseHTTPMiddleware``) so that endpoints keep the server's own
 ``receive`` channel and ``request.is_disconnected()`` sees a client that went away.
@@ -35,8 +35,48 @@ async def send_error(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+# The request's head, bounded as llama-server (cpp-httplib: 100 headers) and nginx (8 KiB per
+# line, 32 KiB in all) bound theirs. h11 bounds only a head that arrives in several reads.
+MAX_HEADER_COUNT = 100
+MAX_HEADER_LINE_BYTES = 8 * 1024
+MAX_HEADER_BYTES = 32 * 1024
+MAX_TARGET_BYTES = 8 * 1024
+
+
 def _header(scope: Scope, name: bytes) -> bytes | None:
     return next((v for k, v in scope.get("headers", ()) if k.lower() == name), None)
+
+
+class HeaderLimitMiddleware:
+    """Heads over the limits are answered before anything else runs: 431 for too many or too
+    large headers, 414 for a request target (path and query) over ``MAX_TARGET_BYTES``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = head_refusal(scope)
+            if refusal is not None:
+                await send_error(send, *refusal)
+                return
+        await self.app(scope, receive, send)
+
+
+def head_refusal(scope: Scope) -> tuple[int, str] | None:
+    """(status, message) where the request's head breaks a limit, else None."""
+    headers = scope.get("headers", ())
+    if len(headers) > MAX_HEADER_COUNT:
+        return 431, f"{len(headers)} request headers; at most {MAX_HEADER_COUNT} are accepted"
+    lines = [len(name) + len(value) + 4 for name, value in headers]  # "name: value\r\n"
+    if max(lines, default=0) > MAX_HEADER_LINE_BYTES:
+        return 431, f"a request header is longer than {MAX_HEADER_LINE_BYTES} bytes"
+    if sum(lines) > MAX_HEADER_BYTES:
+        return 431, f"request headers take more than {MAX_HEADER_BYTES} bytes"
+    target = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    if target > MAX_TARGET_BYTES:
+        return 414, f"request target longer than {MAX_TARGET_BYTES} bytes"
+    return None
 
 
 class ApiKeyMiddleware:
