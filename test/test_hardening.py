@@ -261,7 +261,9 @@ def test_huge_prompt_is_rejected_before_tokenization(server):
 
 
 def test_body_over_the_limit_is_413_before_parsing():
-    with launch_server(model_dir("qwen2"), "--max-request-body-mb", "1") as (url, _):
+    flags = ("--max-request-body-mb", "1", "--disable-chat-page")
+    with launch_server(model_dir("qwen2"), *flags) as (url, _):
+        assert httpx.get(f"{url}/").status_code == 404  # --disable-chat-page (same server)
         big = json.dumps({"text": "x" * (2 * 2**20)}).encode()
         resp = httpx.post(f"{url}/generate", content=big)
         _assert_error(resp, 413, "larger than 1 MB")

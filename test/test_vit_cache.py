@@ -147,6 +147,35 @@ def test_multiturn_chat_encodes_one_new_image_per_turn() -> None:
     assert texts["per-image"] == texts["combined"]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_each_reply_says_where_its_images_came_from(mode: str) -> None:
+    """meta_info["mm_items"] names, per image, the encoder, the embedding cache or the prefix
+    cache; checked against the encoder calls each request really made."""
+    engine, rec = _engine(mode, chunked_prefill_size=20)  # chunks cut through the images
+    a, b, c = make_image(95), make_image(96), make_image(97)
+    turns = [
+        (f"One {PH} two {PH} end", [a, b]),
+        (f"Other text {PH} then {PH} end", [a, c]),  # new text first: no KV prefix for a
+        (f"One {PH} two {PH} end", [a, b]),  # the first prompt again: its KV is cached
+    ]
+    reported = []
+    for prompt, images in turns:
+        calls_before = len(rec.calls)
+        out = engine.generate(prompt, GREEDY, image_data=images)
+        sources = [item["source"] for item in out["meta_info"]["mm_items"]]
+        encoded_now = {h for call in rec.calls[calls_before:] for h in call}
+        hashes = [item.hash for item in _items(engine, prompt, images)]
+        assert [h in encoded_now for h in hashes] == [s == "encoded" for s in sources]
+        assert [item["tokens"] for item in out["meta_info"]["mm_items"]] == [25, 25]
+        reported.append(sources)
+    second = {
+        "per-image": ["embedding_cache", "encoded"],
+        "combined": ["encoded", "encoded"],  # a new set of images is a new entry
+        "off": ["encoded", "encoded"],
+    }[mode]
+    assert reported == [["encoded"] * 2, second, ["prefix_cache"] * 2]
+
+
 def test_repeated_image_is_encoded_once_and_not_preprocessed_again() -> None:
     engine, rec = _engine("per-image")
     image = make_image(90, 96, 96)

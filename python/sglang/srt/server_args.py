@@ -139,6 +139,9 @@ class ServerArgs(EngineConfig):
             "(refused by default, after DNS resolution and on every redirect)."
         },
     )
+    disable_chat_page: bool = field(
+        default=False, metadata={"help": "Do not serve the chat page at /."}
+    )
     max_request_body_mb: int = field(
         default=64, metadata={"help": "Larger request bodies are answered 413 before parsing."}
     )

@@ -130,6 +130,8 @@ class RequestOutput:
     input_top_logprobs: list[list[tuple[float, int]] | None] | None = None
     new_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
+    # Sent with a finished request's last output: ``Req.mm_report()``.
+    mm_items: list[dict[str, Any]] | None = None
 
     @classmethod
     def failed(

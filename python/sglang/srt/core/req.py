@@ -62,6 +62,9 @@ class Req:
     mrope_delta: int = 0
     generator: torch.Generator | None = None
     pins: dict[int, int] = field(default_factory=dict)  # cache key -> end of its placeholders
+    # item hash -> where its embedding came from the first time a chunk needed it:
+    # "encoded" or "embedding_cache" (items that no chunk needed were in the prefix cache)
+    mm_sources: dict[int, str] = field(default_factory=dict)
     finish_reason: FinishReason | None = None
     output_text: str = ""
     arrival_time: float = 0.0
@@ -88,6 +91,20 @@ class Req:
             self.input_logprobs.append(None)  # nothing predicts the first token
             self.input_top_logprobs.append(None)
             self.input_token_ids_logprobs.append(None)
+
+    def mm_report(self) -> list[dict[str, Any]]:
+        """Per multimodal item: modality, placeholder tokens and where its embedding came from
+        ("encoded", "embedding_cache", or "prefix_cache" when its KV was cached instead). A
+        video split into frame groups counts as encoded if any group was."""
+        report = []
+        for item in self.mm_items:
+            units = item.groups or [item]
+            sources = {self.mm_sources[u.hash] for u in units if u.hash in self.mm_sources}
+            source = next(
+                (s for s in ("encoded", "embedding_cache") if s in sources), "prefix_cache"
+            )
+            report.append({"modality": item.modality, "tokens": item.num_tokens, "source": source})
+        return report
 
     @property
     def wants_prompt_logprobs(self) -> bool:

@@ -133,6 +133,8 @@ class Engine:
                 "e2e_latency": (req.finish_time or 0.0) - req.arrival_time,
             },
         }
+        if req.mm_items:
+            out["meta_info"]["mm_items"] = req.mm_report()
         if req.return_logprob:
             output = output_logprob_meta(
                 req,

@@ -17,6 +17,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 
+from sglang.srt.entrypoints.chat_page import ROUTES as CHAT_PAGE_ROUTES
+from sglang.srt.entrypoints.chat_page import add_chat_page
 from sglang.srt.entrypoints.http_utils import error_response, first_error
 from sglang.srt.entrypoints.middleware import (
     ApiKeyMiddleware,
@@ -32,7 +34,7 @@ from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = {"/health", "/health_generate", "/ready", "/metrics"}
+OPEN_PATHS = {"/health", "/health_generate", "/ready", "/metrics", *CHAT_PAGE_ROUTES}
 
 
 class BodyHandler(Protocol):
@@ -55,6 +57,8 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     app.add_middleware(HeaderLimitMiddleware)
     _add_exception_handlers(app)
     _add_info_routes(app, manager, args)
+    if not args.disable_chat_page:
+        add_chat_page(app)
     handlers: dict[str, tuple[str, BodyHandler]] = {
         "/generate": ("generate", GenerateHandler(manager, args)),
         "/v1/completions": ("completions", OpenAIServingCompletion(manager, args)),

@@ -294,6 +294,8 @@ class TokenizerManager:
             "cached_tokens": out.cached_tokens,
             "e2e_latency": time.perf_counter() - state.created,
         }
+        if out.mm_items is not None:
+            meta["mm_items"] = out.mm_items
         if state.request.return_logprob:
             meta |= logprob_meta(state.request, state.output_meta, state.input_meta)
         return meta

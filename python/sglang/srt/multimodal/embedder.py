@@ -196,6 +196,9 @@ class MultimodalEmbedder:
                 self.cache.put(key, entry)
             for _, req, item, _, hi in needed:
                 self._pin_until(req, item.hash, item.end, hi)
+        for _, req, item, _, _ in needed:
+            source = "encoded" if item.hash in encoded else "embedding_cache"
+            req.mm_sources.setdefault(item.hash, source)
         return {**found, **encoded}
 
     def _resolve_combined(
@@ -225,6 +228,11 @@ class MultimodalEmbedder:
             )
             self.cache.put(key, combined)
             self._pin_until(req, key, req.mm_items[-1].end, hi)
+        for req, _ in missing.values():  # a miss encodes every item, needed in this chunk or not
+            for item in req.mm_items:
+                req.mm_sources.setdefault(item.hash, "encoded")
+        for _, req, item, _, _ in needed:
+            req.mm_sources.setdefault(item.hash, "embedding_cache")
         return {**found, **encoded}
 
     def _pin_until(self, req: Req, key: int, end: int, chunk_end: int) -> None:

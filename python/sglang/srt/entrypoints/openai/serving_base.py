@@ -66,6 +66,9 @@ class OpenAIServingBase:
                 choices.prefill_cached.get(p, e.meta["cached_tokens"]) for p, e in first.items()
             )
             out["prompt_tokens_details"] = {"cached_tokens": cached}
+            mm_items = [item for e in first.values() for item in e.meta.get("mm_items", ())]
+            if mm_items:  # where each image's or video's embedding came from
+                out["prompt_tokens_details"]["mm_items"] = mm_items
         return out
 
     def stream_usage(
