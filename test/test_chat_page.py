@@ -22,6 +22,8 @@ from PIL import Image
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from server_utils import launch_server
 
+from sglang.testing.video_clips import encode_clip, random_frames
+
 CHROMIUM = os.environ.get("SGLANG_TEST_CHROMIUM", "/usr/bin/chromium")
 # As root in a sandbox with no outside network: no sandboxing, and no background connections.
 CHROMIUM_FLAGS = [
@@ -209,3 +211,17 @@ def test_the_page_is_open_and_works_offline(server: str) -> None:
 
 def _key() -> dict[str, str]:
     return {"Authorization": f"Bearer {API_KEY}"}
+
+
+def test_a_video_goes_through_the_page(page: Page, server: str) -> None:
+    clip = _file("clip.mp4", "video/mp4", encode_clip(random_frames(5, 8, 64, 64), fps=4.0))
+    _unlock(page)
+    _send(page, "What happens in this video?", clip)
+    stats = page.locator(".turn.assistant .stats")
+    expect(stats).to_have_count(1)
+    assert "video 1 (clip.mp4): encoded" in stats.inner_text()
+    video = {"type": "video_url", "video_url": {"url": _data_url("video/mp4", clip["buffer"])}}
+    question = {"type": "text", "text": "What happens in this video?"}
+    direct = _api(server, [{"role": "user", "content": [video, question]}])
+    reply = page.locator(".turn.assistant .body").inner_text()
+    assert reply == direct.json()["choices"][0]["message"]["content"]
