@@ -29,6 +29,7 @@ from benchmark.common import (
     run_and_write,
 )
 from benchmark.memory import SHAPES, cached_checkpoint, shape_config
+from sglang.srt.layers.quantized_linear import QuantizedLinear
 
 PATHS = ("kernel", "torch")
 
@@ -60,6 +61,9 @@ def _use_kernels(runner: Any, on: bool) -> None:
         if hasattr(module, "_decode_kernel"):
             saved.setdefault(module, module._decode_kernel)
             module._decode_kernel = saved[module] if on else None
+        if isinstance(module, QuantizedLinear):  # --torchao-config: int8 / int4 layers
+            saved.setdefault(module, (module._kernel, module._gemm))
+            module.use_kernel(*(saved[module] if on else (None, None)))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -72,7 +76,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dims = shape_config(args.shape, args.layers, 2)
     path = args.model_path or str(cached_checkpoint(dims, args.shape))
     engine = sglang.Engine(
-        model_path=path, dtype=args.dtype, max_running_requests=max(args.batch_sizes)
+        model_path=path,
+        dtype=args.dtype,
+        max_running_requests=max(args.batch_sizes),
+        torchao_config=args.torchao_config,
     )
     if engine.runner.attn_backend.decode_kernel is None:
         raise RuntimeError("the native decode kernel could not be built on this machine")
@@ -148,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layers", type=int, default=4, help="language-model layers")
     p.add_argument("--model-path", help="use this checkpoint instead of building one")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--torchao-config", default="", help="int8wo or int4wo-<group>: quantized")
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 4, 8, 16])  # fmt: skip
     p.add_argument("--prompt-len", type=int, default=512)

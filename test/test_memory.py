@@ -57,11 +57,11 @@ def _int4_bytes(name: str, shape: tuple[int, int]) -> int:
 
 def test_int4_estimate_halves_divisible_linears() -> None:
     assert memory.Quantization.parse("int4wo-128") == memory.Quantization(4, 128)
-    # half a byte per element + a bfloat16 scale and zero point per group of 128 columns
+    # half a byte per element + a bfloat16 scale and min per group of 128 columns, any rows
     assert _int4_bytes("model.layers.0.mlp.up_proj.weight", (256, 512)) == 128 * 512 + 4096
-    # no whole groups of 128 columns, or rows not a multiple of 16: left in bfloat16
+    assert _int4_bytes("model.layers.0.self_attn.k_proj.weight", (8, 128)) == 8 * 64 + 8 * 4
+    # no whole groups of 128 columns: left in bfloat16
     assert _int4_bytes("model.layers.0.mlp.down_proj.weight", (16, 100)) == 16 * 100 * 2
-    assert _int4_bytes("model.layers.0.self_attn.k_proj.weight", (8, 128)) == 8 * 128 * 2
     # the vision tower, the embeddings and the LM head are not quantized
     assert _int4_bytes("visual.blocks.0.mlp.fc1.weight", (256, 512)) == 256 * 512 * 2
     assert _int4_bytes("model.embed_tokens.weight", (256, 512)) == 256 * 512 * 2

@@ -170,8 +170,7 @@ class EngineConfig:
         if self.mm_video_cache not in ("per-group", "whole"):
             raise ValueError("mm_video_cache must be per-group or whole")
         quantization.check_quantization_flag(self.quantization)
-        device = self.resolved_device if self.torchao_config else None
-        quantization.parse_torchao_config(self.torchao_config, device)
+        quantization.parse_torchao_config(self.torchao_config)
         quantization.check_torchao_dtype(self.torchao_config, self.dtype)
 
     @property

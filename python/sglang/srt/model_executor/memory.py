@@ -49,7 +49,7 @@ _SAFETENSORS_BYTES = {
 }  # fmt: skip
 _FLOAT_TYPES = {"F64", "F32", "F16", "BF16"}
 _NOT_LM = ("visual", "vision", "vit.", "image", "mm_projector", "multi_modal", "norm")
-INT4_OUT_MULTIPLE = 16  # torchao's CPU int4 layout packs output rows in blocks of 16
+INT4_BLOCK = 64  # the int4 layout packs inputs in blocks of 64 (layers/quantized_linear.py)
 
 
 class InsufficientMemoryError(RuntimeError):
@@ -115,10 +115,10 @@ def tensor_bytes_as(
     quant: Quantization | None,
 ) -> int:
     """Bytes one checkpoint tensor takes once loaded in ``run_dtype`` (floating tensors) and,
-    for the language model's linear weights, quantized as torchao stores them: int8 = 1 byte
-    per element + a float32 scale and an int8 zero point per row; int4 = half a byte per element
-    + a scale and a zero point per group of ``group_size`` columns (weights whose width the
-    group does not divide, or whose rows are not a multiple of 16, stay unquantized)."""
+    for the language model's linear weights, quantized as they are stored: int8 = 1 byte per
+    element + a float32 scale per row; int4 = half a byte per element + a scale and a min (of
+    the run dtype) per group of ``group_size`` columns (weights whose width is not a multiple
+    of the group and of 64 stay unquantized)."""
     numel = 1
     for dim in shape:
         numel *= dim
@@ -129,9 +129,9 @@ def tensor_bytes_as(
         return numel * elem
     rows, cols = shape
     if quant.bits == 8:
-        return numel + rows * 5
+        return numel + rows * 4
     group = quant.group_size or 128
-    if cols % group or rows % INT4_OUT_MULTIPLE:
+    if cols % group or cols % INT4_BLOCK:
         return numel * elem
     return numel // 2 + 2 * rows * (cols // group) * elem
 

@@ -1,5 +1,8 @@
-"""Weight-only quantization of the language model through torchao (SGLang's ``--torchao-config``)
-and the check on ``--quantization`` (prequantized checkpoints are refused by ``get_adapter``).
+"""Weight-only quantization of the language model (SGLang's ``--torchao-config``) and the check on
+``--quantization`` (prequantized checkpoints are refused by ``get_adapter``).
+
+On a CPU the linears become ``layers.quantized_linear.QuantizedLinear`` (the native kernel's own
+int8 / int4 layouts: decode reads the quantized bytes only); on CUDA, torchao's tensor types.
 
 What is quantized: every ``nn.Linear`` of the language model (the adapter's ``language_model``).
 Not quantized:
@@ -8,15 +11,13 @@ Not quantized:
   the head decides every logprob, and a tied head shares its weight with the embedding table
   (which would then be quantized too);
 - the vision tower: measured on 4 blocks of Qwen2.5-VL-7B's tower (1280 wide, 3420-wide MLP)
-  encoding a 448x448 image in bfloat16 on 2 CPU cores, int8 halves its weights but does not
-  encode faster (its CPU path converts each weight to bfloat16 per call) and int4 is ~30%
-  slower and can take only the attention layers (the MLP's width 3420 fits neither the group
-  sizes nor the kernel's 16-row packing); each adds error to every image embedding, for at
-  most 0.7 GB of the 7B's 16.6 GB;
+  encoding a 448x448 image in bfloat16 on 2 CPU cores, torchao's int8 halved its weights but
+  did not encode faster and its int4 was ~30% slower (an image's rows are prompt-sized: they
+  run on the bfloat16 GEMM either way); each adds error to every image embedding, for at most
+  0.7 GB of the 7B's 16.6 GB;
 - int4 layers whose shapes the kernel cannot take (``int4_skip_reason``), which stay in bfloat16.
 
-The model runs in bfloat16 when quantized: torchao's int4 CPU kernel takes float32 activations
-too, but its float32 path runs a 512-row prompt chunk about 50 times slower than bfloat16.
+The model runs in bfloat16 when quantized.
 """
 
 from __future__ import annotations
@@ -29,16 +30,13 @@ from typing import Any
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from sglang.srt.layers import quantized_linear
 from sglang.srt.model_executor.host_memory import module_bytes
-from sglang.srt.model_executor.memory import INT4_OUT_MULTIPLE
 
 logger = logging.getLogger(__name__)
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-# torchao's CPU int4 tensor (``_weight_int4pack_mm_for_cpu``) takes these group sizes only,
-# and packs output channels in blocks of 16.
-CPU_INT4_GROUP_SIZES = (32, 64, 128)
-SUPPORTED_TORCHAO = "int8wo, int4wo-<group> (group 32, 64, 128; 256 on CUDA)"
+SUPPORTED_TORCHAO = "int8wo, int4wo-<group> (group 32, 64, 128 or 256)"
 # SGLang's other --torchao-config values: recognised, so that the error says they exist.
 SGLANG_ONLY_TORCHAO = re.compile(r"int8dq|fp8wo|fp8dq-per_(tensor|row)|gemlite-[\w-]+")
 # SGLang's --quantization methods (none is implemented here).
@@ -88,22 +86,16 @@ class QuantizationReport:
         }
 
 
-def parse_torchao_config(value: str, device: str | None = None) -> TorchaoSpec | None:
+def parse_torchao_config(value: str) -> TorchaoSpec | None:
     """``""`` -> None; a supported value -> its spec; anything else -> ValueError naming the
-    supported values. ``device`` (when known) refuses group sizes its kernel lacks."""
+    supported values."""
     if not value:
         return None
     if value == "int8wo":
         return TorchaoSpec(value)
     match = re.fullmatch(r"int4wo-(\d+)", value)
     if match and int(match[1]) in INT4_GROUP_SIZES:
-        group = int(match[1])
-        if device == "cpu" and group not in CPU_INT4_GROUP_SIZES:
-            raise ValueError(
-                f"--torchao-config {value}: torchao's int4 CPU kernel takes group sizes "
-                f"{', '.join(map(str, CPU_INT4_GROUP_SIZES))}; use int4wo-128"
-            )
-        return TorchaoSpec(value, group)
+        return TorchaoSpec(value, int(match[1]))
     known = "an SGLang value not implemented here" if SGLANG_ONLY_TORCHAO.fullmatch(value) else ""
     raise ValueError(
         f"--torchao-config {value!r} is {known or 'not a known value'}; "
@@ -131,10 +123,10 @@ def check_quantization_flag(method: str | None) -> None:
 
 
 def int4_skip_reason(layer: nn.Linear, group_size: int, device: str) -> str | None:
+    if device == "cpu":
+        return quantized_linear.int4_skip_reason(layer.in_features, group_size)
     if layer.in_features % group_size:
         return f"in_features {layer.in_features} is not a multiple of the group size {group_size}"
-    if device == "cpu" and layer.out_features % INT4_OUT_MULTIPLE:
-        return f"out_features {layer.out_features} is not a multiple of {INT4_OUT_MULTIPLE}"
     return None
 
 
@@ -145,13 +137,16 @@ def apply_torchao_config(
     if not torchao_config:
         return None
     device = next(language_model.parameters()).device.type
-    spec = parse_torchao_config(torchao_config, device)
+    spec = parse_torchao_config(torchao_config)
     assert spec is not None
     report = QuantizationReport(torchao_config, weight_bytes_before=module_bytes(language_model))
-    targets = _target_layers(language_model, spec, device, report)
-    quantize_, ao_config = _torchao(spec, device)
-    targets_set = set(targets)
-    quantize_(language_model, ao_config, filter_fn=lambda module, _fqn: module in targets_set)
+    targets = set(_target_layers(language_model, spec, device, report))
+    if device == "cpu":  # the native kernel's layouts (layers/quantized_linear.py)
+        bits = 8 if spec.group_size is None else 4
+        quantized_linear.replace_linears(language_model, targets, bits, spec.group_size)
+    else:
+        quantize_, ao_config = _torchao(spec, device)
+        quantize_(language_model, ao_config, filter_fn=lambda module, _fqn: module in targets)
     report.quantized_layers = len(targets)
     report.weight_bytes_after = module_bytes(language_model)
     logger.info(

@@ -1,0 +1,179 @@
+"""Decode-sized linears per weight width against memory bandwidth: one decoder layer's seven
+linears (Qwen2.5-VL-7B's shapes by default, random weights) for a few rows of input.
+
+A decode step reads every weight once, so its floor is the weights' bytes over the bandwidth
+(a copy probe, bytes read plus written, taken before each width: a shared machine drifts).
+Per width and row count it prints ms per layer, the weight bytes read per second, and
+``of_bandwidth`` = floor / time (1.0 at the limit), for:
+
+- bf16: the native ``linear_bf16`` kernel over plain bfloat16 weights;
+- int8 / int4-<group>: ``QuantizedLinear`` (the native ``linear_quant`` kernel over its layouts);
+- torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
+  (what ``--torchao-config`` ran before), for comparison in the same run.
+
+The widths alternate within each repeat; each cell is the best of ``--repeats``.
+
+    python -m benchmark.quant_linear --rows 1,2,4,8,16 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from benchmark.common import (
+    cpu_info,
+    cpu_line,
+    markdown_table,
+    memory_bandwidth_gbs,
+    pyplot,
+    run_and_write,
+)
+
+SHAPES = {  # (out, in) of one decoder layer's linears
+    "7b": [(3584, 3584), (512, 3584), (512, 3584), (3584, 3584), (18944, 3584), (18944, 3584),
+           (3584, 18944)],
+    "2b": [(1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536),
+           (1536, 8960)],
+}  # fmt: skip
+WIDTHS = ("bf16", "int8", "int4-128", "torchao-int8", "torchao-int4-128")
+
+
+def _layers(shape: str, width: str) -> list[nn.Module]:
+    from sglang.srt.layers import decode_linear
+    from sglang.srt.layers.quantized_linear import QuantizedLinear
+    from sglang.srt.model_executor.quantization import _torchao, parse_torchao_config
+
+    torch.manual_seed(0)
+    dense = [nn.Linear(k, n, bias=False).bfloat16() for n, k in SHAPES[shape]]
+    if width == "bf16":
+        decode_linear.install(dense)
+        return dense
+    if width.startswith("torchao-"):
+        config = "int8wo" if width == "torchao-int8" else f"int4wo-{width.rsplit('-', 1)[1]}"
+        quantize_, ao_config = _torchao(parse_torchao_config(config), "cpu")
+        for layer in dense:
+            quantize_(layer, ao_config)
+        return dense
+    from sglang.srt import kernels
+
+    bits, group = (8, None) if width == "int8" else (4, int(width.rsplit("-", 1)[1]))
+    kernel = kernels.load("linear_quant")
+    layers = []
+    for layer in dense:
+        quantized = QuantizedLinear.from_linear(layer, bits, group)
+        quantized.use_kernel(kernel)
+        layers.append(quantized)
+    return layers
+
+
+def _weight_bytes(layers: list[nn.Module]) -> int:
+    from sglang.srt.model_executor.host_memory import module_bytes
+
+    return sum(module_bytes(layer) for layer in layers)
+
+
+def _time(step: Callable[[], Any], seconds: float) -> float:
+    step()
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows_list = [int(r) for r in args.rows.split(",")]
+    widths = args.widths.split(",")
+    layers = {width: _layers(args.shape, width) for width in widths}
+    widths_in = {k for _, k in SHAPES[args.shape]}
+    inputs = {(r, k): torch.randn(r, k).bfloat16() for r in rows_list for k in widths_in}
+    best: dict[tuple[str, int], dict[str, float]] = {}
+    cells = [(width, rows) for width in widths for rows in rows_list]
+    with torch.no_grad(), tqdm(total=args.repeats * len(cells), desc="quant_linear") as bar:
+        for _ in range(args.repeats):
+            for width, rows in cells:
+                bandwidth = memory_bandwidth_gbs(seconds=0.3)["gb_per_s"]
+                net = layers[width]
+
+                def step(net: list[nn.Module] = net, rows: int = rows) -> None:
+                    for layer in net:
+                        layer(inputs[(rows, layer.in_features)])
+
+                seconds = _time(step, args.seconds)
+                floor = _weight_bytes(net) / (bandwidth * 1e9)
+                cell = {"ms": seconds * 1e3, "bandwidth_gbs": bandwidth, "floor_ms": floor * 1e3}
+                if (width, rows) not in best or seconds * 1e3 < best[(width, rows)]["ms"]:
+                    best[(width, rows)] = cell
+                bar.update()
+    results = []
+    for width, rows in cells:
+        cell = best[(width, rows)]
+        nbytes = _weight_bytes(layers[width])
+        results.append(
+            {
+                "width": width,
+                "rows": rows,
+                "ms_per_layer": cell["ms"],
+                "weight_bytes": nbytes,
+                "weight_gb_per_s": nbytes / cell["ms"] / 1e6,
+                "copy_bandwidth_gbs": cell["bandwidth_gbs"],
+                "of_bandwidth": cell["floor_ms"] / cell["ms"],
+            }
+        )
+    return {
+        "cpu": cpu_info(),
+        "threads": torch.get_num_threads(),
+        "shape": args.shape,
+        "results": results,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = [
+        [r["width"], r["rows"], r["ms_per_layer"], r["weight_bytes"] / 2**20,
+         r["weight_gb_per_s"], r["of_bandwidth"]]
+        for r in result["results"]
+    ]  # fmt: skip
+    headers = ["width", "rows", "ms / layer", "weights MiB", "weight GB/s", "of bandwidth"]
+    title = f"{result['shape']}-shaped decoder layer, {cpu_line(result['cpu'])}"
+    return f"{title}, {result['threads']} threads\n\n" + markdown_table(headers, rows)
+
+
+def plot(result: dict[str, Any], png: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for width in dict.fromkeys(r["width"] for r in result["results"]):
+        points = [r for r in result["results"] if r["width"] == width]
+        ax.plot([r["rows"] for r in points], [r["of_bandwidth"] for r in points], "o-", label=width)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows (requests in the decode batch)")
+    ax.set_ylabel("weight bytes / bandwidth / time")
+    ax.set_title(f"{result['shape']}-shaped layer's linears: fraction of memory bandwidth")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=SHAPES, default="7b")
+    p.add_argument("--rows", default="1,2,4,8,16")
+    p.add_argument("--widths", default=",".join(WIDTHS))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=1.0, help="timing window per cell")
+    p.add_argument("--out", default="benchmark/results/quant_linear")
+    run_and_write(p.parse_args(), run, markdown, plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,385 @@
+// Weight-only quantized linears: y = x W^T (+ b) for bfloat16 x and int8 or int4 W in the
+// layouts below, written for decode steps (a few rows of x), whose cost is reading W once.
+//
+// int8 (per output channel, symmetric): q int8 (out, in), scale float32 (out);
+//   W[j, k] = scale[j] * q[j, k].
+// int4 (groups of `group` inputs, asymmetric): q uint8 (out, in / 2), scale and min bfloat16
+//   (out, in / group); W[j, k] = bfloat16(scale[j, g] * q[j, k] + min[j, g]), g = k / group
+//   (one float32 fma, rounded to nearest even). Inputs come in blocks of 64: byte b of a block
+//   holds input b in its low nibble and input 32 + b in its high nibble, so one 32-byte load
+//   unpacks into two runs of 32 inputs.
+//
+// With AVX512-BF16 each nibble becomes a bfloat16 through a 32-entry table (vpermw) and meets
+// 32 bfloat16 inputs in one vdpbf16ps. int4: the table is the group's 16 weights, so products
+// use exactly the bfloat16 weights dequantize_int4 writes for the prompt GEMM. int8: an int8 is
+// 16 x its signed high nibble + its low nibble, each exact in bfloat16, and the scale is
+// applied once per output (the exact scale * q: prompts use its bfloat16 rounding). Elsewhere
+// a portable loop computes the same products in float32. Sums are float32 in a fixed order per
+// output: results do not depend on the thread count. Rows of x are taken up to kGroup at a
+// time; with more rows, weight rows are taken kOutBlock at a time so that every group of rows
+// finds them in cache (as in linear_bf16.cpp).
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "vector_math.h"
+
+namespace {
+
+constexpr int kGroup = 4;
+constexpr int64_t kOutBlock = 32;
+constexpr int64_t kInt4Block = 64;
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// What one call needs to know, shared by every output row.
+struct Int4Args {
+  const uint8_t* q;
+  const uint16_t* scale;
+  const uint16_t* min;
+  int64_t k;
+  int64_t group;
+};
+
+#ifdef SGLANG_AVX512_BF16
+// The nibbles' bfloat16 values (exact), built once: ``low`` holds 0..15 in lanes 0..15 and
+// -8..-1 in lanes 24..31 (vpermw reads an index's low five bits: a signed nibble -8..-1 shifted
+// down from a 16-bit lane is 0xFFF8..0xFFFF); ``high`` holds 16 x the same signed values.
+struct NibbleTables {
+  alignas(64) uint16_t low[32] = {};
+  alignas(64) uint16_t high[32] = {};
+  NibbleTables() {
+    for (int v = 0; v < 16; ++v) low[v] = c10::BFloat16(static_cast<float>(v)).x;
+    for (int v = -8; v < 0; ++v) low[32 + v] = c10::BFloat16(static_cast<float>(v)).x;
+    for (int v = 0; v < 8; ++v) high[v] = c10::BFloat16(16.f * v).x;
+    for (int v = -8; v < 0; ++v) high[32 + v] = c10::BFloat16(16.f * v).x;
+  }
+};
+const NibbleTables kNibbles;
+
+inline __m512i nibble_table() { return _mm512_load_si512(kNibbles.low); }
+inline __m512i high_nibble_table() { return _mm512_load_si512(kNibbles.high); }
+
+// 32 int8 weights as two bfloat16 vectors (low nibbles, 16 x signed high nibbles): their sum.
+inline void unpack_int8(__m256i bytes, __m512i low_table, __m512i high_table, __m512bh* low,
+                        __m512bh* high) {
+  const __m512i words = _mm512_cvtepi8_epi16(bytes);
+  *low = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(words, _mm512_set1_epi16(0x0F)),
+                                            low_table);
+  *high = (__m512bh)_mm512_permutexvar_epi16(_mm512_srai_epi16(words, 4), high_table);
+}
+
+// Four independent sums per row (two halves of 64 inputs, low and high nibbles), so that the
+// dot products' latency does not serialise a decode step's single row.
+template <int M>
+void dot_int8(const int8_t* q, const uint16_t* x, int64_t x_stride, int64_t k, float* out) {
+  const __m512i low_table = nibble_table(), high_table = high_nibble_table();
+  __m512 acc[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int a = 0; a < 4; ++a) acc[m][a] = _mm512_setzero_ps();
+  __m512bh low[2], high[2];
+  int64_t i = 0;
+  for (; i + 64 <= k; i += 64) {
+    for (int h = 0; h < 2; ++h)
+      unpack_int8(_mm256_loadu_si256((const __m256i*)(q + i + 32 * h)), low_table, high_table,
+                  &low[h], &high[h]);
+    for (int m = 0; m < M; ++m) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * x_stride + i + 32 * h);
+        acc[m][2 * h] = _mm512_dpbf16_ps(acc[m][2 * h], low[h], xv);
+        acc[m][2 * h + 1] = _mm512_dpbf16_ps(acc[m][2 * h + 1], high[h], xv);
+      }
+    }
+  }
+  for (; i < k; i += 32) {
+    const int64_t left = k - i;
+    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : (__mmask32)((1ull << left) - 1);
+    unpack_int8(_mm256_maskz_loadu_epi8(mask, q + i), low_table, high_table, &low[0], &high[0]);
+    for (int m = 0; m < M; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * x_stride + i);
+      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], low[0], xv);
+      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], high[0], xv);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]),
+                                     _mm512_add_ps(acc[m][2], acc[m][3]));
+    out[m] = _mm512_reduce_add_ps(sum);
+  }
+}
+
+// A group's 16 weights, bfloat16(scale * q + min) for q = 0..15, in lanes 0..15: the nibbles
+// then look their weight up (vpermw) exactly as dequantize_int4 writes it.
+inline __m512i group_table(uint16_t scale, uint16_t min) {
+  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 w = _mm512_fmadd_ps(q, _mm512_set1_ps(bf16_to_float(scale)),
+                                   _mm512_set1_ps(bf16_to_float(min)));
+  return _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(w));
+}
+
+// One block of 64 inputs: adds the low and high halves' products to acc[.][first] and
+// acc[.][first + 1], their weights looked up in the given tables.
+template <int M>
+inline void int4_block(const uint8_t* q, const uint16_t* x, int64_t x_stride, __m512i low_table,
+                       __m512i high_table, __m512 (*acc)[4], int first) {
+  const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)q));
+  const __m512bh low = (__m512bh)_mm512_permutexvar_epi16(
+      _mm512_and_si512(bytes, _mm512_set1_epi16(0x0F)), low_table);
+  const __m512bh high =
+      (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), high_table);
+  for (int m = 0; m < M; ++m) {
+    const uint16_t* xm = x + m * x_stride;
+    acc[m][first] = _mm512_dpbf16_ps(acc[m][first], low, (__m512bh)_mm512_loadu_si512(xm));
+    acc[m][first + 1] =
+        _mm512_dpbf16_ps(acc[m][first + 1], high, (__m512bh)_mm512_loadu_si512(xm + 32));
+  }
+}
+
+// Blocks are taken two at a time into four independent sums per row (the dot products'
+// latency would otherwise serialise a single row).
+template <int M>
+void dot_int4(const Int4Args& a, int64_t j, const uint16_t* x, int64_t x_stride, float* out) {
+  const int64_t groups = a.k / a.group;
+  const uint8_t* q = a.q + j * (a.k / 2);
+  const uint16_t* scale = a.scale + j * groups;
+  const uint16_t* min = a.min + j * groups;
+  auto table = [&](int64_t g) { return group_table(scale[g], min[g]); };
+  __m512 acc[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int t = 0; t < 4; ++t) acc[m][t] = _mm512_setzero_ps();
+  if (a.group >= 2 * kInt4Block) {
+    for (int64_t g = 0, i = 0; g < groups; ++g) {
+      const __m512i t = table(g);
+      for (const int64_t end = i + a.group; i < end; i += 2 * kInt4Block) {
+        int4_block<M>(q + i / 2, x + i, x_stride, t, t, acc, 0);
+        int4_block<M>(q + i / 2 + 32, x + i + kInt4Block, x_stride, t, t, acc, 2);
+      }
+    }
+  } else {  // groups of 32 (a block's two halves) or 64 (one block)
+    for (int64_t i = 0, b = 0; i < a.k; i += kInt4Block, ++b) {
+      const __m512i low = a.group == 32 ? table(2 * b) : table(b);
+      const __m512i high = a.group == 32 ? table(2 * b + 1) : low;
+      int4_block<M>(q + i / 2, x + i, x_stride, low, high, acc, 2 * (b & 1));
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]),
+                                     _mm512_add_ps(acc[m][2], acc[m][3]));
+    out[m] = _mm512_reduce_add_ps(sum);
+  }
+}
+#else
+template <int M>
+void dot_int8(const int8_t* q, const uint16_t* x, int64_t x_stride, int64_t k, float* out) {
+  for (int m = 0; m < M; ++m) {
+    float sum = 0.f;
+    for (int64_t i = 0; i < k; ++i) sum += static_cast<float>(q[i]) * bf16_to_float(x[m * x_stride + i]);
+    out[m] = sum;
+  }
+}
+
+template <int M>
+void dot_int4(const Int4Args& a, int64_t j, const uint16_t* x, int64_t x_stride, float* out) {
+  const int64_t groups = a.k / a.group;
+  const uint8_t* q = a.q + j * (a.k / 2);
+  for (int m = 0; m < M; ++m) {
+    float sum = 0.f;
+    for (int64_t i = 0; i < a.k; ++i) {
+      const int64_t block = i / kInt4Block, at = i % kInt4Block;
+      const uint8_t byte = q[block * 32 + at % 32];
+      const int nibble = at < 32 ? byte & 0x0F : byte >> 4;
+      const int64_t g = j * groups + i / a.group;
+      const float w = c10::BFloat16(std::fma(static_cast<float>(nibble),
+                                             bf16_to_float(a.scale[g]), bf16_to_float(a.min[g])));
+      sum += w * bf16_to_float(x[m * x_stride + i]);
+    }
+    out[m] = sum;
+  }
+}
+#endif
+
+template <typename DotGroup>
+at::Tensor run_rows(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
+                    DotGroup dot_group, const std::vector<float>* out_scale) {
+  const int64_t rows = x.size(0);
+  auto out = at::empty({rows, n}, x.options());
+  at::Tensor bias_f;
+  const float* bias_ptr = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
+    bias_f = bias->to(at::kFloat).contiguous();
+    bias_ptr = bias_f.data_ptr<float>();
+  }
+  auto* y = out.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    float partial[kGroup];
+    const int64_t out_block = rows <= kGroup ? end - begin : kOutBlock;
+    for (int64_t jb = begin; jb < end; jb += out_block) {
+      const int64_t je = std::min(end, jb + out_block);
+      for (int64_t m0 = 0; m0 < rows; m0 += kGroup) {
+        const int group = static_cast<int>(std::min<int64_t>(kGroup, rows - m0));
+        for (int64_t j = jb; j < je; ++j) {
+          dot_group(group, j, m0, partial);
+          const float s = out_scale ? (*out_scale)[j] : 1.f;
+          const float b = bias_ptr ? bias_ptr[j] : 0.f;
+          for (int m = 0; m < group; ++m)
+            y[(m0 + m) * n + j] = c10::BFloat16(partial[m] * s + b);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+void check_x(const at::Tensor& x, int64_t k) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
+              "x must be contiguous bfloat16 (rows, in)");
+  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " inputs, the weight ", k);
+}
+
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(),
+              "q must be contiguous int8 (out, in)");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == q.size(0) &&
+                  scale.is_contiguous(), "scale must be float32 (out)");
+  const int64_t n = q.size(0), k = q.size(1);
+  check_x(x, k);
+  const auto* qs = q.data_ptr<int8_t>();
+  const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  const std::vector<float> scales(scale.data_ptr<float>(), scale.data_ptr<float>() + n);
+  auto dot_group = [&](int group, int64_t j, int64_t m0, float* partial) {
+    const int8_t* w = qs + j * k;
+    const uint16_t* xm = xs + m0 * k;
+    switch (group) {
+      case 1: dot_int8<1>(w, xm, k, k, partial); break;
+      case 2: dot_int8<2>(w, xm, k, k, partial); break;
+      case 3: dot_int8<3>(w, xm, k, k, partial); break;
+      default: dot_int8<4>(w, xm, k, k, partial); break;
+    }
+  };
+  return run_rows(x, n, bias, dot_group, &scales);
+}
+
+void check_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& min,
+                int64_t group) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous(),
+              "q must be contiguous uint8 (out, in / 2)");
+  const int64_t k = q.size(1) * 2;
+  TORCH_CHECK(group % 32 == 0 && (group == 32 || group % kInt4Block == 0) && k % group == 0 &&
+                  k % kInt4Block == 0,
+              "int4: in (", k, ") must be a multiple of 64 and of the group (", group,
+              "), the group 32 or a multiple of 64");
+  for (const at::Tensor* t : {&scale, &min}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 2 &&
+                    t->size(0) == q.size(0) && t->size(1) == k / group,
+                "scale and min must be bfloat16 (out, in / group)");
+  }
+}
+
+at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                       const at::Tensor& min, int64_t group,
+                       const c10::optional<at::Tensor>& bias) {
+  check_int4(q, scale, min, group);
+  const int64_t n = q.size(0), k = q.size(1) * 2;
+  check_x(x, k);
+  const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  const Int4Args args{q.data_ptr<uint8_t>(),
+                      reinterpret_cast<const uint16_t*>(scale.data_ptr<c10::BFloat16>()),
+                      reinterpret_cast<const uint16_t*>(min.data_ptr<c10::BFloat16>()), k, group};
+  auto dot_group = [&](int g, int64_t j, int64_t m0, float* partial) {
+    const uint16_t* xm = xs + m0 * k;
+    switch (g) {
+      case 1: dot_int4<1>(args, j, xm, k, partial); break;
+      case 2: dot_int4<2>(args, j, xm, k, partial); break;
+      case 3: dot_int4<3>(args, j, xm, k, partial); break;
+      default: dot_int4<4>(args, j, xm, k, partial); break;
+    }
+  };
+  return run_rows(x, n, bias, dot_group, nullptr);
+}
+
+// The bfloat16 weight the quantized one stands for (W as defined above, rounded to bfloat16 as
+// torch rounds), for prompt-sized inputs, which run on the bfloat16 GEMM.
+at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale) {
+  const int64_t n = q.size(0), k = q.size(1);
+  auto out = at::empty({n, k}, q.options().dtype(at::kBFloat16));
+  const auto* qs = q.data_ptr<int8_t>();
+  const auto* ss = scale.data_ptr<float>();
+  auto* w = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      int64_t i = 0;
+#ifdef SGLANG_AVX512
+      const __m512 s = _mm512_set1_ps(ss[j]);
+      for (; i + 16 <= k; i += 16) {
+        const __m128i bytes = _mm_loadu_si128((const __m128i*)(qs + j * k + i));
+        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s);
+        _mm256_storeu_si256((__m256i*)(w + j * k + i), vec::narrow16(v));
+      }
+#endif
+      for (; i < k; ++i) w[j * k + i] = c10::BFloat16(qs[j * k + i] * ss[j]).x;
+    }
+  });
+  return out;
+}
+
+at::Tensor dequantize_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& min,
+                           int64_t group) {
+  check_int4(q, scale, min, group);
+  const int64_t n = q.size(0), k = q.size(1) * 2, groups = k / group;
+  auto out = at::empty({n, k}, scale.options());
+  const auto* qs = q.data_ptr<uint8_t>();
+  const auto* ss = reinterpret_cast<const uint16_t*>(scale.data_ptr<c10::BFloat16>());
+  const auto* ms = reinterpret_cast<const uint16_t*>(min.data_ptr<c10::BFloat16>());
+  auto* w = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      for (int64_t i = 0; i < k; i += 16) {  // 16 inputs: one nibble of 16 bytes
+        const int64_t block = i / kInt4Block, at = i % kInt4Block;
+        const uint8_t* bytes = qs + j * (k / 2) + block * 32 + at % 32;
+        const int shift = at < 32 ? 0 : 4;
+        const int64_t g = j * groups + i / group;
+        const float s = bf16_to_float(ss[g]), lo = bf16_to_float(ms[g]);
+#ifdef SGLANG_AVX512_BF16
+        const __m512i nibbles = _mm512_and_si512(
+            _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)bytes)), shift),
+            _mm512_set1_epi32(0x0F));
+        const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibbles), _mm512_set1_ps(s),
+                                         _mm512_set1_ps(lo));
+        _mm256_storeu_si256((__m256i*)(w + j * k + i), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+        for (int t = 0; t < 16; ++t)
+          w[j * k + i + t] =
+              c10::BFloat16(std::fma(static_cast<float>((bytes[t] >> shift) & 0x0F), s, lo)).x;
+#endif
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
+  m.def("linear_int8", &linear_int8, "x W^T (+ b), W int8 per output channel",
+        py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bias") = py::none());
+  m.def("linear_int4", &linear_int4, "x W^T (+ b), W int4 in groups with scales and mins",
+        py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("group"),
+        py::arg("bias") = py::none());
+  m.def("dequantize_int8", &dequantize_int8, "the bfloat16 weight of an int8 one");
+  m.def("dequantize_int4", &dequantize_int4, "the bfloat16 weight of an int4 one");
+}
