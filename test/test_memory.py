@@ -62,10 +62,10 @@ def test_int4_estimate_halves_divisible_linears() -> None:
     assert _int4_bytes("model.layers.0.self_attn.k_proj.weight", (8, 128)) == 8 * 64 + 8 * 4
     # no whole groups of 128 columns: left in bfloat16
     assert _int4_bytes("model.layers.0.mlp.down_proj.weight", (16, 100)) == 16 * 100 * 2
-    # the vision tower, the embeddings and the LM head are not quantized
+    # the vision tower and the embeddings are not quantized; an untied LM head is int8
     assert _int4_bytes("visual.blocks.0.mlp.fc1.weight", (256, 512)) == 256 * 512 * 2
     assert _int4_bytes("model.embed_tokens.weight", (256, 512)) == 256 * 512 * 2
-    assert _int4_bytes("lm_head.weight", (256, 512)) == 256 * 512 * 2
+    assert _int4_bytes("lm_head.weight", (256, 512)) == 256 * 512 + 256 * 4
 
 
 def test_tied_and_quantized_storages_are_counted_once() -> None:

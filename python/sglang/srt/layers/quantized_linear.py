@@ -152,18 +152,22 @@ class QuantizedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, int{self.bits}{group}"
 
 
-def replace_linears(model: nn.Module, targets: set[nn.Linear], bits: int, group: int | None) -> int:
-    """Swap every linear of ``targets`` under ``model`` for its ``QuantizedLinear``, in place;
-    returns how many. The kernel is loaded (built on first use) once for all of them."""
+def quantize(linear: nn.Linear, bits: int, group: int | None) -> QuantizedLinear:
+    """``linear`` quantized, on the native kernels where they build."""
     from sglang.srt import kernels
 
-    kernel, gemm = kernels.load("linear_quant"), packed_linear.native_gemm()
+    layer = QuantizedLinear.from_linear(linear, bits, group)
+    layer.use_kernel(kernels.load("linear_quant"), packed_linear.native_gemm())
+    return layer
+
+
+def replace_linears(model: nn.Module, targets: set[nn.Linear], bits: int, group: int | None) -> int:
+    """Swap every linear of ``targets`` under ``model`` for its ``QuantizedLinear``, in place;
+    returns how many."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if child in targets:
-                layer = QuantizedLinear.from_linear(child, bits, group)
-                layer.use_kernel(kernel, gemm)
-                setattr(parent, name, layer)
+                setattr(parent, name, quantize(child, bits, group))
                 count += 1
     return count

@@ -118,13 +118,15 @@ def tensor_bytes_as(
     for the language model's linear weights, quantized as they are stored: int8 = 1 byte per
     element + a float32 scale per row; int4 = half a byte per element + a scale and a min (of
     the run dtype) per group of ``group_size`` columns (weights whose width is not a multiple
-    of the group and of 64 stay unquantized)."""
+    of the group and of 64 stay unquantized); an untied LM head (its own tensor) in int8."""
     numel = 1
     for dim in shape:
         numel *= dim
     if dtype not in _FLOAT_TYPES:
         return numel * _SAFETENSORS_BYTES.get(dtype, 4)
     elem = torch.empty(0, dtype=run_dtype).element_size()
+    if quant is not None and name.endswith("lm_head.weight") and len(shape) == 2:
+        return numel + shape[0] * 4  # int8 per output channel (quantize_lm_head)
     if quant is None or not _is_lm_linear(name, shape):
         return numel * elem
     rows, cols = shape

@@ -15,6 +15,7 @@ from sglang.srt.core.perf_counters import PerfCounters, instrument_vision, wait_
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
 from sglang.srt.layers import decode_linear, native_activation, packed_linear
 from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.layers.quantized_linear import QuantizedLinear
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
@@ -23,7 +24,11 @@ from sglang.srt.model_executor import host_memory, memory
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
-from sglang.srt.model_executor.quantization import apply_torchao_config, copy_out_of_checkpoint
+from sglang.srt.model_executor.quantization import (
+    apply_torchao_config,
+    copy_out_of_checkpoint,
+    quantize_lm_head,
+)
 from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter, load_vlm
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
@@ -89,6 +94,7 @@ class ModelRunner:
                 self.adapter.language_model, args.torchao_config
             )
             if self.quantization is not None:
+                quantize_lm_head(self.model, self.quantization)
                 copy_out_of_checkpoint(self.model)
         self._count_lm_work()
         if self.device == "cpu" and self.dtype == torch.bfloat16:
@@ -149,7 +155,9 @@ class ModelRunner:
         """Multiply-adds per token of the LM's dense linears and of the LM head, and the bytes
         of weights a decode step reads (the LM's and the head's), for ``PerfCounters``."""
         language_model = self.adapter.language_model
-        linears = [m for m in language_model.modules() if isinstance(m, torch.nn.Linear)]
+        linears = [
+            m for m in language_model.modules() if isinstance(m, torch.nn.Linear | QuantizedLinear)
+        ]
         self.lm_linear_macs = sum(m.in_features * m.out_features for m in linears)
         head = self.model.get_output_embeddings()
         self.lm_head_macs = head.in_features * head.out_features
