@@ -1,0 +1,374 @@
+"""Ours against llama.cpp's ``llama-server`` on the same checkpoint, width by width.
+
+Widths: our bfloat16 / ``--torchao-config int8wo`` / ``int4wo-128`` against the GGUF language
+model in BF16 / Q8_0 / Q4_0 (``--pure``), the vision tower a BF16 mmproj on both sides. One server
+runs at a time, in turn across repeats (ours bf16, llama BF16, ours int8, llama Q8_0, ...), each
+launched fresh, all through the same HTTP client. Per launch:
+
+- resident memory (RSS) of the server's process tree once ready and after the requests;
+- decode tokens/s at batch 1: a fixed text-only chat, temperature 0, ``ignore_eos``,
+  ``--max-tokens`` tokens; (tokens - 1) over the stream's time after the first token, median over
+  ``--decode-requests`` requests after one warm-up;
+- the multiturn image chat (``benchmark.multiturn_image``): TTFT per round, one new image per
+  round, the same images on both servers (best of the repeats per round).
+
+Needs ``bash benchmark/peers/setup_peers.sh llamacpp``; the GGUF files are converted on first use
+(``benchmark/peers/llamacpp_convert.py``) next to the checkpoint.
+
+    python -m benchmark.llamacpp --shape 7b --layers 2 --vision-depth 2 --rounds 2 --repeats 1
+    python -m benchmark.llamacpp --shape 7b --repeats 2          # the full 7B shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from benchmark.common import (
+    chat,
+    cpu_info,
+    cpu_line,
+    markdown_table,
+    parse_resolution,
+    pyplot,
+    ratio,
+    run_and_write,
+)
+from benchmark.memory import SHAPES, cached_checkpoint, rss_snapshot, shape_config
+from benchmark.multiturn_image import best_of, run_conversation
+from benchmark.peers.llamacpp_convert import TYPES, default_root, outputs
+from benchmark.servers import Server, _stop, _wait_healthy, free_port, launch
+
+# width -> (our server's flags, GGUF type of the language model)
+WIDTHS: dict[str, tuple[list[str], str]] = {
+    "bf16": ([], "bf16"),
+    "int8": (["--torchao-config", "int8wo"], "q8_0"),
+    "int4": (["--torchao-config", "int4wo-128"], "q4_0"),
+}
+OUR_LABELS = {"bf16": "ours:bf16", "int8": "ours:int8wo", "int4": "ours:int4wo-128"}
+DECODE_PROMPT = "Write a long story about a lighthouse keeper and the sea, chapter by chapter."
+GIB_MB = 1024.0
+# A fresh connection per request: llama-server at times closes a kept-alive connection after
+# a streamed response, and the next request sent on it fails.
+CLOSE = {"Connection": "close"}
+
+
+# Servers ---------------------------------------------------------------------------------------
+def llama_label(width: str) -> str:
+    return f"llama:{TYPES[WIDTHS[width][1]]}"
+
+
+def llama_command(
+    root: Path, lm: Path, mmproj: Path, port: int, ctx: int, threads: int
+) -> list[str]:
+    return [
+        str(root / "bin" / "llama-server"),
+        *("-m", str(lm), "--mmproj", str(mmproj), "--host", "127.0.0.1", "--port", str(port)),
+        *("-t", str(threads), "-tb", str(threads), "-np", "1", "-c", str(ctx)),
+    ]
+
+
+@contextlib.contextmanager
+def launch_llama(cmd: list[str], label: str, timeout: float, log_dir: Path) -> Iterator[Server]:
+    """``llama-server`` on the port in ``cmd``; yields once ``/health`` answers 200 (503 while
+    the model loads)."""
+    port = cmd[cmd.index("--port") + 1]
+    log_path = log_dir / f"{label.replace(':', '-')}-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", "default", "llamacpp", label, proc, log_path)
+    try:
+        started = time.perf_counter()
+        _wait_healthy(server, timeout)
+        server.startup_s = time.perf_counter() - started
+        yield server
+    finally:
+        _stop(proc)
+
+
+def server_for(
+    engine: str, width: str, args: argparse.Namespace, files: dict[str, Path], log_dir: Path
+) -> contextlib.AbstractContextManager[Server]:
+    if engine == "ours":
+        flags = WIDTHS[width][0]
+        return launch("ours", str(args.model_path), "per-image", flags, timeout=args.timeout,
+                      log_dir=log_dir, dtype="bfloat16")  # fmt: skip
+    lm = files[f"lm-{WIDTHS[width][1]}"]
+    cmd = llama_command(args.llama_root, lm, files["mmproj"], free_port(), args.llama_ctx,
+                        args.threads)  # fmt: skip
+    return launch_llama(cmd, llama_label(width), args.timeout, log_dir)
+
+
+# Measurements ----------------------------------------------------------------------------------
+def decode_request(client: httpx.Client, server: Server, max_tokens: int) -> dict[str, Any]:
+    """One text-only chat; decode tokens/s from the streamed chunks after the first token."""
+    messages = [{"role": "user", "content": DECODE_PROMPT}]
+    res = chat(client, server.base_url, server.model, messages, max_tokens,
+               extra={"ignore_eos": True})  # fmt: skip
+    if not res.ok:
+        raise RuntimeError(f"decode request failed: {res.error}\n{server.log_tail(5)}")
+    tokens = res.completion_tokens or len(res.itl) + 1
+    span = sum(res.itl)
+    return {
+        "ttft_ms": res.ttft * 1e3,
+        "prompt_tokens": res.prompt_tokens,
+        "completion_tokens": tokens,
+        "chunks": len(res.itl) + 1,
+        "decode_tok_per_s": (tokens - 1) / span if tokens > 1 and span > 0 else None,
+    }
+
+
+def measure(server: Server, args: argparse.Namespace, repeat: int, bar: tqdm) -> dict[str, Any]:
+    """RSS once ready, the decode requests, the image conversation, RSS again."""
+    assert server.proc is not None
+    pid = server.proc.pid
+    ready = rss_snapshot(pid)
+    with httpx.Client(timeout=3600, headers=CLOSE) as client:
+        decode_request(client, server, args.max_tokens)  # warm-up
+        decode = []
+        for _ in range(args.decode_requests):
+            decode.append(decode_request(client, server, args.max_tokens))
+            bar.update(1)
+        rounds = run_conversation(
+            client, server.base_url, server.model, args.resolution, args.rounds,
+            args.chat_tokens, progress=bar, image_offset=1000 * repeat, server_pid=pid,
+        )  # fmt: skip
+    return {"startup_s": server.startup_s, "rss_ready": ready, "rss_after": rss_snapshot(pid),
+            "decode": decode, "rounds": rounds}  # fmt: skip
+
+
+def play(
+    args: argparse.Namespace, files: dict[str, Path], log_dir: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Every repeat: each width on ours then on llama-server, one server at a time."""
+    runs: list[dict[str, Any]] = []
+    failures: list[dict[str, str]] = []
+    total = args.repeats * len(args.widths) * 2 * (args.decode_requests + args.rounds)
+    bar = tqdm(total=total, desc="llamacpp")
+    for k in range(args.repeats):
+        for width in args.widths:
+            for engine in ("ours", "llamacpp"):
+                label = OUR_LABELS[width] if engine == "ours" else llama_label(width)
+                bar.set_description(f"r{k} {label}")
+                try:
+                    with server_for(engine, width, args, files, log_dir) as server:
+                        run = measure(server, args, k, bar)
+                except (RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:
+                    failures.append({"label": label, "repeat": str(k), "error": str(exc)[-2000:]})
+                    print(f"{label} failed: {failures[-1]['error']}")
+                    continue
+                runs.append({"engine": engine, "width": width, "label": label, "repeat": k, **run})
+    bar.close()
+    return runs, failures
+
+
+# Results ---------------------------------------------------------------------------------------
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per label: median decode tok/s over every request, TTFT per round (best repeat), median
+    RSS once ready and after the requests."""
+    out: dict[str, dict[str, Any]] = {}
+    for label in dict.fromkeys(r["label"] for r in runs):
+        mine = [r for r in runs if r["label"] == label]
+        rounds = best_of([r["rounds"] for r in mine])
+        ttft = [e["ttft_ms"] for e in rounds]
+        out[label] = {
+            "engine": mine[0]["engine"],
+            "width": mine[0]["width"],
+            "decode_tok_per_s": _median([d["decode_tok_per_s"] for r in mine for d in r["decode"]]),
+            "ttft_ms": ttft,
+            "ttft_mean_ms": statistics.fmean(ttft) if ttft else None,
+            "prompt_tokens": [e["prompt_tokens"] for e in rounds],
+            "cached_tokens": [e["cached_tokens"] for e in rounds],
+            "rss_ready_mb": _median([r["rss_ready"]["rss_mb"] for r in mine]),
+            "rss_after_mb": _median([r["rss_after"]["rss_mb"] for r in mine]),
+            "anon_after_mb": _median([r["rss_after"]["anon_mb"] for r in mine]),
+            "startup_s": _median([r["startup_s"] for r in mine]),
+        }
+    return out
+
+
+def ratios(per_label: dict[str, dict[str, Any]], widths: list[str]) -> dict[str, dict[str, Any]]:
+    """ours / llama per width (decode: above 1 is faster; TTFT and RSS: below 1 is better)."""
+    out = {}
+    for width in widths:
+        ours, llama = per_label.get(OUR_LABELS[width]), per_label.get(llama_label(width))
+        if not ours or not llama:
+            continue
+        keys = {"decode": "decode_tok_per_s", "ttft_mean": "ttft_mean_ms",
+                "rss_ready": "rss_ready_mb", "rss_after": "rss_after_mb"}  # fmt: skip
+        out[width] = {name: ratio(ours[key], llama[key]) for name, key in keys.items()}
+        out[width]["ttft_per_round"] = [
+            ratio(a, b) for a, b in zip(ours["ttft_ms"], llama["ttft_ms"])
+        ]
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    per, rat = result["per_label"], result["ratios"]
+    rows = []
+    for width in result["config"]["widths"]:
+        for label in (OUR_LABELS[width], llama_label(width)):
+            if label in per:
+                p = per[label]
+                rows.append([label, p["decode_tok_per_s"], p["ttft_mean_ms"], p["rss_ready_mb"]
+                             / GIB_MB, p["rss_after_mb"] / GIB_MB, p["startup_s"]])  # fmt: skip
+        if width in rat:
+            r = rat[width]
+            rows.append([f"ours/llama {width}", r["decode"], r["ttft_mean"], r["rss_ready"],
+                         r["rss_after"], None])  # fmt: skip
+    head = ["server", "decode tok/s (batch 1)", "TTFT mean ms (image chat)", "RSS ready GiB",
+            "RSS after GiB", "start-up s"]  # fmt: skip
+    labels = list(per)
+    n = max((len(p["ttft_ms"]) for p in per.values()), default=0)
+    ttft_rows = [[r, *(per[lb]["ttft_ms"][r] if r < len(per[lb]["ttft_ms"]) else None
+                       for lb in labels)] for r in range(n)]  # fmt: skip
+    cfg = result["config"]
+    text = (
+        f"{cpu_line(result['cpu'])}\n\n{cfg['llama_server_version']}\n\n"
+        f"checkpoint {cfg['model_path']} ({cfg['shape']}, {cfg['layers']} layers, vision depth "
+        f"{cfg['vision_depth']}); {cfg['repeats']} repeat(s); decode: {cfg['max_tokens']} tokens; "
+        f"image chat: {cfg['rounds']} rounds at {cfg['resolution']}\n\n"
+        + markdown_table(head, rows)
+        + "\n\nTTFT per round, ms (best repeat):\n\n"
+        + markdown_table(["round", *labels], ttft_rows)
+        + "\n"
+    )
+    for f in result["failures"]:
+        text += f"\nfailed: {f['label']} (repeat {f['repeat']}): {f['error'][-300:]}\n"
+    return text
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    per, widths = result["per_label"], result["config"]["widths"]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 3.4))
+    xs = range(len(widths))
+    for offset, (name, labels) in zip((-0.2, 0.2), (("ours", OUR_LABELS), ("llama.cpp", None))):
+        keys = [labels[w] if labels else llama_label(w) for w in widths]
+        a.bar([x + offset for x in xs], [(per.get(k) or {}).get("decode_tok_per_s") or 0
+                                         for k in keys], 0.4, label=name)  # fmt: skip
+        c.bar([x + offset for x in xs], [((per.get(k) or {}).get("rss_after_mb") or 0) / GIB_MB
+                                         for k in keys], 0.4, label=name)  # fmt: skip
+    for label, p in per.items():
+        b.plot(range(len(p["ttft_ms"])), p["ttft_ms"], marker="o", ms=3, label=label,
+               linestyle="-" if p["engine"] == "ours" else "--")  # fmt: skip
+    a.set_ylabel("decode tokens / s (batch 1)")
+    b.set_ylabel("TTFT (ms)")
+    b.set_xlabel("round")
+    b.set_xticks(range(max((len(p["ttft_ms"]) for p in per.values()), default=0)))
+    c.set_ylabel("RSS after the requests (GiB)")
+    for ax in (a, c):
+        ax.set_xticks(list(xs), widths)
+    for ax in (a, b, c):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(cpu_line(result["cpu"]), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=70)
+    plt.close(fig)
+
+
+# Driver ----------------------------------------------------------------------------------------
+def ensure_gguf(args: argparse.Namespace) -> dict[str, Path]:
+    """The GGUF files of the widths, converted (in a subprocess) where missing."""
+    types = [WIDTHS[w][1] for w in args.widths]
+    files = outputs(args.gguf_dir, types)
+    if not all(path.is_file() for path in files.values()):
+        script = Path(__file__).parent / "peers" / "llamacpp_convert.py"
+        subprocess.run([sys.executable, str(script), str(args.model_path), str(args.gguf_dir),
+                        "--types", ",".join(types), "--llama-root", str(args.llama_root)],
+                       check=True)  # fmt: skip
+    return files
+
+
+def llama_version(root: Path) -> str:
+    out = subprocess.run([str(root / "bin" / "llama-server"), "--version"], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    lines = (out.stdout + out.stderr).splitlines()
+    return "llama-server " + "; ".join(
+        line for line in lines if line.startswith(("version", "built"))
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    server = args.llama_root / "bin" / "llama-server"
+    if not server.exists():
+        raise SystemExit(f"{server} missing: run bash benchmark/peers/setup_peers.sh llamacpp")
+    cpu = cpu_info()
+    print(cpu_line(cpu))
+    dims = shape_config(args.shape, args.layers, args.vision_depth)
+    args.model_path = args.model_path or cached_checkpoint(dims, args.shape)
+    args.gguf_dir = args.gguf_dir or Path(f"{args.model_path}-gguf")
+    files = ensure_gguf(args)
+    version = llama_version(args.llama_root)
+    print(version)
+    runs, failures = play(args, files, Path(tempfile.mkdtemp(prefix="bench-llamacpp-logs-")))
+    per_label = aggregate(runs)
+    config = {
+        "shape": args.shape, "layers": dims["text"]["num_hidden_layers"],
+        "vision_depth": dims["vision"]["depth"], "model_path": str(args.model_path),
+        "gguf": {k: str(v) for k, v in files.items()}, "widths": args.widths,
+        "rounds": args.rounds, "repeats": args.repeats, "max_tokens": args.max_tokens,
+        "decode_requests": args.decode_requests, "chat_tokens": args.chat_tokens,
+        "resolution": "x".join(map(str, args.resolution)), "llama_ctx": args.llama_ctx,
+        "threads": args.threads, "llama_server_version": version,
+    }  # fmt: skip
+    return {"benchmark": "llamacpp", "cpu": cpu, "config": config, "runs": runs,
+            "failures": failures, "per_label": per_label,
+            "ratios": ratios(per_label, args.widths)}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=SHAPES, default="7b")
+    p.add_argument("--layers", type=int, help="language-model layers (default: the shape's)")
+    p.add_argument("--vision-depth", type=int, help="vision blocks (default: the shape's)")
+    p.add_argument("--model-path", type=Path, help="use this checkpoint instead of building one")
+    p.add_argument("--gguf-dir", type=Path, help="GGUF files (default: CHECKPOINT-gguf)")
+    p.add_argument("--widths", default=",".join(WIDTHS), help=f"of {', '.join(WIDTHS)}")
+    p.add_argument("--rounds", type=int, default=8, help="image chat rounds")
+    p.add_argument("--resolution", default="448x448", help="WxH, multiples of 28")
+    p.add_argument("--chat-tokens", type=int, default=16, help="max tokens per chat round")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=64, help="decode request length")
+    p.add_argument("--decode-requests", type=int, default=3, help="after one warm-up")
+    p.add_argument("--llama-root", type=Path, default=default_root())
+    p.add_argument("--llama-ctx", type=int, default=16384, help="llama-server -c")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t/-tb")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds for a server to start")
+    p.add_argument("--out", default="benchmark/results/llamacpp")
+    args = p.parse_args(argv)
+    args.widths = [w for w in args.widths.split(",") if w]
+    if set(args.widths) - set(WIDTHS):
+        p.error(f"widths must be of {list(WIDTHS)}")
+    args.resolution = parse_resolution(args.resolution)
+    if any(side % 28 for side in args.resolution):
+        p.error(
+            "--resolution: sides must be multiples of 28 (Qwen2-VL's 14-pixel patches, merged 2x2)"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return run_and_write(parse_args(argv), run, markdown, plot)
+
+
+if __name__ == "__main__":
+    main()
