@@ -6,12 +6,16 @@ A decode step reads every weight once, so its floor is the weights' bytes over t
 Per width and row count it prints ms per layer, the weight bytes read per second, and
 ``of_bandwidth`` = floor / time (1.0 at the limit), for:
 
-- bf16: the native ``linear_bf16`` kernel over plain bfloat16 weights;
-- int8 / int4-<group>: ``QuantizedLinear`` (the native ``linear_quant`` kernel over its layouts);
+- bf16: the native ``linear_bf16`` kernel over plain bfloat16 weights (prompt-sized inputs: the
+  packed copy on the native GEMM, as the server holds it where memory allows);
+- int8 / int4-<group>: ``QuantizedLinear`` (the native ``linear_quant`` kernel over its layouts;
+  prompt-sized inputs: the layer dequantized for the call into the native GEMM);
 - torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
   (what ``--torchao-config`` ran before), for comparison in the same run.
 
-The widths alternate within each repeat; each cell is the best of ``--repeats``.
+``--rows`` above 16 (e.g. 512) time prompt chunks: there ``of_bandwidth`` means little, and
+``tflops`` (2 x rows x weights / time) is the figure to read. The widths alternate within each
+repeat; each cell is the best of ``--repeats``.
 
     python -m benchmark.quant_linear --rows 1,2,4,8,16 --repeats 5
 """
@@ -47,13 +51,14 @@ WIDTHS = ("bf16", "int8", "int4-128", "torchao-int8", "torchao-int4-128")
 
 
 def _layers(shape: str, width: str) -> list[nn.Module]:
-    from sglang.srt.layers import decode_linear
+    from sglang.srt.layers import decode_linear, packed_linear
     from sglang.srt.layers.quantized_linear import QuantizedLinear
     from sglang.srt.model_executor.quantization import _torchao, parse_torchao_config
 
     torch.manual_seed(0)
     dense = [nn.Linear(k, n, bias=False).bfloat16() for n, k in SHAPES[shape]]
-    if width == "bf16":
+    if width == "bf16":  # as the server runs it: packed copies for prompt-sized inputs
+        packed_linear.add_packed_copies(dense)
         decode_linear.install(dense)
         return dense
     if width.startswith("torchao-"):
@@ -72,6 +77,10 @@ def _layers(shape: str, width: str) -> list[nn.Module]:
         quantized.use_kernel(kernel)
         layers.append(quantized)
     return layers
+
+
+def _weights(shape: str) -> int:
+    return sum(n * k for n, k in SHAPES[shape])
 
 
 def _weight_bytes(layers: list[nn.Module]) -> int:
@@ -127,6 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "weight_gb_per_s": nbytes / cell["ms"] / 1e6,
                 "copy_bandwidth_gbs": cell["bandwidth_gbs"],
                 "of_bandwidth": cell["floor_ms"] / cell["ms"],
+                "tflops": 2 * rows * _weights(args.shape) / cell["ms"] / 1e9,
             }
         )
     return {
@@ -140,10 +150,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     rows = [
         [r["width"], r["rows"], r["ms_per_layer"], r["weight_bytes"] / 2**20,
-         r["weight_gb_per_s"], r["of_bandwidth"]]
+         r["weight_gb_per_s"], r["of_bandwidth"], r["tflops"]]
         for r in result["results"]
     ]  # fmt: skip
-    headers = ["width", "rows", "ms / layer", "weights MiB", "weight GB/s", "of bandwidth"]
+    headers = ["width", "rows", "ms / layer", "weights MiB", "weight GB/s", "of bandwidth",
+               "TFLOP/s"]  # fmt: skip
     title = f"{result['shape']}-shaped decoder layer, {cpu_line(result['cpu'])}"
     return f"{title}, {result['threads']} threads\n\n" + markdown_table(headers, rows)
 

@@ -121,6 +121,20 @@ def test_dequantized_weight_is_the_layouts_weight_in_bfloat16(bits, group) -> No
     assert ((got.double() - want).abs() <= 2.0**-8 * want.abs() + 1e-30).all()
 
 
+@pytest.mark.parametrize("bits, group", [(8, None), (4, 32), (4, 128)])
+@pytest.mark.parametrize("out_features", [1, 64, 130])
+def test_packed_dequantization_is_the_gemms_own_packing(bits, group, out_features) -> None:
+    """The prompt path writes the dequantized weight straight into the native GEMM's panels:
+    bit for bit what the GEMM's own pack() makes of the dequantized weight."""
+    gemm = native_gemm()
+    if gemm is None:
+        pytest.skip("the native bfloat16 GEMM runs on CPUs with AVX512-BF16 and no AMX only")
+    torch.manual_seed(5)
+    layer = QuantizedLinear.from_linear(nn.Linear(256, out_features).bfloat16(), bits, group)
+    layer.use_kernel(KERNEL, gemm)
+    assert torch.equal(layer.dequantized_packed(), gemm.pack(layer.dequantized()))
+
+
 @settings(max_examples=examples(25), deadline=None)
 @given(
     out_features=st.integers(1, 40),

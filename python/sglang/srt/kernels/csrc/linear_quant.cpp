@@ -249,12 +249,16 @@ void check_x(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " inputs, the weight ", k);
 }
 
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                       const c10::optional<at::Tensor>& bias) {
+void check_int8(const at::Tensor& q, const at::Tensor& scale) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(),
               "q must be contiguous int8 (out, in)");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == q.size(0) &&
                   scale.is_contiguous(), "scale must be float32 (out)");
+}
+
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias) {
+  check_int8(q, scale);
   const int64_t n = q.size(0), k = q.size(1);
   check_x(x, k);
   const auto* qs = q.data_ptr<int8_t>();
@@ -311,64 +315,107 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   return run_rows(x, n, bias, dot_group, nullptr);
 }
 
-// The bfloat16 weight the quantized one stands for (W as defined above, rounded to bfloat16 as
-// torch rounds), for prompt-sized inputs, which run on the bfloat16 GEMM.
-at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale) {
-  const int64_t n = q.size(0), k = q.size(1);
-  auto out = at::empty({n, k}, q.options().dtype(at::kBFloat16));
-  const auto* qs = q.data_ptr<int8_t>();
-  const auto* ss = scale.data_ptr<float>();
+// The bfloat16 weight the quantized one stands for (W as defined above; int8 rounded as torch
+// rounds), for prompt-sized inputs, which run on a bfloat16 GEMM: row by row (dequantize_*) or
+// straight into the native GEMM's panels (dequantize_*_packed).
+void dequant_row_int8(const int8_t* q, float scale, int64_t k, uint16_t* w) {
+  int64_t i = 0;
+#ifdef SGLANG_AVX512
+  const __m512 s = _mm512_set1_ps(scale);
+  for (; i + 16 <= k; i += 16) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i*)(q + i));
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s);
+    _mm256_storeu_si256((__m256i*)(w + i), vec::narrow16(v));
+  }
+#endif
+  for (; i < k; ++i) w[i] = c10::BFloat16(q[i] * scale).x;
+}
+
+void dequant_row_int4(const uint8_t* q, const uint16_t* scale, const uint16_t* min, int64_t k,
+                      int64_t group, uint16_t* w) {
+  for (int64_t i = 0; i < k; i += 16) {  // 16 inputs: one nibble of 16 bytes
+    const int64_t at = i % kInt4Block;
+    const uint8_t* bytes = q + (i / kInt4Block) * 32 + at % 32;
+    const int shift = at < 32 ? 0 : 4;
+    const float s = bf16_to_float(scale[i / group]), lo = bf16_to_float(min[i / group]);
+#ifdef SGLANG_AVX512_BF16
+    const __m512i nibbles = _mm512_and_si512(
+        _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)bytes)), shift),
+        _mm512_set1_epi32(0x0F));
+    const __m512 v =
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibbles), _mm512_set1_ps(s), _mm512_set1_ps(lo));
+    _mm256_storeu_si256((__m256i*)(w + i), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    for (int t = 0; t < 16; ++t)
+      w[i + t] =
+          c10::BFloat16(std::fma(static_cast<float>((bytes[t] >> shift) & 0x0F), s, lo)).x;
+#endif
+  }
+}
+
+template <typename RowFn>
+at::Tensor dequantize_rows(int64_t n, int64_t k, const at::TensorOptions& options, RowFn row) {
+  auto out = at::empty({n, k}, options.dtype(at::kBFloat16));
   auto* w = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      int64_t i = 0;
-#ifdef SGLANG_AVX512
-      const __m512 s = _mm512_set1_ps(ss[j]);
-      for (; i + 16 <= k; i += 16) {
-        const __m128i bytes = _mm_loadu_si128((const __m128i*)(qs + j * k + i));
-        const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s);
-        _mm256_storeu_si256((__m256i*)(w + j * k + i), vec::narrow16(v));
-      }
-#endif
-      for (; i < k; ++i) w[j * k + i] = c10::BFloat16(qs[j * k + i] * ss[j]).x;
-    }
+    for (int64_t j = begin; j < end; ++j) row(j, w + j * k);
   });
   return out;
 }
 
+// gemm_bf16.cpp's operand layout (its pack()): panels of kPanelCols output columns, each
+// [k / 2][kPanelCols][2] (the two weights of a column for inputs 2p, 2p + 1 side by side),
+// columns past n zero. A panel's rows are dequantized into a buffer that stays in cache and
+// transposed from there, so the weight is read quantized and written once.
+constexpr int64_t kPanelCols = 64;
+
+template <typename RowFn>
+at::Tensor dequantize_panels(int64_t n, int64_t k, const at::TensorOptions& options, RowFn row) {
+  TORCH_CHECK(k % 2 == 0, "the packed layout needs an even input size");
+  const int64_t panels = (n + kPanelCols - 1) / kPanelCols, pairs = k / 2;
+  auto packed = at::empty({panels, pairs, kPanelCols, 2}, options.dtype(at::kBFloat16));
+  auto* dst = reinterpret_cast<uint32_t*>(packed.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint16_t> rows(kPanelCols * k);
+    const auto* src = reinterpret_cast<const uint32_t*>(rows.data());
+    for (int64_t panel = begin; panel < end; ++panel) {
+      const int64_t cols = std::min(kPanelCols, n - panel * kPanelCols);
+      for (int64_t c = 0; c < kPanelCols; ++c) {
+        if (c < cols) row(panel * kPanelCols + c, rows.data() + c * k);
+        else std::fill_n(rows.data() + c * k, k, uint16_t{0});
+      }
+      uint32_t* out = dst + panel * pairs * kPanelCols;
+      for (int64_t p = 0; p < pairs; ++p)
+        for (int64_t c = 0; c < kPanelCols; ++c) out[p * kPanelCols + c] = src[c * pairs + p];
+    }
+  });
+  return packed;
+}
+
+template <bool Packed>
+at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale) {
+  check_int8(q, scale);
+  const int64_t n = q.size(0), k = q.size(1);
+  const auto* qs = q.data_ptr<int8_t>();
+  const auto* ss = scale.data_ptr<float>();
+  auto row = [&](int64_t j, uint16_t* w) { dequant_row_int8(qs + j * k, ss[j], k, w); };
+  return Packed ? dequantize_panels(n, k, q.options(), row)
+                : dequantize_rows(n, k, q.options(), row);
+}
+
+template <bool Packed>
 at::Tensor dequantize_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& min,
                            int64_t group) {
   check_int4(q, scale, min, group);
   const int64_t n = q.size(0), k = q.size(1) * 2, groups = k / group;
-  auto out = at::empty({n, k}, scale.options());
   const auto* qs = q.data_ptr<uint8_t>();
   const auto* ss = reinterpret_cast<const uint16_t*>(scale.data_ptr<c10::BFloat16>());
   const auto* ms = reinterpret_cast<const uint16_t*>(min.data_ptr<c10::BFloat16>());
-  auto* w = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      for (int64_t i = 0; i < k; i += 16) {  // 16 inputs: one nibble of 16 bytes
-        const int64_t block = i / kInt4Block, at = i % kInt4Block;
-        const uint8_t* bytes = qs + j * (k / 2) + block * 32 + at % 32;
-        const int shift = at < 32 ? 0 : 4;
-        const int64_t g = j * groups + i / group;
-        const float s = bf16_to_float(ss[g]), lo = bf16_to_float(ms[g]);
-#ifdef SGLANG_AVX512_BF16
-        const __m512i nibbles = _mm512_and_si512(
-            _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)bytes)), shift),
-            _mm512_set1_epi32(0x0F));
-        const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibbles), _mm512_set1_ps(s),
-                                         _mm512_set1_ps(lo));
-        _mm256_storeu_si256((__m256i*)(w + j * k + i), (__m256i)_mm512_cvtneps_pbh(v));
-#else
-        for (int t = 0; t < 16; ++t)
-          w[j * k + i + t] =
-              c10::BFloat16(std::fma(static_cast<float>((bytes[t] >> shift) & 0x0F), s, lo)).x;
-#endif
-      }
-    }
-  });
-  return out;
+  auto row = [&](int64_t j, uint16_t* w) {
+    dequant_row_int4(qs + j * (k / 2), ss + j * groups, ms + j * groups, k, group, w);
+  };
+  return Packed ? dequantize_panels(n, k, q.options(), row)
+                : dequantize_rows(n, k, q.options(), row);
 }
 
 }  // namespace
@@ -380,6 +427,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_int4", &linear_int4, "x W^T (+ b), W int4 in groups with scales and mins",
         py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("group"),
         py::arg("bias") = py::none());
-  m.def("dequantize_int8", &dequantize_int8, "the bfloat16 weight of an int8 one");
-  m.def("dequantize_int4", &dequantize_int4, "the bfloat16 weight of an int4 one");
+  m.def("dequantize_int8", &dequantize_int8<false>, "the bfloat16 weight of an int8 one");
+  m.def("dequantize_int4", &dequantize_int4<false>, "the bfloat16 weight of an int4 one");
+  m.def("dequantize_int8_packed", &dequantize_int8<true>,
+        "the bfloat16 weight of an int8 one, in gemm_bf16's packed panels");
+  m.def("dequantize_int4_packed", &dequantize_int4<true>,
+        "the bfloat16 weight of an int4 one, in gemm_bf16's packed panels");
 }
