@@ -17,6 +17,7 @@ from quant_reference import int4_codes, weight_int4, weight_int8
 from torch import nn
 
 from sglang.srt import kernels
+from sglang.srt.layers import quantized_linear
 from sglang.srt.layers.packed_linear import native_gemm
 from sglang.srt.layers.quantized_linear import (
     MAX_ROWS,
@@ -133,6 +134,26 @@ def test_packed_dequantization_is_the_gemms_own_packing(bits, group, out_feature
     layer = QuantizedLinear.from_linear(nn.Linear(256, out_features).bfloat16(), bits, group)
     layer.use_kernel(KERNEL, gemm)
     assert torch.equal(layer.dequantized_packed(), gemm.pack(layer.dequantized()))
+
+
+@pytest.mark.parametrize("bits, group", [(8, None), (4, 64)])
+def test_a_large_layer_is_dequantized_in_slices(monkeypatch, bits, group) -> None:
+    """Prompt-sized inputs through a layer larger than the slice budget (an LM head): the same
+    result as dequantizing it whole, with no slice over the budget."""
+    gemm = native_gemm()
+    if gemm is None:
+        pytest.skip("the native bfloat16 GEMM runs on CPUs with AVX512-BF16 and no AMX only")
+    torch.manual_seed(6)
+    layer = QuantizedLinear.from_linear(nn.Linear(128, 300).bfloat16(), bits, group)
+    layer.use_kernel(KERNEL, gemm)
+    x = torch.randn(40, 128).bfloat16()
+    whole = layer(x)
+    slices: list[int] = []
+    packed = layer.dequantized_packed
+    monkeypatch.setattr(layer, "dequantized_packed", lambda *a: slices.append(a) or packed(*a))
+    monkeypatch.setattr(quantized_linear, "DEQUANT_SLICE_BYTES", 64 * 128 * 2)  # 64 rows
+    assert torch.equal(layer(x), whole)
+    assert slices == [(0, 64), (64, 128), (128, 192), (192, 256), (256, 300)]
 
 
 @settings(max_examples=examples(25), deadline=None)

@@ -29,6 +29,8 @@ from torch import nn
 from sglang.srt.layers import packed_linear
 
 MAX_ROWS = 16
+# Prompt-sized inputs dequantize at most this many bytes of bfloat16 weight at a time.
+DEQUANT_SLICE_BYTES = 64 * 2**20
 INT4_BLOCK = 64  # inputs per packed block: byte b holds input b (low nibble) and 32 + b (high)
 
 
@@ -129,11 +131,27 @@ class QuantizedLinear(nn.Module):
         low = self.min.float().repeat_interleave(self.group, dim=1)
         return torch.addcmul(low, codes, scale).to(torch.bfloat16)
 
-    def dequantized_packed(self) -> torch.Tensor:
-        """``dequantized()`` in the native GEMM's packed panels, written in one pass."""
+    def dequantized_packed(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Output rows [start, end) of ``dequantized()`` in the native GEMM's packed panels,
+        written in one pass."""
+        q, scale = self.qweight[start:end], self.scale[start:end]
         if self.bits == 8:
-            return self._kernel.dequantize_int8_packed(self.qweight, self.scale)
-        return self._kernel.dequantize_int4_packed(self.qweight, self.scale, self.min, self.group)
+            return self._kernel.dequantize_int8_packed(q, scale)
+        return self._kernel.dequantize_int4_packed(q, scale, self.min[start:end], self.group)
+
+    def _prompt_product(self, flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` (rows, in) times the weight on the native GEMM, dequantized slice by slice
+        of output rows so that a large layer (an LM head) never exists whole in bfloat16."""
+        step = max(64, DEQUANT_SLICE_BYTES // (2 * self.in_features) // 64 * 64)
+        if step >= self.out_features:
+            return self._gemm.linear(flat, self.dequantized_packed(), self.bias, self.out_features)
+        out = torch.empty(flat.shape[0], self.out_features, dtype=torch.bfloat16)
+        for start in range(0, self.out_features, step):
+            end = min(start + step, self.out_features)
+            bias = None if self.bias is None else self.bias[start:end]
+            weight = self.dequantized_packed(start, end)
+            out[:, start:end] = self._gemm.linear(flat, weight, bias, end - start)
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -148,8 +166,7 @@ class QuantizedLinear(nn.Module):
             return out.reshape(*x.shape[:-1], self.out_features)
         if self._gemm is not None and rows > 0 and x.dtype == torch.bfloat16:
             flat = x.reshape(rows, self.in_features).contiguous()
-            out = self._gemm.linear(flat, self.dequantized_packed(), self.bias, self.out_features)
-            return out.reshape(*x.shape[:-1], self.out_features)
+            return self._prompt_product(flat).reshape(*x.shape[:-1], self.out_features)
         return F.linear(x.to(torch.bfloat16), self.dequantized(), self.bias)
 
     def extra_repr(self) -> str:
