@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import examples
+from conftest import examples, needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from quant_reference import int4_codes, weight_int4, weight_int8
@@ -94,6 +94,31 @@ def test_int4_matches_float64(rows, out_features, blocks, group, bias, seed) -> 
     got = KERNEL.linear_int4(x, q, scale, low, group, b)
     weight = weight_int4(q, scale, low, group)
     _assert_within_rounding(got, x, weight, b)
+
+
+@needs_compiler
+@pytest.mark.parametrize("bits, group", [(8, None), (4, 32), (4, 64), (4, 256)])
+def test_the_portable_path_matches_float64_too(bits, group) -> None:
+    """The plain C++ path (CPUs without AVX512-BF16), built here with SGLANG_PORTABLE_KERNELS:
+    within rounding of float64, and its dequantized weights bit for bit the vector path's."""
+    portable = kernels.load_portable("linear_quant")
+    assert portable is not None and portable.isa() == "portable"
+    for rows, out_features, seed in ((1, 33, 7), (5, 70, 8), (20, 9, 9)):
+        if bits == 8:
+            x, q, scale = _random_int8(rows, out_features, 300, seed)
+            b = torch.randn(out_features).bfloat16()
+            got = portable.linear_int8(x, q, scale, b)
+            _assert_within_rounding(got, x, weight_int8(q, scale), b)
+            same = torch.equal(portable.dequantize_int8(q, scale), KERNEL.dequantize_int8(q, scale))
+        else:
+            x, q, scale, low = _random_int4(rows, out_features, 512, group, seed)
+            got = portable.linear_int4(x, q, scale, low, group)
+            _assert_within_rounding(got, x, weight_int4(q, scale, low, group))
+            same = torch.equal(
+                portable.dequantize_int4(q, scale, low, group),
+                KERNEL.dequantize_int4(q, scale, low, group),
+            )
+        assert same
 
 
 def test_a_misread_layout_falls_outside_the_bound() -> None:

@@ -94,34 +94,44 @@ def load(name: str) -> ModuleType | None:
     return _build(name)
 
 
+def load_portable(name: str) -> ModuleType | None:
+    """``csrc/<name>.cpp`` built with ``SGLANG_PORTABLE_KERNELS`` (``vector_math.h``'s plain C++
+    paths, as a CPU without AVX-512 gets them), so that tests on any CPU can check those paths
+    too. Only kernels whose ISA choice follows ``vector_math.h`` honour the switch."""
+    return _build(name, portable=True)
+
+
 @functools.cache
-def _build(name: str) -> ModuleType | None:
+def _build(name: str, portable: bool = False) -> ModuleType | None:
     source = CSRC / f"{name}.cpp"
     try:
         from torch.utils.cpp_extension import load as build
 
-        directory = _build_dir(name, source)
+        variant = f"{name}_portable" if portable else name
+        directory = _build_dir(variant, source)
         directory.mkdir(parents=True, exist_ok=True)
-        fresh = not (directory / f"sglang_{name}.so").is_file()
+        fresh = not (directory / f"sglang_{variant}.so").is_file()
         if fresh:
             logger.info(
                 "building native CPU kernel %s for this CPU (%s): first use only, about 20 s; "
                 "cached in %s",
-                name,
-                expected_isa(name),
+                variant,
+                "portable" if portable else expected_isa(name),
                 directory,
             )
         start = time.perf_counter()
+        defines = ["-DSGLANG_PORTABLE_KERNELS"] if portable else []
         module = build(
-            name=f"sglang_{name}",
+            name=f"sglang_{variant}",
             sources=[str(source)],
             build_directory=str(directory),
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", *defines],
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )
         if fresh:
-            logger.info("built native CPU kernel %s in %.1f s", name, time.perf_counter() - start)
+            seconds = time.perf_counter() - start
+            logger.info("built native CPU kernel %s in %.1f s", variant, seconds)
         return module
     except Exception as exc:  # no compiler, no ninja, a failed build: the torch path stays
         if _required():
