@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.layers import quantized_linear
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.model_executor.host_memory import (
     device_memory_available,
@@ -49,7 +50,6 @@ _SAFETENSORS_BYTES = {
 }  # fmt: skip
 _FLOAT_TYPES = {"F64", "F32", "F16", "BF16"}
 _NOT_LM = ("visual", "vision", "vit.", "image", "mm_projector", "multi_modal", "norm")
-INT4_BLOCK = 64  # the int4 layout packs inputs in blocks of 64 (layers/quantized_linear.py)
 
 
 class InsufficientMemoryError(RuntimeError):
@@ -133,7 +133,7 @@ def tensor_bytes_as(
     if quant.bits == 8:
         return numel + rows * 4
     group = quant.group_size or 128
-    if cols % group or cols % INT4_BLOCK:
+    if quantized_linear.int4_skip_reason(cols, group) is not None:
         return numel * elem
     return numel // 2 + 2 * rows * (cols // group) * elem
 

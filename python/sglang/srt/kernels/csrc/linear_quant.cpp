@@ -212,7 +212,7 @@ void dot_int4(const Int4Args& a, int64_t j, const uint16_t* x, int64_t x_stride,
 
 template <typename DotGroup>
 at::Tensor run_rows(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
-                    DotGroup dot_group, const std::vector<float>* out_scale) {
+                    DotGroup dot_group, const float* out_scale) {
   const int64_t rows = x.size(0);
   auto out = at::empty({rows, n}, x.options());
   at::Tensor bias_f;
@@ -232,7 +232,7 @@ at::Tensor run_rows(const at::Tensor& x, int64_t n, const c10::optional<at::Tens
         const int group = static_cast<int>(std::min<int64_t>(kGroup, rows - m0));
         for (int64_t j = jb; j < je; ++j) {
           dot_group(group, j, m0, partial);
-          const float s = out_scale ? (*out_scale)[j] : 1.f;
+          const float s = out_scale ? out_scale[j] : 1.f;
           const float b = bias_ptr ? bias_ptr[j] : 0.f;
           for (int m = 0; m < group; ++m)
             y[(m0 + m) * n + j] = c10::BFloat16(partial[m] * s + b);
@@ -263,7 +263,6 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   check_x(x, k);
   const auto* qs = q.data_ptr<int8_t>();
   const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
-  const std::vector<float> scales(scale.data_ptr<float>(), scale.data_ptr<float>() + n);
   auto dot_group = [&](int group, int64_t j, int64_t m0, float* partial) {
     const int8_t* w = qs + j * k;
     const uint16_t* xm = xs + m0 * k;
@@ -274,7 +273,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
       default: dot_int8<4>(w, xm, k, k, partial); break;
     }
   };
-  return run_rows(x, n, bias, dot_group, &scales);
+  return run_rows(x, n, bias, dot_group, scale.data_ptr<float>());
 }
 
 void check_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& min,
