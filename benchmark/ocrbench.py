@@ -6,7 +6,15 @@ gold answer is a substring of it: lowercased, stripped and with newlines as spac
 HME100k (handwritten math), which is case-sensitive with every space removed from both sides.
 ``python -m benchmark.ocrbench_synth`` writes a small synthetic set in the same format.
 
+``--configs`` runs our server once per named configuration (``CONFIGS``: float32, bfloat16,
+fp8 KV cache, int8wo, int4wo, a chunk size that cuts through images) and cache mode; every report
+gives the accuracy with its 95% (Wilson) interval, and the run writes JSON, a markdown table and a
+plot. The trained reader (``benchmark/models/ocr-reader``, ``benchmark.train_reader``) on the
+synthetic set is the run that measures what a mode costs in accuracy.
+
     python -m benchmark.ocrbench --data DIR --modes per-image,combined,off
+    python -m benchmark.ocrbench --data DIR --model-path benchmark/models/ocr-reader \\
+        --configs float32,bfloat16,fp8-kv,int8wo,int4wo,chunk-16 --modes per-image
     python -m benchmark.ocrbench --data DIR --base-url http://127.0.0.1:30000 --concurrency 8
 """
 
@@ -16,6 +24,7 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import mimetypes
 from pathlib import Path
 from typing import Any
@@ -27,7 +36,10 @@ from benchmark.common import (
     CACHE_MODES,
     THINK_MODES,
     achat,
+    cpu_info,
+    cpu_line,
     markdown_table,
+    pyplot,
     think_mode_body,
     write_json,
 )
@@ -47,6 +59,26 @@ CATEGORIES = (
 )
 TEXT_RECOGNITION = CATEGORIES[:6]
 HME_DATASET = "HME100k"
+# Named server configurations (our flags); "default" adds none.
+CONFIGS = {
+    "default": [],
+    "float32": ["--dtype", "float32"],
+    "bfloat16": ["--dtype", "bfloat16"],
+    "fp8-kv": ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e4m3"],
+    "int8wo": ["--dtype", "bfloat16", "--torchao-config", "int8wo"],
+    "int4wo": ["--dtype", "bfloat16", "--torchao-config", "int4wo-128"],
+    "chunk-16": ["--dtype", "float32", "--chunked-prefill-size", "16"],
+}
+
+
+def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of an accuracy of ``correct`` / ``total``."""
+    if total == 0:
+        return (0.0, 1.0)
+    p = correct / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def _normal(text: str) -> str:
@@ -85,6 +117,7 @@ def score(entries: list[dict[str, Any]], predictions: list[str]) -> dict[str, An
         "correct": correct,
         "total": total,
         "accuracy": correct / total if total else 0.0,
+        "ci95": list(wilson_interval(correct, total)),
     }
 
 
@@ -154,7 +187,24 @@ def markdown(reports: list[dict[str, Any]]) -> str:
         + [f"{r['text_recognition']['correct']}/{r['text_recognition']['total']}" for r in reports]
     )
     rows.append(["Total"] + [f"{r['correct']}/{r['total']} ({r['accuracy']:.3f})" for r in reports])
+    rows.append(["95% interval"] + [f"{r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}" for r in reports])
     return markdown_table(["category"] + [r["label"] for r in reports], rows) + "\n"
+
+
+def plot(reports: list[dict[str, Any]], path: Path, title: str) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(reports) + 1.5), 3.4))
+    acc = [r["accuracy"] for r in reports]
+    err = [[a - r["ci95"][0] for a, r in zip(acc, reports)],
+           [r["ci95"][1] - a for a, r in zip(acc, reports)]]  # fmt: skip
+    ax.bar(range(len(reports)), acc, yerr=err, capsize=3, color="#4a7ab0")
+    ax.set_xticks(range(len(reports)), [r["label"].removeprefix("ours:") for r in reports],
+                  rotation=45, ha="right", fontsize=7)  # fmt: skip
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("OCRBench accuracy (95% interval)")
+    fig.suptitle(title, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -168,6 +218,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="qwen3: send chat_template_kwargs {enable_thinking: false}")  # fmt: skip
     p.add_argument("--model-path")
     p.add_argument("--modes", default=",".join(CACHE_MODES))
+    p.add_argument(
+        "--configs",
+        default="default",
+        help=f"server configurations, comma-separated: {', '.join(CONFIGS)}",
+    )
     p.add_argument("--server-args", default="", help="extra flags for our server")
     p.add_argument("--base-url", help="use a running server instead of launching")
     p.add_argument("--label", default="external")
@@ -179,20 +234,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with connect(args.base_url, args.label) as server:
             reports.append(evaluate(server, entries, args))
     else:
-        for mode in args.modes.split(","):
-            with launch("ours", args.model_path, mode, args.server_args.split()) as server:
-                reports.append(evaluate(server, entries, args))
+        for name in args.configs.split(","):
+            if name not in CONFIGS:
+                p.error(f"unknown config {name!r}; expected one of {', '.join(CONFIGS)}")
+            for mode in args.modes.split(","):
+                extra = CONFIGS[name] + args.server_args.split()
+                with launch("ours", args.model_path, mode, extra) as server:
+                    if name != "default":
+                        server.label = f"ours:{name}:{mode}"
+                    reports.append(evaluate(server, entries, args))
     result = {
         "benchmark": "ocrbench",
         "config": {"data": str(args.data), "questions": len(entries),
                    "max_tokens": args.max_tokens, "model_path": args.model_path,
-                   "think_mode": args.think_mode},
+                   "think_mode": args.think_mode, "server_args": args.server_args},
+        "cpu": cpu_info(),
         "reports": reports,
     }  # fmt: skip
     out = Path(args.out)
     write_json(out.with_suffix(".json"), result)
     md = markdown(reports)
     out.with_suffix(".md").write_text(md)
+    plot(reports, out.with_suffix(".png"), f"{len(entries)} questions; {cpu_line(result['cpu'])}")
     print(md)
     return result
 

@@ -335,9 +335,10 @@ def content_template(image_text: str, video_text: str | None = None) -> str:
     )
 
 
-def train_tokenizer(spec: TokSpec) -> Any:
-    """A byte-level BPE tokenizer trained on ``CORPUS``, with ``spec``'s special tokens, roles and
-    chat template, as a ``PreTrainedTokenizerFast``."""
+def train_tokenizer(spec: TokSpec, corpus: str = CORPUS, vocab_size: int = BPE_VOCAB_SIZE) -> Any:
+    """A byte-level BPE tokenizer trained on ``corpus`` (``vocab_size`` includes the 256 bytes and
+    the head specials), with ``spec``'s special tokens, roles and chat template, as a
+    ``PreTrainedTokenizerFast``."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
     from transformers import PreTrainedTokenizerFast
@@ -346,13 +347,13 @@ def train_tokenizer(spec: TokSpec) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = BpeTrainer(
-        vocab_size=BPE_VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=1,
         show_progress=False,
         special_tokens=list(spec.head),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    tok.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.head])
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.tail])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.plain])
