@@ -6,8 +6,8 @@ sizes (and callers use different seeds), so a held-out set measures reading, not
 
 - training fonts: most DejaVu faces; held-out: three faces never seen in training
   (``HELDOUT_FONTS``); sizes are even in training and odd in held-out sets;
-- where no DejaVu font is installed (Debian's ``fonts-dejavu-core``), Pillow's built-in font is
-  used for both splits, with a warning.
+- the fonts are Debian's ``fonts-dejavu-core`` (rendering raises, naming the package, without
+  them: a set drawn with other fonts would not be the same set).
 
 Images stay small (at most 112 x 336 pixels after the processor's resize: 48 image tokens), which
 is what lets a reader be trained from scratch on two CPU cores.
@@ -16,7 +16,6 @@ is what lets a reader be trained from scratch on two CPU cores.
 from __future__ import annotations
 
 import functools
-import logging
 import random
 import string
 from dataclasses import dataclass
@@ -27,8 +26,6 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from benchmark.ocrbench import CATEGORIES
-
-logger = logging.getLogger(__name__)
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
 HELDOUT_FONTS = (
@@ -83,27 +80,29 @@ class Sample:
 
 @functools.cache
 def fonts(split: str) -> tuple[str, ...]:
-    """Font files of a split (an empty tuple: Pillow's built-in font)."""
+    """Font files of a split."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     files = sorted(p for p in FONT_DIR.glob("*.ttf") if p.stem not in _SKIPPED_FONTS)
-    if not files:
-        logger.warning("no font in %s: rendering with Pillow's built-in font", FONT_DIR)
-        return ()
     held = split == "heldout"
-    return tuple(str(p) for p in files if (p.stem in HELDOUT_FONTS) == held)
+    found = tuple(str(p) for p in files if (p.stem in HELDOUT_FONTS) == held)
+    if not found:
+        raise FileNotFoundError(
+            f"no DejaVu fonts in {FONT_DIR}: the OCR sets are rendered with them "
+            "(Debian: apt-get install fonts-dejavu-core)"
+        )
+    return found
 
 
 @functools.lru_cache(maxsize=512)
-def _font(path: str | None, size: int) -> ImageFont.FreeTypeFont:
-    return ImageFont.truetype(path, size) if path else ImageFont.load_default(size)
+def _font(path: str, size: int) -> ImageFont.FreeTypeFont:
+    return ImageFont.truetype(path, size)
 
 
 def _pick_font(rng: random.Random, split: str, low: int = 19, high: int = 24) -> Any:
     size = rng.randrange(low, high + 1)
     size += (size % 2) if split == "train" else (1 - size % 2)  # even train, odd held-out
-    files = fonts(split)
-    return _font(rng.choice(files) if files else None, size)
+    return _font(rng.choice(fonts(split)), size)
 
 
 def _word(rng: random.Random) -> str:
@@ -213,7 +212,7 @@ def _handwriting(rng: random.Random, split: str) -> Sample:
     """Letters placed one by one with jitter in height, size and baseline, like a hand."""
     text = rng.choice(WORDS)
     base = _pick_font(rng, split, 18, 22)
-    path, size = getattr(base, "path", None), base.size
+    path, size = base.path, base.size
     glyphs = [(c, _font(path, max(12, size + rng.randint(-2, 2)))) for c in text]
     width = sum(int(f.getlength(c)) + rng.randint(0, 2) for c, f in glyphs) + 16
     img = Image.new("RGB", (width, CELL), _light(rng))
@@ -258,7 +257,7 @@ def _document(rng: random.Random, split: str) -> Sample:
         f"{rng.choice(WORDS)} {rng.choice(WORDS)}" for _ in range(2)
     ]
     body = _pick_font(rng, split, 18, 21)
-    title = _font(getattr(body, "path", None), body.size + 2)
+    title = _font(body.path, body.size + 2)
     img = _lines_image(lines, [title, body, body], rng)
     index = rng.randrange(3)
     if index == 0:
@@ -292,7 +291,7 @@ def _expression(rng: random.Random, split: str) -> Sample:
     """``a op x^{n}`` drawn with a raised, smaller exponent; the answer is its LaTeX."""
     a, op, var, n = rng.randint(1, 9), rng.choice("+-="), rng.choice("xyzab"), rng.randint(2, 9)
     font = _pick_font(rng, split, 19, 23)
-    small = _font(getattr(font, "path", None), max(10, font.size * 6 // 10))
+    small = _font(font.path, max(10, font.size * 6 // 10))
     head = f"{a}{op}{var}"
     head_w, sup_w = int(font.getlength(head)), int(small.getlength(str(n)))
     img = Image.new("RGB", (head_w + sup_w + 20, CELL), _light(rng))

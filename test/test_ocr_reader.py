@@ -1,0 +1,170 @@
+"""The trained OCR reader (``benchmark/models/ocr-reader``) reads, and every serving mode keeps it.
+
+The set is the synthetic OCRBench's held-out split (``benchmark.ocrbench_synth``: fonts and sizes
+never seen in training), scored with OCRBench's rule. The float32 answers must equal HF
+``generate``'s on the same checkpoint; the accuracy thresholds sit about 0.1 below what the
+checkpoint measures on this set (docs/ocr_reader.md), room for another CPU's rounding; two
+deliberate errors (images swapped between the requests of a batch; every prompt chunk after a
+request's first shifted by one position) must take the accuracy below them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import transformers
+from conftest import hf_inputs, load_hf_model
+
+import sglang
+from benchmark.ocrbench import CATEGORIES, TEXT_RECOGNITION, is_correct
+from benchmark.ocrbench_synth import DATASETS, samples
+from benchmark.train_reader import DEFAULT_OUT
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.multimodal.embedder import MultimodalEmbedder
+from sglang.srt.multimodal.hf_processor import load_hf_processor
+
+READER = str(DEFAULT_OUT)
+SET_SIZE = 300  # 30 per category: a second or two per engine
+MAX_TOKENS = 16
+GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_TOKENS}
+# What the checkpoint must score in float32 on this set, about 0.1 below what it measures
+# (docs/ocr_reader.md: 0.43 overall, 0.48 text recognition, 0.83 digit strings).
+MIN_ACCURACY = 0.33
+MIN_RECOGNITION = 0.38  # the six text-recognition categories
+MIN_DIGITS = 0.7
+# bfloat16, fp8 KV and the quantized modes: accuracy at most MAX_ACCURACY_DROP below float32's,
+# and the same answer as float32 on at least this share of the questions. The shares follow each
+# mode's rounding: bfloat16 and int8 (2^-8 and 2^-7 of a channel's range) flip a few near-tied
+# answers, an fp8 KV cache (2^-4) and int4 weights (1/15 of a group's range) more (measured
+# 0.99, 0.99, 0.92, 0.84).
+MAX_ACCURACY_DROP = 0.05
+MIN_SAME_ANSWERS = {"bfloat16": 0.95, "int8wo": 0.95, "fp8_e4m3": 0.85, "int4wo-128": 0.75}
+CHUNK = 8  # prompt chunks of 8 tokens cut through most images
+
+
+@functools.cache
+def _set() -> list:
+    return samples(SET_SIZE)
+
+
+@functools.cache
+def _tokenizer():
+    return transformers.AutoTokenizer.from_pretrained(READER)
+
+
+def _prompt(question: str) -> str:
+    messages = [{"role": "user", "content": [{"type": "image"},
+                                             {"type": "text", "text": question}]}]  # fmt: skip
+    return _tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _read(engine: sglang.Engine) -> list[str]:
+    items = _set()
+    outs = engine.generate(
+        [_prompt(s.question) for s in items], GREEDY, image_data=[[s.image] for s in items]
+    )
+    return [o["text"] for o in outs]
+
+
+def _accuracy(answers: list[str], categories: tuple[str, ...] | None = None) -> float:
+    pairs = [(s, a) for s, a in zip(_set(), answers) if s.category in (categories or CATEGORIES)]
+    return sum(is_correct(a, s.answer, DATASETS[s.category]) for s, a in pairs) / len(pairs)
+
+
+@functools.cache
+def _answers(**kwargs) -> tuple[str, ...]:
+    return tuple(_read(sglang.Engine(model_path=READER, **kwargs)))
+
+
+def _float32(**kwargs) -> tuple[str, ...]:
+    return _answers(dtype="float32", **kwargs)
+
+
+@functools.cache
+def _hf_answers(count: int) -> list[str]:
+    processor = load_hf_processor(READER)
+    model = load_hf_model(transformers.AutoModelForImageTextToText, READER, torch.float32)
+    answers = []
+    for s in _set()[:count]:
+        inputs = hf_inputs(processor, _prompt(s.question), [s.image])
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_TOKENS)
+        answers.append(processor.decode(out[0, inputs["input_ids"].shape[1] :],
+                                        skip_special_tokens=True))  # fmt: skip
+    return answers
+
+
+def test_reader_reads_in_float32() -> None:
+    answers = _float32()
+    assert _accuracy(answers) >= MIN_ACCURACY
+    assert _accuracy(answers, TEXT_RECOGNITION) >= MIN_RECOGNITION
+    assert _accuracy(answers, ("Digit String Recognition",)) >= MIN_DIGITS
+
+
+def test_float32_answers_equal_hf_generate() -> None:
+    count = 30
+    assert list(_float32()[:count]) == _hf_answers(count)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mm_cache_mode": "combined"},
+        {"mm_cache_mode": "off"},
+        {"chunked_prefill_size": CHUNK},
+        {"chunked_prefill_size": CHUNK, "mm_cache_mode": "off"},
+        {"chunked_prefill_size": 5, "disable_radix_cache": True},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_same_answers_in_every_cache_mode_and_chunk_size(kwargs: dict) -> None:
+    assert _float32(**kwargs) == _float32()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"dtype": "bfloat16"},
+        {"dtype": "bfloat16", "kv_cache_dtype": "fp8_e4m3"},
+        {"dtype": "bfloat16", "torchao_config": "int8wo"},
+        {"dtype": "bfloat16", "torchao_config": "int4wo-128"},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_reduced_precision_reads_within_distance_of_float32(kwargs: dict) -> None:
+    reference, answers = _float32(), _answers(**kwargs)
+    same = sum(a == b for a, b in zip(answers, reference)) / len(reference)
+    mode = kwargs.get("torchao_config") or kwargs.get("kv_cache_dtype") or kwargs["dtype"]
+    assert same >= MIN_SAME_ANSWERS[mode]
+    assert _accuracy(answers) >= _accuracy(reference) - MAX_ACCURACY_DROP
+
+
+def test_images_swapped_between_requests_fail_the_threshold(monkeypatch) -> None:
+    """Every request's image rows are written where the next request's image goes."""
+    original = MultimodalEmbedder._get_chunked_embedding_by_item
+
+    def swap(self, *args):
+        chunks = original(self, *args)
+        return [(pos, rows) for (pos, _), (_, rows) in zip(chunks, chunks[1:] + chunks[:1])]
+
+    monkeypatch.setattr(MultimodalEmbedder, "_get_chunked_embedding_by_item", swap)
+    answers = _read(sglang.Engine(model_path=READER, dtype="float32"))
+    assert _accuracy(answers) < MIN_ACCURACY
+
+
+def test_a_shifted_position_fails_the_threshold(monkeypatch) -> None:
+    """Chunks cut through the images, and every prefill chunk after a request's first is one
+    position further on than it should be."""
+    original = ModelRunner.forward
+
+    def shift_later_chunks(self, batch):
+        if not batch.is_decode:
+            spans = zip(batch.prefix_lens, batch.extend_lens)
+            later = torch.cat([torch.full((n,), int(lo > 0)) for lo, n in spans])
+            batch.positions = batch.positions + later
+        return original(self, batch)
+
+    monkeypatch.setattr(ModelRunner, "forward", shift_later_chunks)
+    engine = sglang.Engine(model_path=READER, dtype="float32", chunked_prefill_size=CHUNK)
+    assert _accuracy(_read(engine)) < MIN_ACCURACY
