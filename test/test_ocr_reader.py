@@ -168,3 +168,72 @@ def test_a_shifted_position_fails_the_threshold(monkeypatch) -> None:
     monkeypatch.setattr(ModelRunner, "forward", shift_later_chunks)
     engine = sglang.Engine(model_path=READER, dtype="float32", chunked_prefill_size=CHUNK)
     assert _accuracy(_read(engine)) < MIN_ACCURACY
+
+
+# The training pieces ------------------------------------------------------------------------------
+def test_training_prompts_are_what_the_engine_serves() -> None:
+    """The training batch's prompt tokens are the served request's, its pixels HF's processor's,
+    and only the answer (and its <|im_end|>) carries labels."""
+    from benchmark.train_reader import Batcher
+
+    engine = sglang.Engine(model_path=READER, dtype="float32")
+    sample = _set()[7]
+    batch = Batcher(_tokenizer(), engine.processor.hf_processor.image_processor)([sample])
+    (served,), _ = engine.tokenize(_prompt(sample.question), GREEDY, None, [sample.image])
+    labelled = batch["labels"][0] != -100
+    prompt_len = int((~labelled).sum())
+    assert batch["input_ids"][0, :prompt_len].tolist() == served.input_ids
+    processor = load_hf_processor(READER).image_processor
+    reference = processor(images=[sample.image], return_tensors="pt")
+    assert torch.equal(reference["pixel_values"], batch["pixel_values"])
+    assert torch.equal(reference["image_grid_thw"], batch["image_grid_thw"])
+    answer = _tokenizer()(sample.answer, add_special_tokens=False)["input_ids"]
+    end = _tokenizer().convert_tokens_to_ids("<|im_end|>")
+    assert batch["labels"][0, labelled].tolist() == answer + [end]
+
+
+def test_slot_targets_name_each_character_in_its_cell() -> None:
+    import random
+
+    from benchmark.ocr_render import CELL, STRING_CHARS, render_string
+    from benchmark.train_reader import SLOTS, Batcher
+
+    sample = render_string(random.Random(3), 8)
+    cols = sample.image.width // CELL
+    targets = Batcher.slot_targets(sample, 1, cols)
+    assert targets.shape == (cols, SLOTS)
+    hits: dict[tuple[int, int], list[str]] = {}
+    for char, x in zip(sample.answer, sample.char_centres):
+        hits.setdefault((int(x // CELL), int((x % CELL) * SLOTS // CELL)), []).append(char)
+    for col in range(cols):
+        for slot in range(SLOTS):
+            chars = hits.get((col, slot), [])
+            if not chars:
+                assert targets[col, slot] == len(STRING_CHARS)  # none
+            else:  # two narrow glyphs in one slot: the later one is named
+                assert STRING_CHARS[targets[col, slot]] == chars[-1]
+
+
+def test_heldout_split_uses_other_fonts_and_sizes() -> None:
+    import random
+
+    from benchmark.ocr_render import _pick_font, fonts
+
+    assert fonts("train") and fonts("heldout")
+    assert not set(fonts("train")) & set(fonts("heldout"))
+    rng = random.Random(0)
+    assert {_pick_font(rng, "train").size % 2 for _ in range(50)} == {0}
+    assert {_pick_font(rng, "heldout").size % 2 for _ in range(50)} == {1}
+
+
+def test_training_run_writes_a_servable_checkpoint(tmp_path) -> None:
+    from benchmark.train_reader import main
+
+    report = main(["--out", str(tmp_path), "--steps", "3", "--batch-size", "4",
+                   "--eval-every", "1", "--curriculum-steps", "2"])  # fmt: skip
+    assert [h["step"] for h in report["history"]] == [0, 1, 2]
+    assert report["history"][-1]["heldout_tokens"] > report["history"][0]["heldout_tokens"]
+    engine = sglang.Engine(model_path=str(tmp_path), dtype="float32")
+    sample = _set()[0]
+    out = engine.generate(_prompt(sample.question), GREEDY, image_data=[sample.image])
+    assert out["meta_info"]["completion_tokens"] >= 1
