@@ -59,15 +59,15 @@ CATEGORIES = (
 )
 TEXT_RECOGNITION = CATEGORIES[:6]
 HME_DATASET = "HME100k"
-# Named server configurations (our flags); "default" adds none.
+# Named server configurations: (dtype, our other flags); "default" is launch()'s own.
 CONFIGS = {
-    "default": [],
-    "float32": ["--dtype", "float32"],
-    "bfloat16": ["--dtype", "bfloat16"],
-    "fp8-kv": ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e4m3"],
-    "int8wo": ["--dtype", "bfloat16", "--torchao-config", "int8wo"],
-    "int4wo": ["--dtype", "bfloat16", "--torchao-config", "int4wo-128"],
-    "chunk-16": ["--dtype", "float32", "--chunked-prefill-size", "16"],
+    "default": ("float32", []),
+    "float32": ("float32", []),
+    "bfloat16": ("bfloat16", []),
+    "fp8-kv": ("bfloat16", ["--kv-cache-dtype", "fp8_e4m3"]),
+    "int8wo": ("bfloat16", ["--torchao-config", "int8wo"]),
+    "int4wo": ("bfloat16", ["--torchao-config", "int4wo-128"]),
+    "chunk-16": ("float32", ["--chunked-prefill-size", "16"]),
 }
 
 
@@ -237,9 +237,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in args.configs.split(","):
             if name not in CONFIGS:
                 p.error(f"unknown config {name!r}; expected one of {', '.join(CONFIGS)}")
+            dtype, flags = CONFIGS[name]
             for mode in args.modes.split(","):
-                extra = CONFIGS[name] + args.server_args.split()
-                with launch("ours", args.model_path, mode, extra) as server:
+                extra = flags + args.server_args.split()
+                with launch("ours", args.model_path, mode, extra, dtype=dtype) as server:
                     if name != "default":
                         server.label = f"ours:{name}:{mode}"
                     reports.append(evaluate(server, entries, args))
