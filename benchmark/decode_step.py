@@ -1,15 +1,23 @@
-"""Decode step time against memory bandwidth, per batch size, with and without the native CPU
-kernels (decode attention; bfloat16 linears of decode-sized inputs), on a checkpoint with a real
-model's per-layer dims (random weights).
+"""Decode step time against its roofline, per batch size, for the language model's two weight
+layouts and the torch paths, on a checkpoint with a real model's per-layer dims (random weights).
 
-A decode step must read the language model's weights once plus every request's KV, so its floor
-is (weight bytes + KV bytes) / bandwidth (a copy probe before each repeat: the bandwidth of a
-shared machine drifts; a row's floor takes the probe of its fastest run). For each batch size the
-offline engine prefills the prompts, then the step time is taken from the runner's counters over
-the decode steps; ``of_bandwidth`` = floor / step time (1.0 at the limit). Both attention paths
-run in one process, alternating, best of ``--repeats``.
+A decode step must read the language model's weights once plus every request's KV, and multiply
+each row by them: its floor (the roofline) is the larger of (weight bytes + KV bytes) /
+bandwidth and the linears' FLOPs / the bfloat16 GEMM peak (2 x multiply-adds of the LM and the
+head per row; attention's few FLOPs left out). A copy probe runs before each repeat (the
+bandwidth of a shared machine drifts; a row's floor takes the probe of its fastest run), the
+GEMM peak (``matmul_peak_gflops``) once. For each batch size the offline engine prefills the
+prompts, then the step time is taken from the runner's counters over the decode steps;
+``of_roofline`` = floor / step time (1.0 at the limit). The paths, in one process, alternating,
+best of ``--repeats``:
 
-    python -m benchmark.decode_step --shape 3b --layers 4 --batch-sizes 1,4,8,16
+- ``packed``: the engine as served (bfloat16 on a CPU with the native GEMM: each linear held
+  once, packed, prompts and decode rows on the GEMM);
+- ``plain``: ``cpu_packed_lm_weights=off`` (plain weights, the decode kernel: what CPUs without
+  the native GEMM run);
+- ``torch``: that engine with the native decode attention and linears off.
+
+    python -m benchmark.decode_step --shape 2b --layers 4 --batch-sizes 1,2,4,8,16,32
 """
 
 from __future__ import annotations
@@ -31,14 +39,14 @@ from benchmark.common import (
 from benchmark.memory import SHAPES, cached_checkpoint, shape_config
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 
-PATHS = ("kernel", "torch")
+PATHS = ("packed", "plain", "torch")
 
 
-def _step(engine: Any, batch: int, prompt_len: int, new_tokens: int, path: str) -> dict:
+def _step(engine: Any, batch: int, prompt_len: int, new_tokens: int, kernels_on: bool) -> dict:
     """One measured decode run: ``batch`` prompts of ``prompt_len`` tokens, ``new_tokens``
     each; returns ms per decode step and bytes per step."""
     runner = engine.runner
-    _use_kernels(runner, path == "kernel")
+    _use_kernels(runner, kernels_on)
     engine.flush_cache()
     ids = [[(7 * i + 13 * t) % 1000 + 10 for t in range(prompt_len)] for i in range(batch)]
     params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
@@ -66,8 +74,29 @@ def _use_kernels(runner: Any, on: bool) -> None:
             module.use_kernel(*(saved[module] if on else (None, None)))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def _engines(args: argparse.Namespace, path: str) -> dict[str, Any]:
+    """The engine each path runs on: ``packed`` the default one, ``plain`` and ``torch`` one
+    with the plain weights."""
     import sglang
+
+    tokens = max(args.batch_sizes) * (args.prompt_len + args.new_tokens + 8)
+    common = {
+        "model_path": path,
+        "dtype": args.dtype,
+        "torchao_config": args.torchao_config,
+        "max_running_requests": max(args.batch_sizes),
+        "max_total_tokens": tokens,
+    }
+    packed = sglang.Engine(**common)
+    plain = sglang.Engine(**common, cpu_packed_lm_weights="off")
+    for engine in (packed, plain):
+        if engine.runner.attn_backend.decode_kernel is None:
+            raise RuntimeError("the native decode kernel could not be built on this machine")
+    return {"packed": packed, "plain": plain, "torch": plain}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmark.common import matmul_peak_gflops
 
     cpu = cpu_info()
     print(cpu_line(cpu))
@@ -75,14 +104,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     probes = [bandwidth["gb_per_s"]]
     dims = shape_config(args.shape, args.layers, 2)
     path = args.model_path or str(cached_checkpoint(dims, args.shape))
-    engine = sglang.Engine(
-        model_path=path,
-        dtype=args.dtype,
-        max_running_requests=max(args.batch_sizes),
-        torchao_config=args.torchao_config,
-    )
-    if engine.runner.attn_backend.decode_kernel is None:
-        raise RuntimeError("the native decode kernel could not be built on this machine")
+    engines = _engines(args, path)
+    runner = engines["packed"].runner
+    peak = matmul_peak_gflops(dtype="bfloat16")
+    flops_per_row = 2 * (runner.lm_linear_macs + runner.lm_head_macs)
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(args.batch_sizes) * len(PATHS) * args.repeats, desc="decode_step")
     for batch in args.batch_sizes:
@@ -93,42 +118,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             gb_per_s = memory_bandwidth_gbs(seconds=0.3)["gb_per_s"]
             probes.append(gb_per_s)
             for kind in PATHS:
-                got = _step(engine, batch, args.prompt_len, args.new_tokens, kind)
+                engine = engines[kind]
+                got = _step(engine, batch, args.prompt_len, args.new_tokens, kind != "torch")
                 got["gb_per_s"] = gb_per_s
                 if kind not in best or got["ms_per_step"] < best[kind]["ms_per_step"]:
                     best[kind] = got
                 bar.update(1)
-        gb_per_s = best["kernel"]["gb_per_s"]
-        floor_ms = best["kernel"]["bytes_per_step"] / (gb_per_s * 1e9) * 1e3
-        row = {"batch": batch, "gb_per_s": gb_per_s, "floor_ms": floor_ms}
+        gb_per_s = best["packed"]["gb_per_s"]
+        bytes_ms = best["packed"]["bytes_per_step"] / (gb_per_s * 1e9) * 1e3
+        flops_ms = batch * flops_per_row / (peak["gflop_per_s"] * 1e9) * 1e3
+        floor_ms = max(bytes_ms, flops_ms)
+        row = {"batch": batch, "gb_per_s": gb_per_s, "bytes_ms": bytes_ms, "flops_ms": flops_ms,
+               "floor_ms": floor_ms}  # fmt: skip
         for kind in PATHS:
             row[f"{kind}_ms"] = best[kind]["ms_per_step"]
-            row[f"{kind}_of_bandwidth"] = floor_ms / best[kind]["ms_per_step"]
-        row["torch_over_kernel"] = row["torch_ms"] / row["kernel_ms"]
+            row[f"{kind}_of_roofline"] = floor_ms / best[kind]["ms_per_step"]
+        row["plain_over_packed"] = row["plain_ms"] / row["packed_ms"]
+        row["torch_over_packed"] = row["torch_ms"] / row["packed_ms"]
         rows.append(row)
     bar.close()
-    engine.shutdown()
+    for one in rows:  # tokens/s of the batch over one stream's
+        one["packed_x_batch1"] = rows[0]["packed_ms"] / one["packed_ms"] * one["batch"]
+    for engine in {id(e): e for e in engines.values()}.values():
+        engine.shutdown()
     return {
         "benchmark": "decode_step",
         "config": {**vars(args), "model_path": path, "dims": dims},
         "cpu": cpu,
         "memory_bandwidth": {**bandwidth, "probes_gb_per_s": probes},
+        "matmul_peak": peak,
+        "flops_per_row": flops_per_row,
         "rows": rows,
     }
 
 
 def markdown(result: dict[str, Any]) -> str:
-    head = ["batch", "copy GB/s", "floor ms", "kernel ms", "kernel / bandwidth", "torch ms",
-            "torch / bandwidth", "torch / kernel"]  # fmt: skip
+    head = ["batch", "copy GB/s", "bytes ms", "FLOPs ms", "packed ms", "packed / roofline",
+            "tok/s x batch 1", "plain ms", "plain / roofline", "torch ms", "torch / roofline",
+            "plain / packed", "torch / packed"]  # fmt: skip
     rows = [
-        [r["batch"], r["gb_per_s"], r["floor_ms"], r["kernel_ms"], r["kernel_of_bandwidth"],
-         r["torch_ms"], r["torch_of_bandwidth"], r["torch_over_kernel"]]
+        [r["batch"], r["gb_per_s"], r["bytes_ms"], r["flops_ms"], r["packed_ms"],
+         r["packed_of_roofline"], r["packed_x_batch1"], r["plain_ms"], r["plain_of_roofline"],
+         r["torch_ms"], r["torch_of_roofline"], r["plain_over_packed"], r["torch_over_packed"]]
         for r in result["rows"]
     ]  # fmt: skip
     probes = result["memory_bandwidth"]["probes_gb_per_s"]
+    peak = result["matmul_peak"]["gflop_per_s"]
     return (
         f"{cpu_line(result['cpu'])}; copy bandwidth probed before each repeat: "
-        f"{min(probes):.1f}-{max(probes):.1f} GB/s (a row's floor: its fastest run's probe)\n\n"
+        f"{min(probes):.1f}-{max(probes):.1f} GB/s (a row's floor: its fastest run's probe); "
+        f"bfloat16 GEMM peak {peak:.0f} GFLOP/s; roofline = max(bytes ms, FLOPs ms)\n\n"
         + markdown_table(head, rows)
         + "\n"
     )
@@ -138,9 +177,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.4))
     batches = [r["batch"] for r in result["rows"]]
-    for key, label in (("floor_ms", "bytes / bandwidth"), ("kernel_ms", "native kernels"),
+    for key, label in (("floor_ms", "roofline"), ("packed_ms", "packed (one layout)"),
+                       ("plain_ms", "plain weights, decode kernel"),
                        ("torch_ms", "torch paths")):  # fmt: skip
         ax.plot(batches, [r[key] for r in result["rows"]], marker="o", label=label)
+    ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("ms per decode step")
     ax.legend(fontsize=7)
@@ -157,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--torchao-config", default="", help="int8wo or int4wo-<group>: quantized")
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
-                   default=[1, 4, 8, 16])  # fmt: skip
+                   default=[1, 2, 4, 8, 16, 32])  # fmt: skip
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)

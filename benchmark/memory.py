@@ -5,8 +5,10 @@ real shapes and random bfloat16 weights, never materialised in float32: the mode
 on the meta device and each tensor is created in bfloat16 and written shard by shard. The
 tokenizer and processor are the tiny models' (a small BPE, Qwen's image processor with its real
 pixel range). Then, per setting (bfloat16, and int8wo / int4wo-128 where the server has
-``--torchao-config``), it launches the server and records the peak RSS of its processes once
-ready and after one chat request with two 448x448 JPEGs, that request's TTFT and decode tokens/s.
+``--torchao-config``; on request bfloat16-plain, the language model's plain weights as served
+on CPUs without the native GEMM, and float32), it launches the server and records the peak RSS
+of its processes once ready and after one chat request with two 448x448 JPEGs, that request's
+TTFT and decode tokens/s.
 A float32 launch shows the fit check: refused before loading, with its peak RSS.
 
     python -m benchmark.memory                               # the full 7B shape (~17 GB RAM)
@@ -119,11 +121,15 @@ SHAPES: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
 }  # fmt: skip
-SETTINGS: dict[str, list[str]] = {
-    "bfloat16": [],
-    "int8wo": ["--torchao-config", "int8wo"],
-    "int4wo-128": ["--torchao-config", "int4wo-128"],
+# name -> (dtype, server flags); the first three run by default.
+SETTINGS: dict[str, tuple[str, list[str]]] = {
+    "bfloat16": ("bfloat16", []),
+    "int8wo": ("bfloat16", ["--torchao-config", "int8wo"]),
+    "int4wo-128": ("bfloat16", ["--torchao-config", "int4wo-128"]),
+    "bfloat16-plain": ("bfloat16", ["--cpu-packed-lm-weights", "off"]),  # no native GEMM
+    "float32": ("float32", []),
 }
+DEFAULT_SETTINGS = ("bfloat16", "int8wo", "int4wo-128")
 BUILD_VERSION = 3  # bump when the checkpoint recipe changes
 
 
@@ -379,13 +385,18 @@ def _has_token(choice: dict[str, Any]) -> bool:
 
 
 def run_setting(
-    model: Path, setting: str, flags: list[str], opts: argparse.Namespace, log_dir: Path
+    model: Path,
+    setting: str,
+    dtype: str,
+    flags: list[str],
+    opts: argparse.Namespace,
+    log_dir: Path,
 ) -> dict[str, Any]:
     """Launch, measure RSS once ready, send ``opts.requests`` two-image chats (new images
     each: the first is cold, later ones run with the weights' pages resident), measure again."""
     timeout, max_tokens = opts.timeout, opts.max_tokens
     with launch("ours", str(model), "per-image", flags, timeout=timeout, log_dir=log_dir,
-                dtype="bfloat16") as server, httpx.Client(timeout=3600) as client:  # fmt: skip
+                dtype=dtype) as server, httpx.Client(timeout=3600) as client:  # fmt: skip
         assert server.proc is not None
         at_start = rss_snapshot(server.proc.pid)
         memory = client.get(f"{server.base_url}/server_info").json().get("memory")
@@ -396,7 +407,7 @@ def run_setting(
         after = rss_snapshot(server.proc.pid)
     return {
         "setting": setting,
-        "flags": ["--dtype", "bfloat16", *flags],
+        "flags": ["--dtype", dtype, *flags],
         "startup_s": server.startup_s,
         "rss_at_start": at_start,
         "rss_after_request": after,
@@ -472,12 +483,12 @@ def markdown(result: dict[str, Any]) -> str:
         after = r["rss_after_request"]
         rows.append([
             r["setting"], weights / GIB, kv / GIB, r["rss_at_start"]["peak_mb"] / 1024,
-            after["peak_mb"] / 1024, after["file_mb"] / 1024, req["ttft_s"], warm["ttft_s"],
-            warm["decode_tok_per_s"], r["startup_s"],
+            after["peak_mb"] / 1024, after["rss_mb"] / 1024, after["file_mb"] / 1024,
+            req["ttft_s"], warm["ttft_s"], warm["decode_tok_per_s"], r["startup_s"],
         ])  # fmt: skip
     head = ["setting", "weights GiB", "KV pool GiB", "peak RSS at start GiB",
-            "peak RSS after requests GiB", "of it file pages GiB", "TTFT s (cold)",
-            "TTFT s (warm)", "decode tok/s (warm)", "start-up s"]  # fmt: skip
+            "peak RSS after requests GiB", "RSS after requests GiB", "of it file pages GiB",
+            "TTFT s (cold)", "TTFT s (warm)", "decode tok/s (warm)", "start-up s"]  # fmt: skip
     text = cpu_line(result["cpu"]) + "\n\n" + markdown_table(head, rows) + "\n"
     for note in result["skipped"]:
         text += f"\nskipped: {note}\n"
@@ -523,7 +534,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layers", type=int, help="language-model layers (default: the shape's)")
     p.add_argument("--vision-depth", type=int, help="vision blocks (default: the shape's)")
     p.add_argument("--model-path", help="use this checkpoint instead of building one")
-    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--settings", default=",".join(DEFAULT_SETTINGS), help=f"of {list(SETTINGS)}")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--requests", type=int, default=2, help="two-image chats per setting")
     p.add_argument("--refuse-dtype", default="float32", help="launch to refuse ('' skips it)")
@@ -552,15 +563,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["refusal"] = refusal_run(model, args.refuse_dtype, args.timeout, env)
         print(f"{args.refuse_dtype}: {result['refusal']['message'] or 'not refused'}")
     settings = [s for s in args.settings.split(",") if s]
-    quantized = [s for s in settings if SETTINGS[s]]
+    quantized = [s for s in settings if "--torchao-config" in SETTINGS[s][1]]
     if quantized and not has_torchao_flag():
         note = f"{', '.join(quantized)}: this server has no --torchao-config"
         print(f"skipping {note}")
         result["skipped"].append(note)
-        settings = [s for s in settings if not SETTINGS[s]]
+        settings = [s for s in settings if s not in quantized]
     log_dir = Path(tempfile.mkdtemp(prefix="bench-memory-logs-"))
     for setting in tqdm(settings, desc="memory"):
-        result["runs"].append(run_setting(model, setting, SETTINGS[setting], args, log_dir))
+        dtype, flags = SETTINGS[setting]
+        result["runs"].append(run_setting(model, setting, dtype, flags, args, log_dir))
         write_json(out.with_suffix(".partial.json"), result)
     write_json(out.with_suffix(".json"), result)
     out.with_suffix(".partial.json").unlink(missing_ok=True)

@@ -6,8 +6,8 @@ A decode step reads every weight once, so its floor is the weights' bytes over t
 Per width and row count it prints ms per layer, the weight bytes read per second, and
 ``of_bandwidth`` = floor / time (1.0 at the limit), for:
 
-- bf16: the native ``linear_bf16`` kernel over plain bfloat16 weights (prompt-sized inputs: the
-  packed copy on the native GEMM, as the server holds it where memory allows);
+- bf16: as the server holds it: each weight once, packed for the native GEMM, which serves
+  every row count (CPUs without it: ``linear_bf16`` over the plain weights, torch for prompts);
 - int8 / int4-<group>: ``QuantizedLinear`` (the native ``linear_quant`` kernel over its layouts;
   prompt-sized inputs: the layer dequantized for the call into the native GEMM);
 - torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
@@ -57,8 +57,8 @@ def _layers(shape: str, width: str) -> list[nn.Module]:
 
     torch.manual_seed(0)
     dense = [nn.Linear(k, n, bias=False).bfloat16() for n, k in SHAPES[shape]]
-    if width == "bf16":  # as the server runs it: packed copies for prompt-sized inputs
-        packed_linear.add_packed_copies(dense)
+    if width == "bf16":  # as the server runs it: packed once where the native GEMM serves
+        packed_linear.install(dense, native_only=True)
         decode_linear.install(dense)
         return dense
     if width.startswith("torchao-"):

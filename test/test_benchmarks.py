@@ -300,11 +300,11 @@ def test_memory_smoke(tmp_path: Path) -> None:
 
     model = build_checkpoint(tmp_path / "ckpt", shape_config("tiny", None, None))
     out = tmp_path / "mem"
-    main(["--shape", "tiny", "--model-path", str(model), "--settings", "bfloat16",
+    main(["--shape", "tiny", "--model-path", str(model), "--settings", "bfloat16,float32",
           "--refuse-dtype", "", "--max-tokens", "8", "--out", str(out)])  # fmt: skip
     data = _load(out)
-    (run,) = data["runs"]
-    assert run["server_memory"]["dtype"] == "bfloat16"
+    run, f32 = data["runs"]
+    assert [r["server_memory"]["dtype"] for r in (run, f32)] == ["bfloat16", "float32"]
     assert run["rss_after_request"]["peak_mb"] >= run["rss_at_start"]["peak_mb"] > 0
     assert run["request"]["completion_tokens"] == 8 and run["request"]["ttft_s"] > 0
     assert run["request"]["decode_tok_per_s"] > 0
@@ -392,5 +392,7 @@ def test_decode_step_smoke(tmp_path: Path) -> None:
     data = _load(out)
     assert [r["batch"] for r in data["rows"]] == [1, 2]
     for r in data["rows"]:
-        assert r["floor_ms"] > 0 and r["kernel_ms"] > 0 and r["torch_ms"] > 0
+        assert r["floor_ms"] == max(r["bytes_ms"], r["flops_ms"]) > 0
+        assert min(r["packed_ms"], r["plain_ms"], r["torch_ms"]) > 0
+    assert data["rows"][0]["packed_x_batch1"] == 1
     assert data["wall_s"] > 0 and out.with_suffix(".png").stat().st_size > 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from attention_bounds import excess
-from conftest import examples, needs_compiler
+from conftest import NATIVE_GEMM_EXPECTED, examples, needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -160,14 +160,17 @@ def test_bf16_linear_matches_float64_product(
 
 @needs_kernel
 def test_bf16_engine_routes_decode_linears_and_keeps_prefill_on_torch(monkeypatch) -> None:
-    """In bfloat16 every plain linear of the language model and the head runs inputs of at most
-    ``MAX_ROWS`` rows on the kernel, larger ones on torch; output equals the torch-only run's."""
+    """With plain weights (``cpu_packed_lm_weights=off``, and every CPU without the native
+    GEMM) every linear of the language model and the head runs inputs of at most ``MAX_ROWS``
+    rows on the kernel, larger ones on torch; output equals the torch-only run's."""
     from conftest import model_dir
 
     import sglang
     from sglang.srt.layers import decode_linear
 
-    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"), dtype="bfloat16")
+    engine = sglang.Engine(
+        model_path=model_dir("qwen2_5_vl"), dtype="bfloat16", cpu_packed_lm_weights="off"
+    )
     routed = [m for m in engine.runner.model.modules() if hasattr(m, "_decode_kernel")]
     lm = engine.runner.adapter.language_model
     lm_linears = [m for m in lm.modules() if isinstance(m, torch.nn.Linear)]
@@ -191,6 +194,46 @@ def test_bf16_engine_routes_decode_linears_and_keeps_prefill_on_torch(monkeypatc
     engine.flush_cache()
     without = engine.generate(prompts, params)
     assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]
+
+
+@pytest.mark.skipif(not NATIVE_GEMM_EXPECTED, reason="the native GEMM: AVX512-BF16, no AMX")
+def test_bf16_engine_runs_prompts_and_decode_steps_on_one_packed_layout(monkeypatch) -> None:
+    """By default on CPUs with the native GEMM, the language model's linears and its head hold
+    only the GEMM's packed weight and run every row count on it (decode steps' rows and prompt
+    chunks' alike); greedy output equals the plain-weight engine's (decode kernel and torch)."""
+    from conftest import model_dir
+
+    import sglang
+    from sglang.srt.layers import packed_linear
+
+    params = {"temperature": 0, "max_new_tokens": 6}
+    prompts = ["Tell me about the weather today.", "Another request in the same batch."]
+    plain = sglang.Engine(
+        model_path=model_dir("qwen2_5_vl"), dtype="bfloat16", cpu_packed_lm_weights="off"
+    )
+    want = [o["output_ids"] for o in plain.generate(prompts, params)]
+    plain.shutdown()
+    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"), dtype="bfloat16")
+    runner = engine.runner
+    lm = runner.adapter.language_model
+    linears = [m for m in lm.modules() if isinstance(m, torch.nn.Linear)]
+    linears.append(runner.model.get_output_embeddings())
+    assert all(packed_linear.holds_only_packed(m) for m in linears)
+    assert not any(hasattr(m, "_decode_kernel") for m in runner.model.modules())
+    rows_seen = []
+    real = linears[0].packed_gemm
+
+    class Counting:
+        def linear(self, x, *args):
+            rows_seen.append(x.shape[0])
+            return real.linear(x, *args)
+
+    for module in linears:
+        monkeypatch.setattr(module, "packed_gemm", Counting())
+    got = [o["output_ids"] for o in engine.generate(prompts, params)]
+    assert min(rows_seen) <= len(prompts) < max(rows_seen)  # decode steps and the prompts
+    assert got == want
+    engine.shutdown()
 
 
 @needs_kernel

@@ -14,6 +14,12 @@ from sglang.srt.layers import packed_linear
 
 needs_mkldnn = pytest.mark.skipif(not packed_linear.available(), reason="no oneDNN in this torch")
 
+GEMM = packed_linear.native_gemm()
+needs_native_gemm = pytest.mark.skipif(
+    not NATIVE_GEMM_EXPECTED,
+    reason="the native GEMM serves CPUs with AVX512-BF16 and no AMX, built by a C++ compiler",
+)
+
 
 def packed_size(module: nn.Linear) -> int:
     """Bytes of the module's packed weight: the native GEMM's pads the columns to panels."""
@@ -100,58 +106,88 @@ def test_packed_copy_serves_prompt_rows_and_keeps_the_plain_weight(
 
 
 @needs_mkldnn
-def test_packed_copies_are_made_where_memory_allows() -> None:
-    linears = [nn.Linear(32, 16).to(torch.bfloat16) for _ in range(2)]
-    copy_bytes = 2 * 32 * 16 * 2
-    need = int(copy_bytes / packed_linear.COPY_SHARE_OF_AVAILABLE)
-    assert packed_linear.copies_wanted("auto", linears, need)
-    assert not packed_linear.copies_wanted("auto", linears, need - 8)
-    assert packed_linear.copies_wanted("on", linears, 0)
-    assert not packed_linear.copies_wanted("off", linears, 10 * need)
-    assert not packed_linear.copies_wanted("auto", [nn.Linear(32, 16)], 10 * need)  # float32
-    with pytest.raises(ValueError, match="auto"):
-        packed_linear.copies_wanted("always", linears, need)
+def test_native_only_install_packs_what_the_native_gemm_takes() -> None:
+    """The language model's single layout: packed (and its forward the GEMM's) only where the
+    native GEMM takes the weight; elsewhere the plain weight stays for the decode kernel."""
+    even, odd = (nn.Linear(k, 24).to(torch.bfloat16) for k in (32, 33))
+    assert packed_linear.install([even, odd], native_only=True) == int(NATIVE_GEMM_EXPECTED)
+    assert packed_linear.holds_only_packed(even) == NATIVE_GEMM_EXPECTED
+    assert not packed_linear.holds_only_packed(odd)
+    assert odd.weight.untyped_storage().nbytes() == 33 * 24 * 2
+
+
+@needs_native_gemm
+def test_tied_embedding_reads_its_rows_from_the_head_panels() -> None:
+    """Every id's row, looked up in the head's packed panels, is the table's row bit for bit
+    (ids in the last, zero-padded panel too); an embedding that does not share the head's
+    weight keeps its own lookups."""
+    torch.manual_seed(0)
+    embed = nn.Embedding(200, 48).to(torch.bfloat16)
+    head = nn.Linear(48, 200, bias=False).to(torch.bfloat16)
+    head.weight = embed.weight
+    table = embed.weight.detach().clone()
+    other = nn.Embedding(200, 48).to(torch.bfloat16)
+    assert packed_linear.install([head], native_only=True) == 1
+    assert not packed_linear.serve_lookups_from_head(other, head)
+    assert packed_linear.serve_lookups_from_head(embed, head)
+    ids = torch.tensor([[0, 5, 63, 64, 199], [130, 7, 7, 128, 191]])
+    assert torch.equal(embed(ids), table[ids])
+    assert torch.equal(embed(torch.arange(200)), table)
+    x = torch.randn(3, 48).to(torch.bfloat16)
+    want = x.double() @ table.double().t()
+    scale = x.double().abs() @ table.double().abs().t()
+    assert ((head(x).double() - want).abs() <= 2**-7 * scale).all()
 
 
 @needs_mkldnn
-@pytest.mark.parametrize("lm_copies", ["auto", "off"])
-def test_bf16_engine_packs_the_encoder_and_counts_its_bytes(lm_copies: str) -> None:
-    """Every linear outside the language model and its head is packed; the language model's
-    linears get packed copies beside their weights unless turned off (the tiny model's fit the
-    auto rule); the weight bytes the memory report uses count every packed weight."""
+@pytest.mark.parametrize(
+    ("family", "lm_weights"),
+    [("qwen2_vl", "auto"), ("qwen2_vl", "off"), ("qwen2_vl", "on"), ("paddleocr_vl", "auto")],
+)
+def test_bf16_engine_holds_each_weight_once_and_counts_its_bytes(
+    family: str, lm_weights: str
+) -> None:
+    """Every linear outside the language model and its head is packed. The language model's
+    linears and the head hold one layout: packed only where the native GEMM serves (prompt
+    chunks and decode rows alike), else their plain weight (``on`` adds a packed copy beside
+    it); ``off`` keeps every plain weight. A head tied to the embeddings (paddleocr_vl) is
+    packed too, and the embeddings read its panels. The memory report's weight bytes count
+    every packed weight."""
     from conftest import model_dir
 
     import sglang
     from sglang.srt.model_executor import host_memory
 
     engine = sglang.Engine(
-        model_path=model_dir("qwen2_vl"), dtype="bfloat16", cpu_packed_lm_weights=lm_copies
+        model_path=model_dir(family), dtype="bfloat16", cpu_packed_lm_weights=lm_weights
     )
     runner = engine.runner
-    lm = runner.adapter.language_model
-    lm_linears = [m for m in lm.modules() if isinstance(m, nn.Linear)]
-    copied = [m for m in lm.modules() if hasattr(m, "packed_weight")]
-    assert copied == (lm_linears if lm_copies == "auto" else [])
-    assert all(m.weight.untyped_storage().nbytes() == m.weight.numel() * 2 for m in lm_linears)
-    tower = runner.model.model.visual
-    linears = [m for m in tower.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(hasattr(m, "packed_weight") for m in linears)
+    head = runner.model.get_output_embeddings()
+    tied = head.weight is runner.model.get_input_embeddings().weight
+    assert tied == (family == "paddleocr_vl")
+    lm = [m for m in runner.adapter.language_model.modules() if isinstance(m, nn.Linear)]
+    single = NATIVE_GEMM_EXPECTED and lm_weights != "off"
+    assert all(packed_linear.holds_only_packed(m) == single for m in lm)
+    assert packed_linear.holds_only_packed(head) == single
+    embed = runner.model.get_input_embeddings()
+    assert hasattr(embed, "packed_table") == (single and tied)
+    plain = [m for m in lm + [head] if not packed_linear.holds_only_packed(m)]
+    assert all(m.weight.untyped_storage().nbytes() == m.weight.numel() * 2 for m in plain)
+    copied = [m for m in plain if hasattr(m, "packed_weight")]
+    assert copied == ([m for m in plain if m is not head] if lm_weights == "on" else [])
+    in_lm = {id(m) for m in lm + [head]}
+    encoder = [m for m in runner.model.modules() if type(m) is nn.Linear and id(m) not in in_lm]
+    assert encoder and all(packed_linear.holds_only_packed(m) for m in encoder)
     packed = packed_linear.packed_bytes(runner.model)
-    assert packed == sum(packed_size(m) for m in linears + copied)
+    single_bytes = [m for m in lm + [head] if packed_linear.holds_only_packed(m)]
+    assert packed == sum(packed_size(m) for m in encoder + copied + single_bytes)
     assert runner.weights_bytes == host_memory.module_bytes(runner.model) + packed
     copy_bytes = engine.get_server_info()["memory"]["lm_packed_copy_bytes"]
     assert copy_bytes == sum(packed_size(m) for m in copied)
-    assert all((m.packed_gemm is not None) == NATIVE_GEMM_EXPECTED for m in linears + copied)
+    assert all((m.packed_gemm is not None) == NATIVE_GEMM_EXPECTED for m in encoder)
     out = engine.generate("Describe the weather.", {"temperature": 0, "max_new_tokens": 4})
     assert len(out["output_ids"]) == 4
     engine.shutdown()
-
-
-GEMM = packed_linear.native_gemm()
-needs_native_gemm = pytest.mark.skipif(
-    not NATIVE_GEMM_EXPECTED,
-    reason="the native GEMM serves CPUs with AVX512-BF16 and no AMX, built by a C++ compiler",
-)
 
 
 @needs_native_gemm

@@ -6,7 +6,9 @@ well below memory bandwidth on CPUs without AMX, so linears whose input has at m
 ``MAX_ROWS`` rows run on ``kernels/csrc/linear_bf16.cpp`` (AVX512-BF16 dot products where the
 CPU has them; up to 16 rows at least as fast as torch's product on the 2B-shaped model's
 matrices, 1.4x faster at 8); larger inputs (prompt chunks) keep torch's GEMM. Weights stay
-where they are: the kernel reads the module's own (out, in) bfloat16 weight.
+where they are: the kernel reads the module's own (out, in) bfloat16 weight. Linears that hold
+only the native GEMM's packed weight (``packed_linear.install``) are not routed here: the GEMM
+serves their decode rows too.
 
 Prefill inputs of at least ``PAD_FROM_ROWS`` rows reach torch's GEMM padded with zero rows to a
 multiple of ``ROW_MULTIPLE``: oneDNN's bfloat16 matmul (the kernel behind torch's CPU product)
@@ -14,13 +16,12 @@ runs some row counts far below its rate (451 x 1536 -> 8960 at 0.65 of 452's on 
 AVX512-BF16, 2 threads); over random counts of 256-2048 rows x the 2B-shaped MLP, padding to a
 multiple of 16 measured 3-4% faster on average, over 5% faster for a quarter of the counts,
 at most 5% slower for the rest. Each row's result does not depend on the others. Where the
-module holds a packed copy of its weight (``packed_linear.add_packed_copies``), inputs of more
-than ``MAX_ROWS`` rows run on that instead, padded to a multiple of ``PACKED_ROW_MULTIPLE``: on
-packed weights some odd counts run slow too (451 rows x 1536 -> 8960: 381-404 GFLOP/s), every
-multiple of 4 from 400 to 528 rows measured within 1% of the best except two (440, 508: 3-7%
-slower), so the padding wastes less than a multiple of 16's (433 rows: 436, not 448). The
-native GEMM's packed copies (``packed_linear``, CPUs with AVX512-BF16 and no AMX) take any row
-count unpadded.
+module holds a packed copy of its weight beside the plain one (``packed_linear.add_packed_copies``,
+``cpu_packed_lm_weights="on"``), inputs of more than ``MAX_ROWS`` rows run on that instead, padded
+to a multiple of ``PACKED_ROW_MULTIPLE`` for oneDNN's: on packed weights some odd counts run slow
+too (451 rows x 1536 -> 8960: 381-404 GFLOP/s), every multiple of 4 from 400 to 528 rows measured
+within 1% of the best except two (440, 508: 3-7% slower), so the padding wastes less than a
+multiple of 16's (433 rows: 436, not 448). The native GEMM's take any row count unpadded.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def install(modules: Iterable[nn.Module]) -> int:
 
 
 def _eligible(module: nn.Module) -> bool:
-    if not isinstance(module, nn.Linear):
+    if not isinstance(module, nn.Linear) or packed_linear.holds_only_packed(module):
         return False
     weight = module.weight
     plain = type(weight.data) is torch.Tensor  # not a quantized tensor subclass

@@ -14,14 +14,18 @@ The packed copy replaces the weight's storage: the Parameter keeps its shape, dt
 CPU weights of modules that are exactly ``nn.Linear`` are packed (quantized tensor subclasses,
 float32 and Linear subclasses keep torch's product).
 
-The language model's linears need their plain weight too: decode-sized inputs run on
-``decode_linear``'s kernel, which reads it. ``add_packed_copies`` gives them a packed copy
-beside it, which ``decode_linear`` uses for prompt-sized inputs: one 640x480 image's prompt
-(416 tokens) through the 2B-shaped language model took 390-399 ms instead of 426-450 ms (AMD
-EPYC, 2 threads, AVX512-BF16; oneDNN reorders a plain weight on every call, and runs some row
-counts of it well below its rate). The copy costs the weights' bytes again, so by default
-(``cpu_packed_lm_weights="auto"``) it is made only where it takes at most
-``COPY_SHARE_OF_AVAILABLE`` of the memory available after loading.
+The language model's linears are packed the same way where the native GEMM takes them
+(``install(..., native_only=True)``): one layout that prompt chunks and decode rows both read,
+since the GEMM's tile of 1-7 rows streams a panel at memory bandwidth as well. The 2B-shaped
+model's layer products (1536 -> 1536, 256, 8960 and 8960 -> 1536, AMD EPYC, 2 threads, copy
+bandwidth 78 GB/s) took 0.90 ms at one row against 1.02 ms for ``decode_linear``'s kernel on
+the plain weights, 1.30 against 2.31 ms at 8 rows and 1.80 against 3.73 ms at 16; and a token's
+output is the same bits whether it is decoded or recomputed in a prompt chunk. Elsewhere (AMX,
+no AVX512-BF16, odd input sizes, a weight another module shares) the language model keeps its
+plain weights, read by ``decode_linear``; ``add_packed_copies`` gives them a oneDNN-packed copy
+beside it for prompt rows, on request only (``cpu_packed_lm_weights="on"``): one 640x480
+image's prompt (416 tokens) through the 2B-shaped language model took 390-399 ms instead of
+426-450 ms (AMD EPYC, 2 threads, oneDNN), for the weights' bytes twice.
 
 On CPUs with AVX512-BF16 and without AMX the packed weights are the native GEMM's
 (``kernels/csrc/gemm_bf16.cpp``) instead of oneDNN's: a register tile of 7 rows x 64 columns
@@ -46,29 +50,53 @@ from torch import nn
 
 from sglang.srt import kernels
 
-COPY_SHARE_OF_AVAILABLE = 0.25
-PACKED_COPY_SETTINGS = ("auto", "on", "off")
-
 
 def available() -> bool:
     mkldnn = torch.ops.mkldnn
     return torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
 
 
-def install(modules: Iterable[nn.Module]) -> int:
+def install(modules: Iterable[nn.Module], native_only: bool = False) -> int:
     """Pack the weight of every eligible ``nn.Linear`` among ``modules`` (in place) and route
-    its forward to the packed product; returns how many were packed."""
+    its forward to the packed product; returns how many were packed. ``native_only``: only
+    where the native GEMM takes the weight (the language model's single layout, which its
+    decode rows read too; oneDNN's packed product is slow for them)."""
     if not available():
+        return 0
+    gemm = native_gemm()
+    if native_only and gemm is None:
         return 0
     count = 0
     for module in modules:
-        if _eligible(module):
+        if _eligible(module) and not (native_only and module.weight.shape[1] % 2):
             _pack(module)
             weight = module.weight
             weight.data = torch.zeros((), dtype=weight.dtype).expand(weight.shape)
             module.forward = types.MethodType(_forward, module)
             count += 1
     return count
+
+
+def holds_only_packed(module: nn.Module) -> bool:
+    """Whether ``install`` packed the module: its forward is the packed product and its
+    checkpoint weight's storage is gone."""
+    forward = module.__dict__.get("forward")
+    return getattr(forward, "__func__", None) is _forward
+
+
+def serve_lookups_from_head(embedding: nn.Module, head: nn.Module) -> bool:
+    """Where an ``nn.Embedding`` shares its table with a head that ``install`` packed for the
+    native GEMM (a tied head), route the embedding's lookups to the head's panels: row r of
+    the table is column r of panel r // 64, so the pair holds the table once. Returns whether
+    it did."""
+    if type(embedding) is not nn.Embedding or embedding.max_norm is not None:
+        return False
+    shared = getattr(embedding, "weight", None) is getattr(head, "weight", None)
+    if not (shared and holds_only_packed(head) and head.__dict__.get("packed_gemm")):
+        return False
+    embedding.packed_table = head.packed_weight
+    embedding.forward = types.MethodType(_lookup_in_panels, embedding)
+    return True
 
 
 def add_packed_copies(modules: Iterable[nn.Module]) -> int:
@@ -82,19 +110,6 @@ def add_packed_copies(modules: Iterable[nn.Module]) -> int:
             _pack(module)
             count += 1
     return count
-
-
-def copies_wanted(setting: str, modules: Iterable[nn.Module], available_bytes: int) -> bool:
-    """Whether ``add_packed_copies`` should run on ``modules``: ``setting`` is on, off, or auto
-    (the copies take at most ``COPY_SHARE_OF_AVAILABLE`` of ``available_bytes``)."""
-    if setting not in PACKED_COPY_SETTINGS:
-        raise ValueError(f"packed copies: {setting!r} is not one of {PACKED_COPY_SETTINGS}")
-    if setting == "off" or not available():
-        return False
-    if setting == "on":
-        return True
-    copy_bytes = sum(_weight_bytes(m) for m in modules if _eligible(m))
-    return 0 < copy_bytes <= COPY_SHARE_OF_AVAILABLE * available_bytes
 
 
 def packed_bytes(model: nn.Module) -> int:
@@ -159,3 +174,9 @@ def _eligible(module: nn.Module) -> bool:
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return product(self, x)
+
+
+def _lookup_in_panels(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    table = self.packed_table  # (panels, in / 2, 64, 2): see gemm_bf16.cpp
+    rows = table[ids // table.shape[2], :, ids % table.shape[2], :]  # (*ids.shape, in / 2, 2)
+    return rows.reshape(*ids.shape, -1)

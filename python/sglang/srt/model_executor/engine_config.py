@@ -87,9 +87,11 @@ class EngineConfig:
     cpu_packed_lm_weights: str = field(
         default="auto",
         metadata={
-            "help": "bfloat16 on a CPU: a second, oneDNN-packed copy of the language model's "
-            "linear weights for prompt chunks (~10%% faster prefill): auto (where the copy takes "
-            "at most a quarter of the memory available after loading), on or off."
+            "help": "bfloat16 on a CPU, the language model's linear weights: auto (one copy each, "
+            "packed for the native GEMM where the CPU has AVX512-BF16 without AMX, which serves "
+            "prompts and decode steps; plain elsewhere), on (auto, plus a oneDNN-packed copy "
+            "beside each plain weight for prompt chunks: ~10%% faster prefill for the weights' "
+            "bytes twice) or off (plain weights only)."
         },
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import Counter
 
 import torch
 import transformers
@@ -99,9 +100,7 @@ class ModelRunner:
         self._count_lm_work()
         if self.device == "cpu" and self.dtype == torch.bfloat16:
             head = self.model.get_output_embeddings()
-            routed = decode_linear.install([*self.adapter.language_model.modules(), head])
-            logger.info("decode-sized bfloat16 linears on the native kernel: %d", routed)
-            self._add_packed_lm_copies(head)
+            lm_packed = self._route_lm_linears(head)
             in_lm = {id(m) for m in self.adapter.language_model.modules()} | {id(head)}
             encoder = [m for m in self.model.modules() if id(m) not in in_lm]
             logger.info("encoder linears with packed weights: %d", packed_linear.install(encoder))
@@ -110,6 +109,9 @@ class ModelRunner:
             )
             gated = native_activation.install_gated_silu(self.model.modules())
             logger.info("SiLU-gated MLPs on the native kernel: %d", gated)
+            if lm_packed and self.quantization is None:
+                copied = copy_out_of_checkpoint(self.model)  # what packing left on the mapping
+                logger.info("%.1f MiB not packed copied off the checkpoint", copied / 2**20)
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )
@@ -141,15 +143,46 @@ class ModelRunner:
             video_groups=args.mm_video_cache == "per-group",
         )
 
-    def _add_packed_lm_copies(self, head: torch.nn.Module) -> None:
-        """Packed copies of the language model's linear weights for prompt chunks (the head's
-        prompt rows are the last tokens: decode-sized)."""
-        linears = [m for m in self.adapter.language_model.modules() if m is not head]
-        available = host_memory.host_memory_available()[0]
-        if packed_linear.copies_wanted(self.args.cpu_packed_lm_weights, linears, available):
-            copies = packed_linear.add_packed_copies(linears)
-            self.lm_packed_copy_bytes = packed_linear.packed_bytes(self.adapter.language_model)
+    def _route_lm_linears(self, head: torch.nn.Module) -> int:
+        """One layout per bfloat16 linear of the language model and its head: the native
+        GEMM's packed panels, which serve prompt chunks and decode rows alike, where the CPU
+        has that GEMM; elsewhere the plain weight, read by the decode kernel and torch's product
+        (with a oneDNN-packed copy beside it for prompt chunks only if asked for). A weight
+        another module shares stays plain, but for a head tied to the input embeddings (see
+        ``_pack_tied_head``). Returns how many linears hold only the packed layout."""
+        linears = [*self.adapter.language_model.modules(), head]
+        setting = self.args.cpu_packed_lm_weights
+        packed = 0
+        if setting != "off":
+            counts = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
+            own = [m for m in linears if counts[id(getattr(m, "weight", None))] == 1]
+            packed = packed_linear.install(own, native_only=True)
+            packed += self._pack_tied_head(head, counts)
+            logger.info("language-model linears on the native GEMM, packed only: %d", packed)
+        routed = decode_linear.install(linears)
+        logger.info("decode-sized bfloat16 linears on the native kernel: %d", routed)
+        if setting == "on":
+            plain = [m for m in linears[:-1] if not packed_linear.holds_only_packed(m)]
+            copies = packed_linear.add_packed_copies(plain)
+            self.lm_packed_copy_bytes = sum(getattr(m, "packed_weight_bytes", 0) for m in plain)
             logger.info("language-model linears with packed copies for prompts: %d", copies)
+        return packed
+
+    def _pack_tied_head(self, head: torch.nn.Module, counts: Counter[int]) -> int:
+        """A head tied to the input embeddings (and nothing else) is packed too where the
+        embedding can read its rows from the head's panels: decode steps multiply every row by
+        the head, which is the largest matrix of a small model."""
+        embed = self.model.get_input_embeddings()
+        weight = getattr(head, "weight", None)
+        if counts[id(weight)] != 2 or getattr(embed, "weight", None) is not weight:
+            return 0
+        if type(embed) is not torch.nn.Embedding or embed.max_norm is not None:
+            return 0
+        if not packed_linear.install([head], native_only=True):
+            return 0
+        assert packed_linear.serve_lookups_from_head(embed, head)
+        logger.info("tied LM head packed; the input embeddings read its panels")
+        return 1
 
     def _count_lm_work(self) -> None:
         """Multiply-adds per token of the LM's dense linears and of the LM head, and the bytes

@@ -183,12 +183,18 @@ def copy_out_of_checkpoint(model: nn.Module) -> int:
     After quantization the embeddings, LM head and vision tower still are, which keeps every
     file mapped: the bfloat16 pages the quantizer read stay resident and counted in the
     process (on a 7B model 13-15 GB of reclaimable file pages on top of the real footprint).
-    Copying the dense tensors lets the mappings go."""
+    Copying the dense tensors lets the mappings go. The same holds in bfloat16 once the big
+    matrices are packed (``packed_linear``): what is left on the mappings is small. Weights
+    whose storage a packed layout released (an expanded scalar) are left as they are."""
     copied = 0
     for tensor in [*model.parameters(), *model.buffers()]:
-        if not is_traceable_wrapper_subclass(tensor) and tensor.device.type == "cpu":
-            tensor.data = tensor.data.clone()
-            copied += tensor.numel() * tensor.element_size()
+        if is_traceable_wrapper_subclass(tensor) or tensor.device.type != "cpu":
+            continue
+        size = tensor.numel() * tensor.element_size()
+        if tensor.untyped_storage().nbytes() < size:  # released by packed_linear
+            continue
+        tensor.data = tensor.data.clone()
+        copied += size
     return copied
 
 
