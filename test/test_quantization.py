@@ -272,11 +272,18 @@ def _mapped(folder: Path) -> int:
 
 
 def test_quantized_model_lets_the_checkpoint_mapping_go(tmp_path: Path) -> None:
-    """A bfloat16 model serves from its memory-mapped checkpoint; a quantized one copies its
-    dense tensors out, so the files' pages are no longer held by the process."""
+    """A bfloat16 model with plain weights serves from its memory-mapped checkpoint; a
+    quantized one, and a bfloat16 one whose weights are packed for the native GEMM, copy what
+    they keep dense out, so the files' pages are no longer held by the process."""
+    from conftest import NATIVE_GEMM_EXPECTED
+
     dense_dir = _bfloat16_copy("qwen2_5_vl", tmp_path / "dense")
-    dense = sglang.Engine(model_path=str(dense_dir), dtype="bfloat16")
+    dense = sglang.Engine(model_path=str(dense_dir), dtype="bfloat16", cpu_packed_lm_weights="off")
     assert _mapped(dense_dir) > 0
+    packed_dir = _bfloat16_copy("qwen2_5_vl", tmp_path / "packed")
+    packed = sglang.Engine(model_path=str(packed_dir), dtype="bfloat16")
+    assert (_mapped(packed_dir) == 0) == NATIVE_GEMM_EXPECTED
+    packed.shutdown()
     quantized_dir = _bfloat16_copy("qwen2_5_vl", tmp_path / "int4")
     quantized = sglang.Engine(model_path=str(quantized_dir), torchao_config="int4wo-32")
     assert _mapped(quantized_dir) == 0
