@@ -84,9 +84,17 @@ def _weights(shape: str) -> int:
 
 
 def _weight_bytes(layers: list[nn.Module]) -> int:
+    """Bytes a product reads: the layer's tensors, its packed weight in place of a released one
+    (the padding of the last panel left out: the GEMM does not read it for decode)."""
+    from sglang.srt.layers import packed_linear
     from sglang.srt.model_executor.host_memory import module_bytes
 
-    return sum(module_bytes(layer) for layer in layers)
+    total = 0
+    for layer in layers:
+        total += module_bytes(layer)
+        if packed_linear.holds_only_packed(layer):
+            total += layer.weight.numel() * layer.weight.element_size()
+    return total
 
 
 def _time(step: Callable[[], Any], seconds: float) -> float:
