@@ -17,7 +17,6 @@ from quant_reference import int4_codes, weight_int4, weight_int8
 from torch import nn
 
 from sglang.srt import kernels
-from sglang.srt.layers import quantized_linear
 from sglang.srt.layers.packed_linear import native_gemm
 from sglang.srt.layers.quantized_linear import (
     MAX_ROWS,
@@ -161,24 +160,34 @@ def test_packed_dequantization_is_the_gemms_own_packing(bits, group, out_feature
     assert torch.equal(layer.dequantized_packed(), gemm.pack(layer.dequantized()))
 
 
-@pytest.mark.parametrize("bits, group", [(8, None), (4, 64)])
-def test_a_large_layer_is_dequantized_in_slices(monkeypatch, bits, group) -> None:
-    """Prompt-sized inputs through a layer larger than the slice budget (an LM head): the same
-    result as dequantizing it whole, with no slice over the budget."""
+@settings(max_examples=examples(30), deadline=None)
+@given(
+    rows=st.integers(MAX_ROWS + 1, 120),
+    out_features=st.integers(1, 200),
+    in_blocks=st.integers(1, 6),
+    spec=st.sampled_from([(8, None), (4, 32), (4, 64), (4, 128)]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_prompt_rows_run_the_gemm_on_panels_dequantized_in_cache(
+    rows, out_features, in_blocks, spec, bias, seed
+) -> None:
+    """Prompt-sized inputs: the layer's fused GEMM (each panel of 64 output columns dequantized
+    into a buffer, then the GEMM's tile over every row) gives bit for bit the native GEMM's
+    product over the whole weight dequantized into packed panels; tile tails, a masked last
+    panel, every group size."""
     gemm = native_gemm()
-    if gemm is None:
+    if gemm is None or KERNEL is None or not KERNEL.gemm_supported():
         pytest.skip("the native bfloat16 GEMM runs on CPUs with AVX512-BF16 and no AMX only")
-    torch.manual_seed(6)
-    layer = QuantizedLinear.from_linear(nn.Linear(128, 300).bfloat16(), bits, group)
+    bits, group = spec
+    torch.manual_seed(seed)
+    in_features = 128 * in_blocks + (2 if bits == 8 and seed % 2 else 0)  # int8: any even size
+    linear = nn.Linear(in_features, out_features, bias=bias).bfloat16()
+    layer = QuantizedLinear.from_linear(linear, bits, group)
     layer.use_kernel(KERNEL, gemm)
-    x = torch.randn(40, 128).bfloat16()
-    whole = layer(x)
-    slices: list[int] = []
-    packed = layer.dequantized_packed
-    monkeypatch.setattr(layer, "dequantized_packed", lambda *a: slices.append(a) or packed(*a))
-    monkeypatch.setattr(quantized_linear, "DEQUANT_SLICE_BYTES", 64 * 128 * 2)  # 64 rows
-    assert torch.equal(layer(x), whole)
-    assert slices == [(0, 64), (64, 128), (128, 192), (192, 256), (256, 300)]
+    x = torch.randn(rows, in_features).bfloat16()
+    want = gemm.linear(x, layer.dequantized_packed(), layer.bias, out_features)
+    assert torch.equal(layer(x), want)
 
 
 @settings(max_examples=examples(25), deadline=None)

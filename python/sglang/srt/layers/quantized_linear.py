@@ -11,11 +11,15 @@ every call). ``QuantizedLinear`` holds one copy of each weight, quantized:
   ``q`` in 0..15, ``min`` the group's smallest weight, ``scale = (max - min) / 15`` (both
   bfloat16); two inputs per byte, in blocks of 64 inputs (``pack_int4``).
 
-Inputs of at most ``MAX_ROWS`` rows (decode steps) run on ``kernels/csrc/linear_quant.cpp``;
-larger ones (prompt chunks) on the bfloat16 GEMM over the weight dequantized for the call, packed
-for the native GEMM where the CPU has it (``packed_linear.native_gemm``): the GEMM's cost grows
-with the rows, the dequantization's does not. Without the kernel, both run on torch's product
-over the dequantized weight.
+Inputs of at most ``MAX_ROWS`` rows (decode steps) run on ``kernels/csrc/linear_quant.cpp``'s
+dot products in the quantized domain; larger ones (prompt chunks) on the native GEMM's tile
+(``gemm_int8`` / ``gemm_int4``, where the CPU has AVX512-BF16), the weight dequantized one panel
+of 64 output columns at a time into a buffer that stays in cache, so it is read once, quantized,
+and never exists whole in bfloat16. A 7B-shaped layer's seven products for a 512-row chunk
+(AMD EPYC, 2 threads): 336 ms in int8, 325 in int4-128, against 299 for bfloat16 and 445 / 450
+when each layer was dequantized into packed panels in memory first (64 MiB at a time); at 16 rows
+the dot products stay faster (28 ms against 45). Without the kernels, both run on torch's
+product over the dequantized weight.
 """
 
 from __future__ import annotations
@@ -29,8 +33,6 @@ from torch import nn
 from sglang.srt.layers import packed_linear
 
 MAX_ROWS = 16
-# Prompt-sized inputs dequantize at most this many bytes of bfloat16 weight at a time.
-DEQUANT_SLICE_BYTES = 64 * 2**20
 INT4_BLOCK = 64  # inputs per packed block: byte b holds input b (low nibble) and 32 + b (high)
 
 
@@ -113,9 +115,11 @@ class QuantizedLinear(nn.Module):
 
     def use_kernel(self, kernel: Any, gemm: Any = None) -> None:
         """The compiled ``linear_quant`` module, or None for torch's product throughout; and
-        the native bfloat16 GEMM for prompt-sized inputs, or None for torch's."""
+        the native bfloat16 GEMM (its presence says the kernel's fused GEMM may serve prompt
+        rows), or None for torch's product over the dequantized weight."""
         self._kernel = kernel
-        self._gemm = gemm if kernel is not None and self.in_features % 2 == 0 else None
+        fused = kernel is not None and kernel.gemm_supported() and self.in_features % 2 == 0
+        self._gemm = gemm if fused else None
 
     def dequantized(self) -> torch.Tensor:
         """The bfloat16 weight (out, in) this layer stands for."""
@@ -139,20 +143,6 @@ class QuantizedLinear(nn.Module):
             return self._kernel.dequantize_int8_packed(q, scale)
         return self._kernel.dequantize_int4_packed(q, scale, self.min[start:end], self.group)
 
-    def _prompt_product(self, flat: torch.Tensor) -> torch.Tensor:
-        """``flat`` (rows, in) times the weight on the native GEMM, dequantized slice by slice
-        of output rows so that a large layer (an LM head) never exists whole in bfloat16."""
-        step = max(64, DEQUANT_SLICE_BYTES // (2 * self.in_features) // 64 * 64)
-        if step >= self.out_features:
-            return self._gemm.linear(flat, self.dequantized_packed(), self.bias, self.out_features)
-        out = torch.empty(flat.shape[0], self.out_features, dtype=torch.bfloat16)
-        for start in range(0, self.out_features, step):
-            end = min(start + step, self.out_features)
-            bias = None if self.bias is None else self.bias[start:end]
-            weight = self.dequantized_packed(start, end)
-            out[:, start:end] = self._gemm.linear(flat, weight, bias, end - start)
-        return out
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if self._kernel is not None and 0 < rows <= MAX_ROWS and x.dtype == torch.bfloat16:
@@ -166,7 +156,13 @@ class QuantizedLinear(nn.Module):
             return out.reshape(*x.shape[:-1], self.out_features)
         if self._gemm is not None and rows > 0 and x.dtype == torch.bfloat16:
             flat = x.reshape(rows, self.in_features).contiguous()
-            return self._prompt_product(flat).reshape(*x.shape[:-1], self.out_features)
+            if self.bits == 8:
+                out = self._kernel.gemm_int8(flat, self.qweight, self.scale, self.bias)
+            else:
+                out = self._kernel.gemm_int4(
+                    flat, self.qweight, self.scale, self.min, self.group, self.bias
+                )
+            return out.reshape(*x.shape[:-1], self.out_features)
         return F.linear(x.to(torch.bfloat16), self.dequantized(), self.bias)
 
     def extra_repr(self) -> str:

@@ -4,7 +4,7 @@
 //   panel j: output columns [64 j, 64 j + 64), as [K/2][64][2]: for each pair of input dims
 //   (2p, 2p + 1), the two weights of column c side by side. Columns past N are zero.
 //
-// A micro-kernel keeps a tile of kRows rows x 64 columns in 28 float32 registers for the whole
+// A micro-kernel (gemm_tile.h) keeps a tile of 7 rows x 64 columns in 28 float32 registers for the whole
 // K: per input pair it loads the panel's 4 vectors once and broadcasts each row's pair (one
 // 32-bit load), 28 vdpbf16ps per 11 loads. With the broadcast that is one register more than
 // the 32 there are, so GCC spills one value per input pair (a store and a load among 28
@@ -27,10 +27,10 @@
 #include <cstring>
 #include <vector>
 
+#include "gemm_tile.h"
 #include "run_tasks.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
+#ifdef SGLANG_GEMM_TILE
 #define SGLANG_GEMM_BF16 1
 #define SGLANG_COMPILED_ISA "avx512_bf16"
 #else
@@ -39,63 +39,10 @@
 
 namespace {
 
-constexpr int64_t kCols = 64;         // output columns per panel (4 vectors of 16)
-constexpr int kRows = 7;              // rows per micro-kernel (28 accumulators)
-constexpr int64_t kBlockRows = 14 * kRows;  // rows per task
-
-#ifdef SGLANG_GEMM_BF16
-// out rows [0, R) x columns [0, cols) of a panel; a: R rows of x (lda apart), b: the panel,
-// bias: its 64 float32 biases.
-template <int R>
-void tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t pairs, const float* bias,
-          uint16_t* out, int64_t ldo, int64_t cols) {
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(bias + 16 * v);
-  if (pairs < 1) __builtin_unreachable();  // keeps the accumulators out of stack slots
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512bh w[4];
-    for (int v = 0; v < 4; ++v)
-      w[v] = (__m512bh)_mm512_loadu_si512(b + (p * kCols + 16 * v) * 2);
-    for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
-      const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
-      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) {
-      const __m256i y = (__m256i)_mm512_cvtneps_pbh(acc[r][v]);
-      uint16_t* dst = out + r * ldo + 16 * v;
-      if (cols >= kCols) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), y);
-      } else {
-        const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
-        _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>((1u << left) - 1), y);
-      }
-    }
-}
-
-// Rows [0, rows) of x times one panel.
-void panel_rows(const uint16_t* x, int64_t lda, int64_t rows, const uint16_t* panel,
-                int64_t pairs, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
-  int64_t r = 0;
-  for (; r + kRows <= rows; r += kRows)
-    tile<kRows>(x + r * lda, lda, panel, pairs, bias, out + r * ldo, ldo, cols);
-  const uint16_t* a = x + r * lda;
-  uint16_t* o = out + r * ldo;
-  switch (rows - r) {
-    case 6: tile<6>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 5: tile<5>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 4: tile<4>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 3: tile<3>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 2: tile<2>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 1: tile<1>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    default: break;
-  }
-}
-#endif
+using gemm_tile::kPanelCols;
+using gemm_tile::kTileRows;
+constexpr int64_t kCols = kPanelCols;
+constexpr int64_t kBlockRows = 14 * kTileRows;  // rows per task
 
 bool supported() {
 #ifdef SGLANG_GEMM_BF16
@@ -157,8 +104,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   const int64_t lda = x.stride(0), blocks = (m + kBlockRows - 1) / kBlockRows;
   run_tasks(panels * blocks, [&](int64_t t, int64_t) {
     const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows;
-    panel_rows(a + r0 * lda, lda, std::min(kBlockRows, m - r0), w + j * pairs * kCols * 2, pairs,
-               biases.data() + j * kCols, y + r0 * n + j * kCols, n, n - j * kCols);
+    gemm_tile::panel_rows(a + r0 * lda, lda, std::min(kBlockRows, m - r0),
+                          w + j * pairs * kCols * 2, pairs, biases.data() + j * kCols,
+                          y + r0 * n + j * kCols, n, n - j * kCols);
   });
 #endif
   return out;

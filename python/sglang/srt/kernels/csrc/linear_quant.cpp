@@ -29,6 +29,8 @@
 #include <cstring>
 #include <vector>
 
+#include "gemm_tile.h"
+#include "run_tasks.h"
 #include "vector_math.h"
 
 namespace {
@@ -366,7 +368,115 @@ at::Tensor dequantize_rows(int64_t n, int64_t k, const at::TensorOptions& option
 // [k / 2][kPanelCols][2] (the two weights of a column for inputs 2p, 2p + 1 side by side),
 // columns past n zero. A panel's rows are dequantized into a buffer that stays in cache and
 // transposed from there, so the weight is read quantized and written once.
-constexpr int64_t kPanelCols = 64;
+using gemm_tile::kPanelCols;
+
+#ifdef SGLANG_GEMM_TILE
+// 16 vectors of 16 32-bit lanes, transposed in registers: r[i] lane j -> r[j] lane i.
+inline void transpose16(__m512i* r) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  // b[4 i + j], 128-bit lane l: lane 4 l + j of rows 4 i .. 4 i + 3
+  for (int j = 0; j < 4; ++j) {
+    const __m512i c0 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0x88);
+    const __m512i c1 = _mm512_shuffle_i32x4(b[j], b[4 + j], 0xDD);
+    const __m512i d0 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0x88);
+    const __m512i d1 = _mm512_shuffle_i32x4(b[8 + j], b[12 + j], 0xDD);
+    r[j] = _mm512_shuffle_i32x4(c0, d0, 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(c0, d0, 0xDD);
+    r[4 + j] = _mm512_shuffle_i32x4(c1, d1, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(c1, d1, 0xDD);
+  }
+}
+
+// Panel `panel` of the dequantized weight straight into `out` (pairs * kPanelCols 32-bit
+// pairs): `chunk(j, t)` gives output row j's bfloat16 weights for inputs [32 t, 32 t + 32)
+// (the same values the row functions write); 16 rows x 16 pairs at a time are transposed in
+// registers.
+template <typename ChunkFn>
+void dequantize_panel_simd(int64_t panel, int64_t n, int64_t k, ChunkFn& chunk, uint32_t* out) {
+  const int64_t cols = std::min(kPanelCols, n - panel * kPanelCols), pairs = k / 2;
+  for (int64_t t = 0; 32 * t < k; ++t) {
+    const int64_t first = 16 * t, count = std::min<int64_t>(16, pairs - first);
+    for (int64_t c0 = 0; c0 < kPanelCols; c0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = c0 + i < cols ? chunk(panel * kPanelCols + c0 + i, t) : _mm512_setzero_si512();
+      transpose16(r);
+      for (int64_t p = 0; p < count; ++p)
+        _mm512_storeu_si512(out + (first + p) * kPanelCols + c0, r[p]);
+    }
+  }
+}
+
+// chunk() of the int8 and int4 layouts (as dequant_row_int8 / dequant_row_int4 compute them).
+struct Int8Chunks {
+  const int8_t* q;
+  const float* scale;
+  int64_t k;
+  __m512i operator()(int64_t j, int64_t t) const {
+    const int64_t left = std::min<int64_t>(32, k - 32 * t);
+    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : (__mmask32)((1ull << left) - 1);
+    const __m256i bytes = _mm256_maskz_loadu_epi8(mask, q + j * k + 32 * t);
+    const __m512 s = _mm512_set1_ps(scale[j]);
+    auto half = [&](__m128i b) {
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+    };
+    // rounds to nearest even as narrow16 does (no NaN can arise from finite q and scale)
+    return (__m512i)_mm512_cvtne2ps_pbh(half(_mm256_extracti128_si256(bytes, 1)),
+                                        half(_mm256_castsi256_si128(bytes)));
+  }
+};
+
+struct Int4Chunks {
+  const uint8_t* q;
+  const uint16_t* scale;
+  const uint16_t* min;
+  int64_t k;
+  int64_t group;
+  __m512i operator()(int64_t j, int64_t t) const {
+    const int64_t groups = k / group, at = (32 * t) % kInt4Block;
+    const uint8_t* bytes = q + j * (k / 2) + (32 * t / kInt4Block) * 32;
+    const int shift = at < 32 ? 0 : 4;
+    __m256i halves[2];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t g = j * groups + (32 * t + 16 * h) / group;
+      const __m512i nibbles = _mm512_and_si512(
+          _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(bytes + 16 * h))),
+                            shift),
+          _mm512_set1_epi32(0x0F));
+      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(nibbles),
+                                       _mm512_set1_ps(bf16_to_float(scale[g])),
+                                       _mm512_set1_ps(bf16_to_float(min[g])));
+      halves[h] = (__m256i)_mm512_cvtneps_pbh(v);
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(halves[0]), halves[1], 1);
+  }
+};
+#endif
+
+// Panel `panel` of the dequantized weight into `out` (pairs * kPanelCols 32-bit pairs);
+// `rows` is scratch of kPanelCols * k.
+template <typename RowFn>
+void dequantize_panel(int64_t panel, int64_t n, int64_t k, RowFn& row, uint16_t* rows,
+                      uint32_t* out) {
+  const int64_t cols = std::min(kPanelCols, n - panel * kPanelCols), pairs = k / 2;
+  for (int64_t c = 0; c < kPanelCols; ++c) {
+    if (c < cols) row(panel * kPanelCols + c, rows + c * k);
+    else std::fill_n(rows + c * k, k, uint16_t{0});
+  }
+  const auto* src = reinterpret_cast<const uint32_t*>(rows);
+  for (int64_t p = 0; p < pairs; ++p)
+    for (int64_t c = 0; c < kPanelCols; ++c) out[p * kPanelCols + c] = src[c * pairs + p];
+}
 
 template <typename RowFn>
 at::Tensor dequantize_panels(int64_t n, int64_t k, const at::TensorOptions& options, RowFn row) {
@@ -376,20 +486,44 @@ at::Tensor dequantize_panels(int64_t n, int64_t k, const at::TensorOptions& opti
   auto* dst = reinterpret_cast<uint32_t*>(packed.data_ptr<c10::BFloat16>());
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     std::vector<uint16_t> rows(kPanelCols * k);
-    const auto* src = reinterpret_cast<const uint32_t*>(rows.data());
-    for (int64_t panel = begin; panel < end; ++panel) {
-      const int64_t cols = std::min(kPanelCols, n - panel * kPanelCols);
-      for (int64_t c = 0; c < kPanelCols; ++c) {
-        if (c < cols) row(panel * kPanelCols + c, rows.data() + c * k);
-        else std::fill_n(rows.data() + c * k, k, uint16_t{0});
-      }
-      uint32_t* out = dst + panel * pairs * kPanelCols;
-      for (int64_t p = 0; p < pairs; ++p)
-        for (int64_t c = 0; c < kPanelCols; ++c) out[p * kPanelCols + c] = src[c * pairs + p];
-    }
+    for (int64_t panel = begin; panel < end; ++panel)
+      dequantize_panel(panel, n, k, row, rows.data(), dst + panel * pairs * kPanelCols);
   });
   return packed;
 }
+
+#ifdef SGLANG_GEMM_TILE
+// x times the dequantized weight on the native GEMM's tile, one panel at a time: each thread
+// dequantizes a panel into its own buffer (it stays in L2) and multiplies every row of x by
+// it, so the weight is read once, quantized, and never exists whole in bfloat16. The products
+// are bit for bit the GEMM's over dequantize_*_packed's panels.
+template <typename ChunkFn>
+at::Tensor gemm_dequantized(const at::Tensor& x, int64_t n, int64_t k,
+                            const c10::optional<at::Tensor>& bias, ChunkFn chunk) {
+  TORCH_CHECK(k % 2 == 0, "the packed layout needs an even input size");
+  const int64_t m = x.size(0), panels = (n + kPanelCols - 1) / kPanelCols, pairs = k / 2;
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  std::vector<float> biases(panels * kPanelCols, 0.f);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
+    const auto b = bias->to(at::kFloat).contiguous();
+    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
+  }
+  const auto* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  std::vector<std::vector<uint32_t>> scratch(at::get_num_threads());
+  run_tasks(panels, [&](int64_t j, int64_t worker) {
+    std::vector<uint32_t>& panel = scratch[worker];
+    panel.resize(pairs * kPanelCols);
+    dequantize_panel_simd(j, n, k, chunk, panel.data());
+    gemm_tile::panel_rows(a, k, m, reinterpret_cast<const uint16_t*>(panel.data()), pairs,
+                          biases.data() + j * kPanelCols, y + j * kPanelCols, n,
+                          n - j * kPanelCols);
+  });
+  return out;
+}
+#endif
 
 template <bool Packed>
 at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale) {
@@ -417,6 +551,41 @@ at::Tensor dequantize_int4(const at::Tensor& q, const at::Tensor& scale, const a
                 : dequantize_rows(n, k, q.options(), row);
 }
 
+at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                     const c10::optional<at::Tensor>& bias) {
+  check_int8(q, scale);
+  const int64_t n = q.size(0), k = q.size(1);
+  check_x(x, k);
+#ifdef SGLANG_GEMM_TILE
+  return gemm_dequantized(x, n, k, bias, Int8Chunks{q.data_ptr<int8_t>(), scale.data_ptr<float>(), k});
+#else
+  TORCH_CHECK(false, "gemm_int8 needs AVX512-BF16");
+#endif
+}
+
+at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                     const at::Tensor& min, int64_t group, const c10::optional<at::Tensor>& bias) {
+  check_int4(q, scale, min, group);
+  const int64_t n = q.size(0), k = q.size(1) * 2;
+  check_x(x, k);
+#ifdef SGLANG_GEMM_TILE
+  const Int4Chunks chunk{q.data_ptr<uint8_t>(),
+                         reinterpret_cast<const uint16_t*>(scale.data_ptr<c10::BFloat16>()),
+                         reinterpret_cast<const uint16_t*>(min.data_ptr<c10::BFloat16>()), k, group};
+  return gemm_dequantized(x, n, k, bias, chunk);
+#else
+  TORCH_CHECK(false, "gemm_int4 needs AVX512-BF16");
+#endif
+}
+
+bool gemm_supported() {
+#ifdef SGLANG_GEMM_TILE
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -424,6 +593,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_int8", &linear_int8, "x W^T (+ b), W int8 per output channel",
         py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bias") = py::none());
   m.def("linear_int4", &linear_int4, "x W^T (+ b), W int4 in groups with scales and mins",
+        py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("group"),
+        py::arg("bias") = py::none());
+  m.def("gemm_supported", &gemm_supported, "Whether gemm_int8 / gemm_int4 are built (AVX512-BF16)");
+  m.def("gemm_int8", &gemm_int8, "x W^T (+ b) on the native GEMM, W int8 dequantized a panel at a time",
+        py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bias") = py::none());
+  m.def("gemm_int4", &gemm_int4, "x W^T (+ b) on the native GEMM, W int4 dequantized a panel at a time",
         py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("group"),
         py::arg("bias") = py::none());
   m.def("dequantize_int8", &dequantize_int8<false>, "the bfloat16 weight of an int8 one");

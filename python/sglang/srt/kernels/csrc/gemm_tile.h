@@ -1,0 +1,75 @@
+// The native bfloat16 GEMM's micro-kernel over one packed panel (see gemm_bf16.cpp for the
+// layout and the tile), shared by gemm_bf16.cpp and linear_quant.cpp (which dequantizes a
+// panel at a time into it). Compiled where AVX512-BF16 is present (SGLANG_GEMM_TILE).
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define SGLANG_GEMM_TILE 1
+#endif
+
+namespace gemm_tile {
+
+constexpr int64_t kPanelCols = 64;  // output columns per panel (4 vectors of 16)
+constexpr int kTileRows = 7;        // rows per micro-kernel (28 accumulators)
+
+#ifdef SGLANG_GEMM_TILE
+// out rows [0, R) x columns [0, cols) of a panel; a: R rows of x (lda apart), b: the panel,
+// bias: its 64 float32 biases.
+template <int R>
+void tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t pairs, const float* bias,
+          uint16_t* out, int64_t ldo, int64_t cols) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(bias + 16 * v);
+  if (pairs < 1) __builtin_unreachable();  // keeps the accumulators out of stack slots
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh w[4];
+    for (int v = 0; v < 4; ++v)
+      w[v] = (__m512bh)_mm512_loadu_si512(b + (p * kPanelCols + 16 * v) * 2);
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) {
+      const __m256i y = (__m256i)_mm512_cvtneps_pbh(acc[r][v]);
+      uint16_t* dst = out + r * ldo + 16 * v;
+      if (cols >= kPanelCols) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), y);
+      } else {
+        const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
+        _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>((1u << left) - 1), y);
+      }
+    }
+}
+
+// Rows [0, rows) of x times one panel.
+void panel_rows(const uint16_t* x, int64_t lda, int64_t rows, const uint16_t* panel,
+                int64_t pairs, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
+  int64_t r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows)
+    tile<kTileRows>(x + r * lda, lda, panel, pairs, bias, out + r * ldo, ldo, cols);
+  const uint16_t* a = x + r * lda;
+  uint16_t* o = out + r * ldo;
+  switch (rows - r) {
+    case 6: tile<6>(a, lda, panel, pairs, bias, o, ldo, cols); break;
+    case 5: tile<5>(a, lda, panel, pairs, bias, o, ldo, cols); break;
+    case 4: tile<4>(a, lda, panel, pairs, bias, o, ldo, cols); break;
+    case 3: tile<3>(a, lda, panel, pairs, bias, o, ldo, cols); break;
+    case 2: tile<2>(a, lda, panel, pairs, bias, o, ldo, cols); break;
+    case 1: tile<1>(a, lda, panel, pairs, bias, o, ldo, cols); break;
+    default: break;
+  }
+}
+#endif
+
+}  // namespace gemm_tile
