@@ -20,8 +20,19 @@ def int4_codes(packed: torch.Tensor) -> torch.Tensor:
 
 
 def weight_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """W = scale[j] q[j, k]."""
+    """W = scale[j] q[j, k] for codes (out, in)."""
     return q.double() * scale.double()[:, None]
+
+
+def int8_codes(panels: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """Codes (out, in) of the panel layout: panel j, pair p, column c, t holds the code of
+    output 64 j + c for input 2 p + t."""
+    codes = torch.zeros(out_features, in_features, dtype=torch.int64)
+    for j in range(panels.shape[0]):
+        for c in range(64):
+            if 64 * j + c < out_features:
+                codes[64 * j + c] = panels[j, :, c, :].reshape(-1)[:in_features].long()
+    return codes
 
 
 def weight_int4(
@@ -37,5 +48,6 @@ def weight_int4(
 def exact_weight(layer: torch.nn.Module) -> torch.Tensor:
     """The float64 weight (out, in) a ``QuantizedLinear`` stands for."""
     if layer.bits == 8:
-        return weight_int8(layer.qweight, layer.scale)
+        codes = int8_codes(layer.qweight, layer.out_features, layer.in_features)
+        return weight_int8(codes, layer.scale[: layer.out_features])
     return weight_int4(layer.qweight, layer.scale, layer.min, layer.group)

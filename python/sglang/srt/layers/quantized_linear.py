@@ -6,20 +6,25 @@ does not first widen each weight to bfloat16 in memory (torchao's CPU int8 path 
 every call). ``QuantizedLinear`` holds one copy of each weight, quantized:
 
 - int8: per output channel, symmetric: ``W = scale[j] * q[j, k]``, ``q`` in -128..127,
-  ``scale = max |W[j]| / 127`` (float32);
+  ``scale = max |W[j]| / 127`` (float32), stored in the native GEMM's panel order
+  (``pack_int8``): for every panel of 64 output columns and pair of inputs, the two codes of each
+  column side by side;
 - int4: per group of ``group`` inputs, asymmetric: ``W = scale[j, g] * q[j, k] + min[j, g]``,
   ``q`` in 0..15, ``min`` the group's smallest weight, ``scale = (max - min) / 15`` (both
   bfloat16); two inputs per byte, in blocks of 64 inputs (``pack_int4``).
 
-Inputs of at most ``MAX_ROWS`` rows (decode steps) run on ``kernels/csrc/linear_quant.cpp``'s
-dot products in the quantized domain; larger ones (prompt chunks) on the native GEMM's tile
-(``gemm_int8`` / ``gemm_int4``, where the CPU has AVX512-BF16), the weight dequantized one panel
-of 64 output columns at a time into a buffer that stays in cache, so it is read once, quantized,
-and never exists whole in bfloat16. A 7B-shaped layer's seven products for a 512-row chunk
-(AMD EPYC, 2 threads): 336 ms in int8, 325 in int4-128, against 299 for bfloat16 and 445 / 450
-when each layer was dequantized into packed panels in memory first (64 MiB at a time); at 16 rows
-the dot products stay faster (28 ms against 45). Without the kernels, both run on torch's
-product over the dequantized weight.
+int8 runs every row count on ``linear_int8``, the native GEMM's tile over the codes (each
+converted exactly to bfloat16 as it streams, or, for more than 16 rows, once per panel into a
+buffer that stays in cache), the scale applied once per output: decode rows and prompt chunks
+give the same bits. A 7B-shaped layer's seven products against the row-major codes' dot
+products (AMD EPYC, 2 threads): 5.6 against 6.7 ms at one row, 7.8 against 19.1 at 8, 11.6
+against 28.7 at 16. int4: inputs of at most ``MAX_ROWS`` rows (decode steps) run on the dot
+products in the quantized domain; larger ones (prompt chunks) on the native GEMM's tile
+(``gemm_int4``, where the CPU has AVX512-BF16), the weight dequantized one panel of 64 output
+columns at a time into a buffer that stays in cache, so it is read once, quantized, and never
+exists whole in bfloat16 (a 7B-shaped layer's 512-row chunk: 325 ms against 299 for bfloat16,
+450 when each layer was dequantized into packed panels in memory first). Without the kernels,
+both widths run on torch's product over the dequantized weight.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from torch import nn
 from sglang.srt.layers import packed_linear
 
 MAX_ROWS = 16
+PANEL_COLS = 64  # output columns per panel of the native GEMM's layout (gemm_tile.h)
 INT4_BLOCK = 64  # inputs per packed block: byte b holds input b (low nibble) and 32 + b (high)
 
 
@@ -42,6 +48,26 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
     q = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
     return q.contiguous(), scale.contiguous()
+
+
+def pack_int8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes (out, in) and scales (out) -> the panel layout: codes (panels, pairs, 64, 2) with
+    out and in zero-padded to whole panels and pairs, scales (panels * 64) zero-padded."""
+    out_features, in_features = q.shape
+    panels, pairs = -(-out_features // PANEL_COLS), -(-in_features // 2)
+    padded = q.new_zeros(panels * PANEL_COLS, 2 * pairs)
+    padded[:out_features, :in_features] = q
+    codes = padded.reshape(panels, PANEL_COLS, pairs, 2).permute(0, 2, 1, 3).contiguous()
+    scales = scale.new_zeros(panels * PANEL_COLS)
+    scales[:out_features] = scale
+    return codes, scales
+
+
+def unpack_int8(codes: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """``pack_int8``'s codes back to (out, in)."""
+    panels, pairs = codes.shape[:2]
+    rows = codes.permute(0, 2, 1, 3).reshape(panels * PANEL_COLS, 2 * pairs)
+    return rows[:out_features, :in_features]
 
 
 def quantize_int4(
@@ -104,7 +130,7 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int, group: int | None) -> QuantizedLinear:
         if bits == 8:
-            q, scale = quantize_int8(linear.weight)
+            q, scale = pack_int8(*quantize_int8(linear.weight))
             tensors = {"qweight": q, "scale": scale}
         else:
             assert group is not None and int4_skip_reason(linear.in_features, group) is None
@@ -118,50 +144,49 @@ class QuantizedLinear(nn.Module):
         the native bfloat16 GEMM (its presence says the kernel's fused GEMM may serve prompt
         rows), or None for torch's product over the dequantized weight."""
         self._kernel = kernel
-        fused = kernel is not None and kernel.gemm_supported() and self.in_features % 2 == 0
+        fused = kernel is not None and kernel.gemm_supported() and self.bits == 4
         self._gemm = gemm if fused else None
 
     def dequantized(self) -> torch.Tensor:
         """The bfloat16 weight (out, in) this layer stands for."""
-        if self._kernel is not None:
-            if self.bits == 8:
-                return self._kernel.dequantize_int8(self.qweight, self.scale)
-            return self._kernel.dequantize_int4(self.qweight, self.scale, self.min, self.group)
         if self.bits == 8:
-            return (self.qweight.float() * self.scale[:, None]).to(torch.bfloat16)
+            q = unpack_int8(self.qweight, self.out_features, self.in_features)
+            return (q.float() * self.scale[: self.out_features, None]).to(torch.bfloat16)
+        if self._kernel is not None:
+            return self._kernel.dequantize_int4(self.qweight, self.scale, self.min, self.group)
         codes = unpack_int4(self.qweight).float()
         assert self.group is not None and self.min is not None
         scale = self.scale.float().repeat_interleave(self.group, dim=1)
         low = self.min.float().repeat_interleave(self.group, dim=1)
         return torch.addcmul(low, codes, scale).to(torch.bfloat16)
 
-    def dequantized_packed(self, start: int = 0, end: int | None = None) -> torch.Tensor:
-        """Output rows [start, end) of ``dequantized()`` in the native GEMM's packed panels,
-        written in one pass."""
-        q, scale = self.qweight[start:end], self.scale[start:end]
-        if self.bits == 8:
-            return self._kernel.dequantize_int8_packed(q, scale)
-        return self._kernel.dequantize_int4_packed(q, scale, self.min[start:end], self.group)
+    def dequantized_packed(self) -> torch.Tensor:
+        """int4: ``dequantized()`` in the native GEMM's packed panels, written in one pass."""
+        assert self.bits == 4
+        return self._kernel.dequantize_int4_packed(self.qweight, self.scale, self.min, self.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if self._kernel is not None and 0 < rows <= MAX_ROWS and x.dtype == torch.bfloat16:
-            flat = x.reshape(rows, self.in_features).contiguous()
-            if self.bits == 8:
-                out = self._kernel.linear_int8(flat, self.qweight, self.scale, self.bias)
-            else:
-                out = self._kernel.linear_int4(
-                    flat, self.qweight, self.scale, self.min, self.group, self.bias
-                )
+        native = self._kernel is not None and rows > 0 and x.dtype == torch.bfloat16
+        if native and self.bits == 8:
+            flat = x.reshape(rows, self.in_features)
+            if self.in_features % 2:  # the codes' zero input pairs with a zero
+                flat = F.pad(flat, (0, 1))
+            out = self._kernel.linear_int8(
+                flat.contiguous(), self.qweight, self.scale, self.bias, self.out_features
+            )
             return out.reshape(*x.shape[:-1], self.out_features)
-        if self._gemm is not None and rows > 0 and x.dtype == torch.bfloat16:
+        if native and rows <= MAX_ROWS:
             flat = x.reshape(rows, self.in_features).contiguous()
-            if self.bits == 8:
-                out = self._kernel.gemm_int8(flat, self.qweight, self.scale, self.bias)
-            else:
-                out = self._kernel.gemm_int4(
-                    flat, self.qweight, self.scale, self.min, self.group, self.bias
-                )
+            out = self._kernel.linear_int4(
+                flat, self.qweight, self.scale, self.min, self.group, self.bias
+            )
+            return out.reshape(*x.shape[:-1], self.out_features)
+        if native and self._gemm is not None:
+            flat = x.reshape(rows, self.in_features).contiguous()
+            out = self._kernel.gemm_int4(
+                flat, self.qweight, self.scale, self.min, self.group, self.bias
+            )
             return out.reshape(*x.shape[:-1], self.out_features)
         return F.linear(x.to(torch.bfloat16), self.dequantized(), self.bias)
 

@@ -19,6 +19,16 @@ constexpr int64_t kPanelCols = 64;  // output columns per panel (4 vectors of 16
 constexpr int kTileRows = 7;        // rows per micro-kernel (28 accumulators)
 
 #ifdef SGLANG_GEMM_TILE
+// 16 float32 outputs rounded to bfloat16 (nearest even) into dst, the first `left` of them.
+inline void store16(__m512 y, uint16_t* dst, int64_t left) {
+  const __m256i v = (__m256i)_mm512_cvtneps_pbh(y);
+  if (left >= 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
+  } else if (left > 0) {
+    _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>((1u << left) - 1), v);
+  }
+}
+
 // out rows [0, R) x columns [0, cols) of a panel; a: R rows of x (lda apart), b: the panel,
 // bias: its 64 float32 biases.
 template <int R>
@@ -40,21 +50,12 @@ void tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t pairs, cons
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) {
-      const __m256i y = (__m256i)_mm512_cvtneps_pbh(acc[r][v]);
-      uint16_t* dst = out + r * ldo + 16 * v;
-      if (cols >= kPanelCols) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), y);
-      } else {
-        const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
-        _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>((1u << left) - 1), y);
-      }
-    }
+    for (int v = 0; v < 4; ++v) store16(acc[r][v], out + r * ldo + 16 * v, cols - 16 * v);
 }
 
 // Rows [0, rows) of x times one panel.
-void panel_rows(const uint16_t* x, int64_t lda, int64_t rows, const uint16_t* panel,
-                int64_t pairs, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
+inline void panel_rows(const uint16_t* x, int64_t lda, int64_t rows, const uint16_t* panel,
+                       int64_t pairs, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
   int64_t r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)
     tile<kTileRows>(x + r * lda, lda, panel, pairs, bias, out + r * ldo, ldo, cols);

@@ -1,23 +1,20 @@
-// Weight-only quantized linears: y = x W^T (+ b) for bfloat16 x and int8 or int4 W in the
-// layouts below, written for decode steps (a few rows of x), whose cost is reading W once.
+// Weight-only quantized linears: y = x W^T (+ b) for bfloat16 x and int8 or int4 W.
 //
-// int8 (per output channel, symmetric): q int8 (out, in), scale float32 (out);
-//   W[j, k] = scale[j] * q[j, k].
+// int8 (per output channel, symmetric) is stored in the native GEMM's panel order and runs on
+// its tile: see linear_int8 below. Decode rows and prompt chunks multiply the same exact codes,
+// the scale applied once per output.
+//
 // int4 (groups of `group` inputs, asymmetric): q uint8 (out, in / 2), scale and min bfloat16
 //   (out, in / group); W[j, k] = bfloat16(scale[j, g] * q[j, k] + min[j, g]), g = k / group
 //   (one float32 fma, rounded to nearest even). Inputs come in blocks of 64: byte b of a block
 //   holds input b in its low nibble and input 32 + b in its high nibble, so one 32-byte load
-//   unpacks into two runs of 32 inputs.
-//
-// With AVX512-BF16 each nibble becomes a bfloat16 through a 32-entry table (vpermw) and meets
-// 32 bfloat16 inputs in one vdpbf16ps. int4: the table is the group's 16 weights, so products
-// use exactly the bfloat16 weights dequantize_int4 writes for the prompt GEMM. int8: an int8 is
-// 16 x its signed high nibble + its low nibble, each exact in bfloat16, and the scale is
-// applied once per output (the exact scale * q: prompts use its bfloat16 rounding). Elsewhere
-// a portable loop computes the same products in float32. Sums are float32 in a fixed order per
-// output: results do not depend on the thread count. Rows of x are taken up to kGroup at a
-// time; with more rows, weight rows are taken kOutBlock at a time so that every group of rows
-// finds them in cache (as in linear_bf16.cpp).
+//   unpacks into two runs of 32 inputs. Decode rows: with AVX512-BF16 each nibble becomes its
+//   group's bfloat16 weight through a 32-entry table (vpermw) and meets 32 bfloat16 inputs in one
+//   vdpbf16ps; elsewhere a portable loop computes the same products in float32. Sums are float32
+//   in a fixed order per output: results do not depend on the thread count. Rows of x are taken
+//   up to kGroup at a time; with more rows, weight rows are taken kOutBlock at a time so that
+//   every group of rows finds them in cache (as in linear_bf16.cpp). Prompt chunks: gemm_int4,
+//   the same weights dequantized a panel at a time into the GEMM's tile.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -56,72 +53,6 @@ struct Int4Args {
 };
 
 #ifdef SGLANG_AVX512_BF16
-// The nibbles' bfloat16 values (exact), built once: ``low`` holds 0..15 in lanes 0..15 and
-// -8..-1 in lanes 24..31 (vpermw reads an index's low five bits: a signed nibble -8..-1 shifted
-// down from a 16-bit lane is 0xFFF8..0xFFFF); ``high`` holds 16 x the same signed values.
-struct NibbleTables {
-  alignas(64) uint16_t low[32] = {};
-  alignas(64) uint16_t high[32] = {};
-  NibbleTables() {
-    for (int v = 0; v < 16; ++v) low[v] = c10::BFloat16(static_cast<float>(v)).x;
-    for (int v = -8; v < 0; ++v) low[32 + v] = c10::BFloat16(static_cast<float>(v)).x;
-    for (int v = 0; v < 8; ++v) high[v] = c10::BFloat16(16.f * v).x;
-    for (int v = -8; v < 0; ++v) high[32 + v] = c10::BFloat16(16.f * v).x;
-  }
-};
-const NibbleTables kNibbles;
-
-inline __m512i nibble_table() { return _mm512_load_si512(kNibbles.low); }
-inline __m512i high_nibble_table() { return _mm512_load_si512(kNibbles.high); }
-
-// 32 int8 weights as two bfloat16 vectors (low nibbles, 16 x signed high nibbles): their sum.
-inline void unpack_int8(__m256i bytes, __m512i low_table, __m512i high_table, __m512bh* low,
-                        __m512bh* high) {
-  const __m512i words = _mm512_cvtepi8_epi16(bytes);
-  *low = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(words, _mm512_set1_epi16(0x0F)),
-                                            low_table);
-  *high = (__m512bh)_mm512_permutexvar_epi16(_mm512_srai_epi16(words, 4), high_table);
-}
-
-// Four independent sums per row (two halves of 64 inputs, low and high nibbles), so that the
-// dot products' latency does not serialise a decode step's single row.
-template <int M>
-void dot_int8(const int8_t* q, const uint16_t* x, int64_t x_stride, int64_t k, float* out) {
-  const __m512i low_table = nibble_table(), high_table = high_nibble_table();
-  __m512 acc[M][4];
-  for (int m = 0; m < M; ++m)
-    for (int a = 0; a < 4; ++a) acc[m][a] = _mm512_setzero_ps();
-  __m512bh low[2], high[2];
-  int64_t i = 0;
-  for (; i + 64 <= k; i += 64) {
-    for (int h = 0; h < 2; ++h)
-      unpack_int8(_mm256_loadu_si256((const __m256i*)(q + i + 32 * h)), low_table, high_table,
-                  &low[h], &high[h]);
-    for (int m = 0; m < M; ++m) {
-      for (int h = 0; h < 2; ++h) {
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * x_stride + i + 32 * h);
-        acc[m][2 * h] = _mm512_dpbf16_ps(acc[m][2 * h], low[h], xv);
-        acc[m][2 * h + 1] = _mm512_dpbf16_ps(acc[m][2 * h + 1], high[h], xv);
-      }
-    }
-  }
-  for (; i < k; i += 32) {
-    const int64_t left = k - i;
-    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : (__mmask32)((1ull << left) - 1);
-    unpack_int8(_mm256_maskz_loadu_epi8(mask, q + i), low_table, high_table, &low[0], &high[0]);
-    for (int m = 0; m < M; ++m) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * x_stride + i);
-      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], low[0], xv);
-      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], high[0], xv);
-    }
-  }
-  for (int m = 0; m < M; ++m) {
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]),
-                                     _mm512_add_ps(acc[m][2], acc[m][3]));
-    out[m] = _mm512_reduce_add_ps(sum);
-  }
-}
-
 // A group's 16 weights, bfloat16(scale * q + min) for q = 0..15, in lanes 0..15: the nibbles
 // then look their weight up (vpermw) exactly as dequantize_int4 writes it.
 inline __m512i group_table(uint16_t scale, uint16_t min) {
@@ -184,15 +115,6 @@ void dot_int4(const Int4Args& a, int64_t j, const uint16_t* x, int64_t x_stride,
 }
 #else
 template <int M>
-void dot_int8(const int8_t* q, const uint16_t* x, int64_t x_stride, int64_t k, float* out) {
-  for (int m = 0; m < M; ++m) {
-    float sum = 0.f;
-    for (int64_t i = 0; i < k; ++i) sum += static_cast<float>(q[i]) * bf16_to_float(x[m * x_stride + i]);
-    out[m] = sum;
-  }
-}
-
-template <int M>
 void dot_int4(const Int4Args& a, int64_t j, const uint16_t* x, int64_t x_stride, float* out) {
   const int64_t groups = a.k / a.group;
   const uint8_t* q = a.q + j * (a.k / 2);
@@ -251,31 +173,145 @@ void check_x(const at::Tensor& x, int64_t k) {
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " inputs, the weight ", k);
 }
 
-void check_int8(const at::Tensor& q, const at::Tensor& scale) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous(),
-              "q must be contiguous int8 (out, in)");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == q.size(0) &&
-                  scale.is_contiguous(), "scale must be float32 (out)");
+// int8, in the native GEMM's panel order: q int8 (panels, pairs, 64, 2), pairs = in / 2
+// rounded up: panel j holds output columns [64 j, 64 j + 64), for each pair of inputs
+// (2p, 2p + 1) the two codes of a column side by side (gemm_bf16.cpp's order); codes past the
+// weight's out or in are 0. scale float32 (panels * 64), 0 past out. y[c] = bfloat16(scale[c] *
+// sum_k q[c, k] x[k] + b[c]): the codes are exact in bfloat16, the sum is float32 over the pairs
+// in turn, the scale applied once. Rows are taken 1-7 at a time by the GEMM's tile; up to
+// kCodeRows rows convert the codes in registers as they stream, more rows convert each panel
+// once into a buffer that stays in cache: the same products, so a row's outputs are the same
+// bits whatever the batch, decode or prompt.
+constexpr int64_t kCodeRows = 16;
+constexpr int64_t kPairBytes = 2 * gemm_tile::kPanelCols;
+
+#ifdef SGLANG_GEMM_TILE
+// Pair p's 128 codes as the four bfloat16 vectors of gemm_bf16's panel (int8 -> float32 ->
+// bfloat16, exact).
+inline void code_pair(const int8_t* src, __m512bh* w) {
+  for (int v = 0; v < 4; ++v) {
+    const __m128i* at = reinterpret_cast<const __m128i*>(src + 32 * v);
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(at)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(at + 1)));
+    w[v] = _mm512_cvtne2ps_pbh(hi, lo);
+  }
 }
 
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                       const c10::optional<at::Tensor>& bias) {
-  check_int8(q, scale);
-  const int64_t n = q.size(0), k = q.size(1);
-  check_x(x, k);
-  const auto* qs = q.data_ptr<int8_t>();
-  const auto* xs = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
-  auto dot_group = [&](int group, int64_t j, int64_t m0, float* partial) {
-    const int8_t* w = qs + j * k;
-    const uint16_t* xm = xs + m0 * k;
-    switch (group) {
-      case 1: dot_int8<1>(w, xm, k, k, partial); break;
-      case 2: dot_int8<2>(w, xm, k, k, partial); break;
-      case 3: dot_int8<3>(w, xm, k, k, partial); break;
-      default: dot_int8<4>(w, xm, k, k, partial); break;
+// Rows [0, R) x one panel's columns; the panel is codes (Codes) or their bfloat16 (a buffer).
+template <int R, bool Codes>
+void int8_tile(const uint16_t* a, int64_t lda, const void* panel, int64_t pairs,
+               const float* scale, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
+  if (pairs < 1) __builtin_unreachable();  // keeps the accumulators out of stack slots
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh w[4];
+    if constexpr (Codes) {
+      code_pair(static_cast<const int8_t*>(panel) + p * kPairBytes, w);
+    } else {
+      const uint16_t* b = static_cast<const uint16_t*>(panel) + p * kPairBytes;
+      for (int v = 0; v < 4; ++v) w[v] = (__m512bh)_mm512_loadu_si512(b + 32 * v);
     }
-  };
-  return run_rows(x, n, bias, dot_group, scale.data_ptr<float>());
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) {
+      const __m512 y = _mm512_fmadd_ps(acc[r][v], _mm512_loadu_ps(scale + 16 * v),
+                                       _mm512_loadu_ps(bias + 16 * v));
+      gemm_tile::store16(y, out + r * ldo + 16 * v, cols - 16 * v);
+    }
+}
+
+template <bool Codes>
+void int8_rows(const uint16_t* x, int64_t lda, int64_t rows, const void* panel, int64_t pairs,
+               const float* scale, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
+  int64_t r = 0;
+  for (; r + 7 <= rows; r += 7)
+    int8_tile<7, Codes>(x + r * lda, lda, panel, pairs, scale, bias, out + r * ldo, ldo, cols);
+  const uint16_t* a = x + r * lda;
+  uint16_t* o = out + r * ldo;
+  switch (rows - r) {
+    case 6: int8_tile<6, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
+    case 5: int8_tile<5, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
+    case 4: int8_tile<4, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
+    case 3: int8_tile<3, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
+    case 2: int8_tile<2, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
+    case 1: int8_tile<1, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
+    default: break;
+  }
+}
+#endif
+
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias, int64_t n) {
+  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kChar && q.is_contiguous() &&
+                  q.size(2) == gemm_tile::kPanelCols && q.size(3) == 2,
+              "q must be contiguous int8 (panels, pairs, 64, 2)");
+  const int64_t panels = q.size(0), pairs = q.size(1), k = 2 * pairs;
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.numel() == panels * gemm_tile::kPanelCols,
+              "scale must be float32 (panels * 64)");
+  TORCH_CHECK(n > (panels - 1) * gemm_tile::kPanelCols && n <= panels * gemm_tile::kPanelCols,
+              "n disagrees with the panels");
+  check_x(x, k);
+  const int64_t m = x.size(0);
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  std::vector<float> biases(panels * gemm_tile::kPanelCols, 0.f);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
+    const auto b = bias->to(at::kFloat).contiguous();
+    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
+  }
+  const auto* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  const auto* codes = q.data_ptr<int8_t>();
+  const float* scales = scale.data_ptr<float>();
+  auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+#ifdef SGLANG_GEMM_TILE
+  std::vector<std::vector<uint16_t>> scratch(m > kCodeRows ? at::get_num_threads() : 0);
+  run_tasks(panels, [&](int64_t j, int64_t worker) {
+    const int8_t* panel = codes + j * pairs * kPairBytes;
+    const int64_t c0 = j * gemm_tile::kPanelCols;
+    const float* s = scales + c0;
+    const float* b = biases.data() + c0;
+    if (m <= kCodeRows) {
+      int8_rows<true>(a, k, m, panel, pairs, s, b, y + c0, n, n - c0);
+      return;
+    }
+    std::vector<uint16_t>& buffer = scratch[worker];
+    buffer.resize(pairs * kPairBytes);
+    for (int64_t p = 0; p < pairs; ++p) {
+      __m512bh w[4];
+      code_pair(panel + p * kPairBytes, w);
+      for (int v = 0; v < 4; ++v)
+        _mm512_storeu_si512(buffer.data() + p * kPairBytes + 32 * v, (__m512i)w[v]);
+    }
+    int8_rows<false>(a, k, m, buffer.data(), pairs, s, b, y + c0, n, n - c0);
+  });
+#else
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j)
+      for (int64_t c = 0; c < std::min(gemm_tile::kPanelCols, n - j * gemm_tile::kPanelCols);
+           ++c) {
+        const int64_t col = j * gemm_tile::kPanelCols + c;
+        for (int64_t r = 0; r < m; ++r) {
+          float sum = 0.f;
+          for (int64_t p = 0; p < pairs; ++p)
+            for (int t = 0; t < 2; ++t)
+              sum += static_cast<float>(codes[(j * pairs + p) * kPairBytes + 2 * c + t]) *
+                     bf16_to_float(a[r * k + 2 * p + t]);
+          y[r * n + col] = c10::BFloat16(std::fma(sum, scales[col], biases[col])).x;
+        }
+      }
+  });
+#endif
+  return out;
 }
 
 void check_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& min,
@@ -319,19 +355,6 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 // The bfloat16 weight the quantized one stands for (W as defined above; int8 rounded as torch
 // rounds), for prompt-sized inputs, which run on a bfloat16 GEMM: row by row (dequantize_*) or
 // straight into the native GEMM's panels (dequantize_*_packed).
-void dequant_row_int8(const int8_t* q, float scale, int64_t k, uint16_t* w) {
-  int64_t i = 0;
-#ifdef SGLANG_AVX512
-  const __m512 s = _mm512_set1_ps(scale);
-  for (; i + 16 <= k; i += 16) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i*)(q + i));
-    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s);
-    _mm256_storeu_si256((__m256i*)(w + i), vec::narrow16(v));
-  }
-#endif
-  for (; i < k; ++i) w[i] = c10::BFloat16(q[i] * scale).x;
-}
-
 void dequant_row_int4(const uint8_t* q, const uint16_t* scale, const uint16_t* min, int64_t k,
                       int64_t group, uint16_t* w) {
   for (int64_t i = 0; i < k; i += 16) {  // 16 inputs: one nibble of 16 bytes
@@ -418,24 +441,6 @@ void dequantize_panel_simd(int64_t panel, int64_t n, int64_t k, ChunkFn& chunk, 
 }
 
 // chunk() of the int8 and int4 layouts (as dequant_row_int8 / dequant_row_int4 compute them).
-struct Int8Chunks {
-  const int8_t* q;
-  const float* scale;
-  int64_t k;
-  __m512i operator()(int64_t j, int64_t t) const {
-    const int64_t left = std::min<int64_t>(32, k - 32 * t);
-    const __mmask32 mask = left >= 32 ? ~__mmask32(0) : (__mmask32)((1ull << left) - 1);
-    const __m256i bytes = _mm256_maskz_loadu_epi8(mask, q + j * k + 32 * t);
-    const __m512 s = _mm512_set1_ps(scale[j]);
-    auto half = [&](__m128i b) {
-      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
-    };
-    // rounds to nearest even as narrow16 does (no NaN can arise from finite q and scale)
-    return (__m512i)_mm512_cvtne2ps_pbh(half(_mm256_extracti128_si256(bytes, 1)),
-                                        half(_mm256_castsi256_si128(bytes)));
-  }
-};
-
 struct Int4Chunks {
   const uint8_t* q;
   const uint16_t* scale;
@@ -526,17 +531,6 @@ at::Tensor gemm_dequantized(const at::Tensor& x, int64_t n, int64_t k,
 #endif
 
 template <bool Packed>
-at::Tensor dequantize_int8(const at::Tensor& q, const at::Tensor& scale) {
-  check_int8(q, scale);
-  const int64_t n = q.size(0), k = q.size(1);
-  const auto* qs = q.data_ptr<int8_t>();
-  const auto* ss = scale.data_ptr<float>();
-  auto row = [&](int64_t j, uint16_t* w) { dequant_row_int8(qs + j * k, ss[j], k, w); };
-  return Packed ? dequantize_panels(n, k, q.options(), row)
-                : dequantize_rows(n, k, q.options(), row);
-}
-
-template <bool Packed>
 at::Tensor dequantize_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& min,
                            int64_t group) {
   check_int4(q, scale, min, group);
@@ -549,18 +543,6 @@ at::Tensor dequantize_int4(const at::Tensor& q, const at::Tensor& scale, const a
   };
   return Packed ? dequantize_panels(n, k, q.options(), row)
                 : dequantize_rows(n, k, q.options(), row);
-}
-
-at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                     const c10::optional<at::Tensor>& bias) {
-  check_int8(q, scale);
-  const int64_t n = q.size(0), k = q.size(1);
-  check_x(x, k);
-#ifdef SGLANG_GEMM_TILE
-  return gemm_dequantized(x, n, k, bias, Int8Chunks{q.data_ptr<int8_t>(), scale.data_ptr<float>(), k});
-#else
-  TORCH_CHECK(false, "gemm_int8 needs AVX512-BF16");
-#endif
 }
 
 at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
@@ -590,21 +572,17 @@ bool gemm_supported() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
-  m.def("linear_int8", &linear_int8, "x W^T (+ b), W int8 per output channel",
-        py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bias") = py::none());
   m.def("linear_int4", &linear_int4, "x W^T (+ b), W int4 in groups with scales and mins",
         py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("group"),
         py::arg("bias") = py::none());
-  m.def("gemm_supported", &gemm_supported, "Whether gemm_int8 / gemm_int4 are built (AVX512-BF16)");
-  m.def("gemm_int8", &gemm_int8, "x W^T (+ b) on the native GEMM, W int8 dequantized a panel at a time",
-        py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bias") = py::none());
+  m.def("linear_int8", &linear_int8,
+        "x W^T (+ b), W int8 per output channel in the GEMM's panels; n output columns",
+        py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bias"), py::arg("n"));
+  m.def("gemm_supported", &gemm_supported, "Whether gemm_int4 is built (AVX512-BF16)");
   m.def("gemm_int4", &gemm_int4, "x W^T (+ b) on the native GEMM, W int4 dequantized a panel at a time",
         py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("min"), py::arg("group"),
         py::arg("bias") = py::none());
-  m.def("dequantize_int8", &dequantize_int8<false>, "the bfloat16 weight of an int8 one");
   m.def("dequantize_int4", &dequantize_int4<false>, "the bfloat16 weight of an int4 one");
-  m.def("dequantize_int8_packed", &dequantize_int8<true>,
-        "the bfloat16 weight of an int8 one, in gemm_bf16's packed panels");
   m.def("dequantize_int4_packed", &dequantize_int4<true>,
         "the bfloat16 weight of an int4 one, in gemm_bf16's packed panels");
 }
