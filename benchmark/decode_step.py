@@ -70,8 +70,8 @@ def _use_kernels(runner: Any, on: bool) -> None:
             saved.setdefault(module, module._decode_kernel)
             module._decode_kernel = saved[module] if on else None
         if isinstance(module, QuantizedLinear):  # --torchao-config: int8 / int4 layers
-            saved.setdefault(module, (module._kernel, module._gemm))
-            module.use_kernel(*(saved[module] if on else (None, None)))
+            saved.setdefault(module, module._kernel)
+            module.use_kernel(saved[module] if on else None)
 
 
 def _engines(args: argparse.Namespace, path: str) -> dict[str, Any]:

@@ -8,8 +8,8 @@ Per width and row count it prints ms per layer, the weight bytes read per second
 
 - bf16: as the server holds it: each weight once, packed for the native GEMM, which serves
   every row count (CPUs without it: ``linear_bf16`` over the plain weights, torch for prompts);
-- int8 / int4-<group>: ``QuantizedLinear`` (the native ``linear_quant`` kernel over its layouts;
-  prompt-sized inputs: its GEMM over panels dequantized one at a time in cache);
+- int8 / int4-<group>: ``QuantizedLinear`` (the native ``linear_quant`` kernel: the GEMM's tile
+  over the codes in its panel order, at every row count);
 - torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
   (what ``--torchao-config`` ran before), for comparison in the same run.
 
@@ -74,7 +74,7 @@ def _layers(shape: str, width: str) -> list[nn.Module]:
     layers = []
     for layer in dense:
         quantized = QuantizedLinear.from_linear(layer, bits, group)
-        quantized.use_kernel(kernel, packed_linear.native_gemm())  # as quantize() serves it
+        quantized.use_kernel(kernel)
         layers.append(quantized)
     return layers
 

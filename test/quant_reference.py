@@ -7,16 +7,29 @@ from __future__ import annotations
 import torch
 
 
-def int4_codes(packed: torch.Tensor) -> torch.Tensor:
-    """Codes (out, in): in block b of 64 inputs, byte t holds input 64b + t (low nibble) and
-    64b + 32 + t (high nibble)."""
-    out_features, half = packed.shape
-    codes = torch.empty(out_features, half * 2, dtype=torch.int64)
-    for t in range(half):
-        block, at = divmod(t, 32)
-        codes[:, 64 * block + at] = (packed[:, t] & 0x0F).long()
-        codes[:, 64 * block + 32 + at] = (packed[:, t] >> 4).long()
+def int4_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """Codes (out, in) of the int4 panel layout: in panel j, pair p, byte t of half h holds
+    output 64 j + 32 h + t // 2 (low nibble) and 64 j + 32 h + 16 + t // 2 (high nibble), both
+    for input 2 p + t % 2."""
+    codes = torch.zeros(out_features, in_features, dtype=torch.int64)
+    panels, pairs = packed.shape[:2]
+    for j in range(panels):
+        for h in range(2):
+            for t in range(32):
+                column = 64 * j + 32 * h + t // 2
+                inputs = torch.arange(pairs) * 2 + t % 2
+                keep = inputs < in_features
+                byte = packed[j, :, 32 * h + t].long()[keep]
+                if column < out_features:
+                    codes[column, inputs[keep]] = byte & 0x0F
+                if column + 16 < out_features:
+                    codes[column + 16, inputs[keep]] = byte >> 4
     return codes
+
+
+def per_column(values: torch.Tensor, out_features: int) -> torch.Tensor:
+    """(panels, groups, 64) -> (out, groups)."""
+    return values.transpose(1, 2).reshape(-1, values.shape[1])[:out_features]
 
 
 def weight_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -36,18 +49,19 @@ def int8_codes(panels: torch.Tensor, out_features: int, in_features: int) -> tor
 
 
 def weight_int4(
-    q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int
+    codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int
 ) -> torch.Tensor:
-    """W = bfloat16(scale[j, g] q[j, k] + min[j, g]), g = k // group: the sum is exact in
-    float64, then rounded to float32 (as one fma rounds) and to bfloat16."""
+    """W = scale[j, g] q[j, k] + min[j, g], g = k // group, exact (codes, scale, min per row)."""
     per_input_scale = scale.double().repeat_interleave(group, 1)
-    exact = int4_codes(q).double() * per_input_scale + low.double().repeat_interleave(group, 1)
-    return exact.float().bfloat16().double()
+    return codes.double() * per_input_scale + low.double().repeat_interleave(group, 1)
 
 
 def exact_weight(layer: torch.nn.Module) -> torch.Tensor:
-    """The float64 weight (out, in) a ``QuantizedLinear`` stands for."""
+    """The float64 weight (out, in) a ``QuantizedLinear`` stands for, read from its layout."""
+    out_features, in_features = layer.out_features, layer.in_features
     if layer.bits == 8:
-        codes = int8_codes(layer.qweight, layer.out_features, layer.in_features)
-        return weight_int8(codes, layer.scale[: layer.out_features])
-    return weight_int4(layer.qweight, layer.scale, layer.min, layer.group)
+        codes = int8_codes(layer.qweight, out_features, in_features)
+        return weight_int8(codes, layer.scale[:out_features])
+    codes = int4_codes(layer.qweight, out_features, in_features)
+    scale, low = (per_column(t, out_features) for t in (layer.scale, layer.min))
+    return weight_int4(codes, scale, low, layer.group)

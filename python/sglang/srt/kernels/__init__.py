@@ -29,7 +29,11 @@ DISABLE_ENV = "SGLANG_DISABLE_CPU_KERNELS"
 REQUIRE_ENV = "SGLANG_REQUIRE_CPU_KERNELS"
 AVX512 = ("avx512f", "avx512dq", "avx512bw", "avx512vl")  # vector_math.h's SGLANG_AVX512
 # What each kernel's bfloat16 path needs beyond plain x86 (the rest take vector_math.h's rule).
-BF16_ONLY = {"linear_bf16": ("avx512f",), "gemm_bf16": ("avx512f", "avx512bw")}
+BF16_ONLY = {
+    "linear_bf16": ("avx512f",),
+    "gemm_bf16": ("avx512f", "avx512bw"),
+    "linear_quant": ("avx512f", "avx512bw"),
+}
 
 
 @functools.cache

@@ -3,28 +3,23 @@
 A decode step reads every weight once, so its time is the weights' bytes over memory bandwidth:
 int8 halves them and int4 quarters them, provided the product runs in the quantized domain and
 does not first widen each weight to bfloat16 in memory (torchao's CPU int8 path does that on
-every call). ``QuantizedLinear`` holds one copy of each weight, quantized:
+every call). ``QuantizedLinear`` holds one copy of each weight, quantized, in the native GEMM's
+panel order (for every panel of 64 output columns and pair of inputs, the codes of each column
+side by side):
 
 - int8: per output channel, symmetric: ``W = scale[j] * q[j, k]``, ``q`` in -128..127,
-  ``scale = max |W[j]| / 127`` (float32), stored in the native GEMM's panel order
-  (``pack_int8``): for every panel of 64 output columns and pair of inputs, the two codes of each
-  column side by side;
+  ``scale = max |W[j]| / 127`` (float32; ``pack_int8``);
 - int4: per group of ``group`` inputs, asymmetric: ``W = scale[j, g] * q[j, k] + min[j, g]``,
   ``q`` in 0..15, ``min`` the group's smallest weight, ``scale = (max - min) / 15`` (both
-  bfloat16); two inputs per byte, in blocks of 64 inputs (``pack_int4``).
+  bfloat16); two codes per byte (``pack_int4``).
 
-int8 runs every row count on ``linear_int8``, the native GEMM's tile over the codes (each
-converted exactly to bfloat16 as it streams, or, for more than 16 rows, once per panel into a
-buffer that stays in cache), the scale applied once per output: decode rows and prompt chunks
-give the same bits. A 7B-shaped layer's seven products against the row-major codes' dot
-products (AMD EPYC, 2 threads): 5.6 against 6.7 ms at one row, 7.8 against 19.1 at 8, 11.6
-against 28.7 at 16. int4: inputs of at most ``MAX_ROWS`` rows (decode steps) run on the dot
-products in the quantized domain; larger ones (prompt chunks) on the native GEMM's tile
-(``gemm_int4``, where the CPU has AVX512-BF16), the weight dequantized one panel of 64 output
-columns at a time into a buffer that stays in cache, so it is read once, quantized, and never
-exists whole in bfloat16 (a 7B-shaped layer's 512-row chunk: 325 ms against 299 for bfloat16,
-450 when each layer was dequantized into packed panels in memory first). Without the kernels,
-both widths run on torch's product over the dequantized weight.
+Every row count runs on ``kernels/csrc/linear_quant.cpp``: the native GEMM's tile over the codes,
+each converted exactly to bfloat16 as it streams (or, for more than 16 rows, once per panel into
+a buffer that stays in cache), the scales and mins applied to float32 sums: decode rows and
+prompt chunks give the same bits, and no weight is ever rounded to bfloat16. A 7B-shaped
+layer's seven products (AMD EPYC, 2 threads): int8 4.3 ms at one row, 7.7 at 8, 304 for a
+512-row chunk (bfloat16 6.6, 10.4, 293). Without the kernel, torch's product runs over the
+weight dequantized to bfloat16.
 """
 
 from __future__ import annotations
@@ -35,11 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers import packed_linear
-
-MAX_ROWS = 16
 PANEL_COLS = 64  # output columns per panel of the native GEMM's layout (gemm_tile.h)
-INT4_BLOCK = 64  # inputs per packed block: byte b holds input b (low nibble) and 32 + b (high)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,30 +41,45 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale.contiguous()
 
 
-def pack_int8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes (out, in) and scales (out) -> the panel layout: codes (panels, pairs, 64, 2) with
-    out and in zero-padded to whole panels and pairs, scales (panels * 64) zero-padded."""
-    out_features, in_features = q.shape
+def _panels(rows: torch.Tensor) -> torch.Tensor:
+    """(out, in) -> (panels, in / 2, 64, 2): out and in zero-padded to whole panels and pairs."""
+    out_features, in_features = rows.shape
     panels, pairs = -(-out_features // PANEL_COLS), -(-in_features // 2)
-    padded = q.new_zeros(panels * PANEL_COLS, 2 * pairs)
-    padded[:out_features, :in_features] = q
-    codes = padded.reshape(panels, PANEL_COLS, pairs, 2).permute(0, 2, 1, 3).contiguous()
-    scales = scale.new_zeros(panels * PANEL_COLS)
-    scales[:out_features] = scale
-    return codes, scales
+    padded = rows.new_zeros(panels * PANEL_COLS, 2 * pairs)
+    padded[:out_features, :in_features] = rows
+    return padded.reshape(panels, PANEL_COLS, pairs, 2).permute(0, 2, 1, 3)
+
+
+def _rows(panels: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """``_panels``' inverse."""
+    count, pairs = panels.shape[:2]
+    rows = panels.permute(0, 2, 1, 3).reshape(count * PANEL_COLS, 2 * pairs)
+    return rows[:out_features, :in_features]
+
+
+def _per_column(values: torch.Tensor) -> torch.Tensor:
+    """(out, groups) -> (panels, groups, 64), zero past out."""
+    out_features, groups = values.shape
+    panels = -(-out_features // PANEL_COLS)
+    padded = values.new_zeros(panels * PANEL_COLS, groups)
+    padded[:out_features] = values
+    return padded.reshape(panels, PANEL_COLS, groups).transpose(1, 2).contiguous()
+
+
+def pack_int8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes (out, in) and scales (out) -> codes (panels, pairs, 64, 2), scales (panels * 64)."""
+    return _panels(q).contiguous(), _per_column(scale[:, None]).reshape(-1)
 
 
 def unpack_int8(codes: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """``pack_int8``'s codes back to (out, in)."""
-    panels, pairs = codes.shape[:2]
-    rows = codes.permute(0, 2, 1, 3).reshape(panels * PANEL_COLS, 2 * pairs)
-    return rows[:out_features, :in_features]
+    return _rows(codes, out_features, in_features)
 
 
 def quantize_int4(
     weight: torch.Tensor, group: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(packed q uint8 (out, in / 2), scale bf16 (out, in / group), min bf16 (out, in / group)).
+    """(codes uint8 (out, in) in 0..15, scale bf16 (out, in / group), min bf16 (out, in / group)).
     The codes are chosen against the bfloat16-rounded scale and min they will be used with."""
     out_features, in_features = weight.shape
     w = weight.detach().float().reshape(out_features, in_features // group, group)
@@ -82,26 +88,39 @@ def quantize_int4(
     low = low.to(torch.bfloat16)
     step = scale.float().clamp(min=torch.finfo(torch.float32).tiny)[..., None]
     q = torch.round((w - low.float()[..., None]) / step).clamp(0, 15).to(torch.uint8)
-    return pack_int4(q.reshape(out_features, in_features)), scale, low
+    return q.reshape(out_features, in_features), scale, low
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """Codes (out, in) in 0..15 -> bytes (out, in / 2) in blocks of ``INT4_BLOCK`` inputs."""
-    out_features, in_features = q.shape
-    blocks = q.reshape(out_features, in_features // INT4_BLOCK, 2, INT4_BLOCK // 2)
-    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(out_features, -1).contiguous()
+def pack_int4(
+    codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes (out, in), scale and min (out, groups) -> the kernel's layout: codes uint8
+    (panels, pairs, 64), where for each pair byte j of half h holds column 32 h + j / 2 in its
+    low nibble and column 32 h + 16 + j / 2 in its high nibble, input 2 pair + j % 2 (one load
+    unpacks into two of the panel's vectors); scale and min (panels, groups, 64)."""
+    panels = _panels(codes)  # (panels, pairs, 64, 2)
+    halves = []
+    for h in range(2):
+        low_cols = panels[:, :, 32 * h : 32 * h + 16].reshape(*panels.shape[:2], 32)
+        high_cols = panels[:, :, 32 * h + 16 : 32 * h + 32].reshape(*panels.shape[:2], 32)
+        halves.append(low_cols | (high_cols << 4))
+    return torch.cat(halves, dim=2).contiguous(), _per_column(scale), _per_column(low)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """``pack_int4``'s inverse: codes (out, in) in 0..15."""
-    out_features = packed.shape[0]
-    blocks = packed.reshape(out_features, -1, 1, INT4_BLOCK // 2)
-    return torch.cat([blocks & 0x0F, blocks >> 4], dim=2).reshape(out_features, -1)
+def unpack_int4(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """``pack_int4``'s codes back to (out, in)."""
+    count, pairs = packed.shape[:2]
+    panels = packed.new_empty(count, pairs, PANEL_COLS, 2)
+    for h in range(2):
+        half = packed[:, :, 32 * h : 32 * h + 32].reshape(count, pairs, 16, 2)
+        panels[:, :, 32 * h : 32 * h + 16] = half & 0x0F
+        panels[:, :, 32 * h + 16 : 32 * h + 32] = half >> 4
+    return _rows(panels, out_features, in_features)
 
 
 def int4_skip_reason(in_features: int, group: int) -> str | None:
-    if in_features % group or in_features % INT4_BLOCK:
-        return f"in_features {in_features} is not a multiple of 64 and of the group size {group}"
+    if in_features % group:
+        return f"in_features {in_features} is not a multiple of the group size {group}"
     return None
 
 
@@ -125,7 +144,6 @@ class QuantizedLinear(nn.Module):
         self.min = nn.Buffer(tensors["min"]) if "min" in tensors else None
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self._kernel: Any = None
-        self._gemm: Any = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int, group: int | None) -> QuantizedLinear:
@@ -134,61 +152,50 @@ class QuantizedLinear(nn.Module):
             tensors = {"qweight": q, "scale": scale}
         else:
             assert group is not None and int4_skip_reason(linear.in_features, group) is None
-            q, scale, low = quantize_int4(linear.weight, group)
+            q, scale, low = pack_int4(*quantize_int4(linear.weight, group))
             tensors = {"qweight": q, "scale": scale, "min": low}
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
         return cls(linear.in_features, linear.out_features, bits, group, tensors, bias)
 
-    def use_kernel(self, kernel: Any, gemm: Any = None) -> None:
-        """The compiled ``linear_quant`` module, or None for torch's product throughout; and
-        the native bfloat16 GEMM (its presence says the kernel's fused GEMM may serve prompt
-        rows), or None for torch's product over the dequantized weight."""
+    def use_kernel(self, kernel: Any) -> None:
+        """The compiled ``linear_quant`` module, or None for torch's product throughout."""
         self._kernel = kernel
-        fused = kernel is not None and kernel.gemm_supported() and self.bits == 4
-        self._gemm = gemm if fused else None
+
+    def codes(self) -> torch.Tensor:
+        """The codes (out, in)."""
+        unpack = unpack_int8 if self.bits == 8 else unpack_int4
+        return unpack(self.qweight, self.out_features, self.in_features)
 
     def dequantized(self) -> torch.Tensor:
-        """The bfloat16 weight (out, in) this layer stands for."""
+        """The weight (out, in) this layer stands for, rounded to bfloat16."""
         if self.bits == 8:
-            q = unpack_int8(self.qweight, self.out_features, self.in_features)
-            return (q.float() * self.scale[: self.out_features, None]).to(torch.bfloat16)
-        if self._kernel is not None:
-            return self._kernel.dequantize_int4(self.qweight, self.scale, self.min, self.group)
-        codes = unpack_int4(self.qweight).float()
+            scale = self.scale[: self.out_features, None]
+            return (self.codes().float() * scale).to(torch.bfloat16)
         assert self.group is not None and self.min is not None
-        scale = self.scale.float().repeat_interleave(self.group, dim=1)
-        low = self.min.float().repeat_interleave(self.group, dim=1)
-        return torch.addcmul(low, codes, scale).to(torch.bfloat16)
-
-    def dequantized_packed(self) -> torch.Tensor:
-        """int4: ``dequantized()`` in the native GEMM's packed panels, written in one pass."""
-        assert self.bits == 4
-        return self._kernel.dequantize_int4_packed(self.qweight, self.scale, self.min, self.group)
+        per_input = [
+            t.transpose(1, 2).reshape(-1, t.shape[1])[: self.out_features]
+            for t in (self.scale, self.min)
+        ]
+        scale, low = (t.float().repeat_interleave(self.group, dim=1) for t in per_input)
+        return torch.addcmul(low, self.codes().float(), scale).to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        native = self._kernel is not None and rows > 0 and x.dtype == torch.bfloat16
-        if native and self.bits == 8:
-            flat = x.reshape(rows, self.in_features)
-            if self.in_features % 2:  # the codes' zero input pairs with a zero
-                flat = F.pad(flat, (0, 1))
+        if self._kernel is None or rows == 0 or x.dtype != torch.bfloat16:
+            return F.linear(x.to(torch.bfloat16), self.dequantized(), self.bias)
+        flat = x.reshape(rows, self.in_features)
+        if self.in_features % 2:  # the codes' zero input pairs with a zero
+            flat = F.pad(flat, (0, 1))
+        flat = flat.contiguous()
+        if self.bits == 8:
             out = self._kernel.linear_int8(
-                flat.contiguous(), self.qweight, self.scale, self.bias, self.out_features
+                flat, self.qweight, self.scale, self.bias, self.out_features
             )
-            return out.reshape(*x.shape[:-1], self.out_features)
-        if native and rows <= MAX_ROWS:
-            flat = x.reshape(rows, self.in_features).contiguous()
+        else:
             out = self._kernel.linear_int4(
-                flat, self.qweight, self.scale, self.min, self.group, self.bias
+                flat, self.qweight, self.scale, self.min, self.group, self.bias, self.out_features
             )
-            return out.reshape(*x.shape[:-1], self.out_features)
-        if native and self._gemm is not None:
-            flat = x.reshape(rows, self.in_features).contiguous()
-            out = self._kernel.gemm_int4(
-                flat, self.qweight, self.scale, self.min, self.group, self.bias
-            )
-            return out.reshape(*x.shape[:-1], self.out_features)
-        return F.linear(x.to(torch.bfloat16), self.dequantized(), self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         group = f", group={self.group}" if self.bits == 4 else ""
@@ -196,11 +203,11 @@ class QuantizedLinear(nn.Module):
 
 
 def quantize(linear: nn.Linear, bits: int, group: int | None) -> QuantizedLinear:
-    """``linear`` quantized, on the native kernels where they build."""
+    """``linear`` quantized, on the native kernel where it builds."""
     from sglang.srt import kernels
 
     layer = QuantizedLinear.from_linear(linear, bits, group)
-    layer.use_kernel(kernels.load("linear_quant"), packed_linear.native_gemm())
+    layer.use_kernel(kernels.load("linear_quant"))
     return layer
 
 

@@ -1,6 +1,7 @@
 // The native bfloat16 GEMM's micro-kernel over one packed panel (see gemm_bf16.cpp for the
 // layout and the tile), shared by gemm_bf16.cpp and linear_quant.cpp (which dequantizes a
-// panel at a time into it). Compiled where AVX512-BF16 is present (SGLANG_GEMM_TILE).
+// panel at a time into it). Compiled where AVX512-BF16 is present (SGLANG_GEMM_TILE), unless
+// SGLANG_PORTABLE_KERNELS asks for the plain C++ paths.
 
 #pragma once
 
@@ -8,7 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    !defined(SGLANG_PORTABLE_KERNELS)
 #include <immintrin.h>
 #define SGLANG_GEMM_TILE 1
 #endif
