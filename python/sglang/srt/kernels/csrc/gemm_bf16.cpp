@@ -4,13 +4,13 @@
 //   panel j: output columns [64 j, 64 j + 64), as [K/2][64][2]: for each pair of input dims
 //   (2p, 2p + 1), the two weights of column c side by side. Columns past N are zero.
 //
-// A micro-kernel (gemm_tile.h) keeps a tile of 7 rows x 64 columns in 28 float32 registers for the whole
-// K: per input pair it loads the panel's 4 vectors once and broadcasts each row's pair (one
-// 32-bit load), 28 vdpbf16ps per 11 loads. With the broadcast that is one register more than
-// the 32 there are, so GCC spills one value per input pair (a store and a load among 28
-// products); 6-row tiles, which fit, measured the same. The tile starts from the bias and is rounded to
-// bfloat16 once at the end (vcvtneps2bf16), so every output is one float32 sum over K in a
-// fixed order: it does not depend on M, the other rows or the thread count.
+// A micro-kernel (gemm_tile.h) keeps a tile of 7 rows x 64 columns in 28 float32 registers for
+// the whole K: per input pair it loads the panel's 4 vectors once and broadcasts each row's pair
+// (one 32-bit load), 28 vdpbf16ps per 11 loads. With the broadcast that is one register more
+// than the 32 there are, so GCC spills one value per input pair (a store and a load among 28
+// products); 6-row tiles, which fit, measured the same. The tile starts from the bias and is
+// rounded to bfloat16 once at the end (vcvtneps2bf16), so every output is one float32 sum over K
+// in a fixed order: it does not depend on M, the other rows or the thread count.
 //
 // Tasks are (panel, block of kBlockRows rows), panel by panel, taken by the threads from a
 // shared counter: a worker's consecutive tasks mostly share the panel (in its L2).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     !defined(SGLANG_PORTABLE_KERNELS)
@@ -31,6 +32,38 @@ inline void store16(__m512 y, uint16_t* dst, int64_t left) {
   }
 }
 
+// acc[r] += x[r]'s input pair p times the panel's four vectors w, for rows [0, R).
+template <int R>
+inline void multiply_pair(__m512 (*acc)[4], const uint16_t* a, int64_t lda, int64_t p,
+                          const __m512bh* w) {
+  for (int r = 0; r < R; ++r) {
+    int32_t pair;
+    std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
+  }
+}
+
+template <int R, typename Tile>
+inline void tail_tile(int64_t left, int64_t r, const Tile& tile) {
+  if constexpr (R > 0) {
+    if (left == R) {
+      tile(std::integral_constant<int, R>{}, r);
+    } else {
+      tail_tile<R - 1>(left, r, tile);
+    }
+  }
+}
+
+// tile(std::integral_constant<int, R>, first row) over rows [0, rows): MaxRows at a time, then
+// one tile of the rest.
+template <int MaxRows, typename Tile>
+inline void row_tiles(int64_t rows, const Tile& tile) {
+  int64_t r = 0;
+  for (; r + MaxRows <= rows; r += MaxRows) tile(std::integral_constant<int, MaxRows>{}, r);
+  tail_tile<MaxRows - 1>(rows - r, r, tile);
+}
+
 // out rows [0, R) x columns [0, cols) of a panel; a: R rows of x (lda apart), b: the panel,
 // bias: its 64 float32 biases.
 template <int R>
@@ -44,12 +77,7 @@ void tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t pairs, cons
     __m512bh w[4];
     for (int v = 0; v < 4; ++v)
       w[v] = (__m512bh)_mm512_loadu_si512(b + (p * kPanelCols + 16 * v) * 2);
-    for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
-      const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
-      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
-    }
+    multiply_pair<R>(acc, a, lda, p, w);
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) store16(acc[r][v], out + r * ldo + 16 * v, cols - 16 * v);
@@ -58,20 +86,10 @@ void tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t pairs, cons
 // Rows [0, rows) of x times one panel.
 inline void panel_rows(const uint16_t* x, int64_t lda, int64_t rows, const uint16_t* panel,
                        int64_t pairs, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
-  int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows)
-    tile<kTileRows>(x + r * lda, lda, panel, pairs, bias, out + r * ldo, ldo, cols);
-  const uint16_t* a = x + r * lda;
-  uint16_t* o = out + r * ldo;
-  switch (rows - r) {
-    case 6: tile<6>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 5: tile<5>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 4: tile<4>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 3: tile<3>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 2: tile<2>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    case 1: tile<1>(a, lda, panel, pairs, bias, o, ldo, cols); break;
-    default: break;
-  }
+  row_tiles<kTileRows>(rows, [&](auto tile_rows, int64_t r) {
+    tile<decltype(tile_rows)::value>(x + r * lda, lda, panel, pairs, bias, out + r * ldo, ldo,
+                                     cols);
+  });
 }
 #endif
 

@@ -57,6 +57,38 @@ std::vector<float> padded_bias(const c10::optional<at::Tensor>& bias, int64_t n,
   return biases;
 }
 
+#ifdef SGLANG_GEMM_TILE
+// Every panel on the threads: rows(j, nullptr) multiplies panel j straight from its codes where
+// x has at most kCodeRows rows; with more, convert(j, buffer) first writes the panel's bfloat16
+// (pairs x 128 values, the GEMM's order) into the worker's buffer and rows(j, buffer) reads it.
+template <typename Convert, typename Rows>
+void run_panels(int64_t panels, int64_t m, int64_t pairs, const Convert& convert,
+                const Rows& rows) {
+  std::vector<std::vector<uint16_t>> scratch(m > kCodeRows ? at::get_num_threads() : 0);
+  run_tasks(panels, [&](int64_t j, int64_t worker) {
+    if (m <= kCodeRows) {
+      rows(j, nullptr);
+      return;
+    }
+    std::vector<uint16_t>& buffer = scratch[worker];
+    buffer.resize(pairs * 2 * kPanelCols);
+    convert(j, buffer.data());
+    rows(j, buffer.data());
+  });
+}
+
+// pair(i, w) for every pair of a panel, its four vectors stored in turn into buffer.
+template <typename PairFn>
+void convert_panel(int64_t pairs, uint16_t* buffer, const PairFn& pair) {
+  for (int64_t i = 0; i < pairs; ++i) {
+    __m512bh w[4];
+    pair(i, w);
+    for (int v = 0; v < 4; ++v)
+      _mm512_storeu_si512(buffer + i * 2 * kPanelCols + 32 * v, (__m512i)w[v]);
+  }
+}
+#endif
+
 // int8, in the native GEMM's panel order: q int8 (panels, pairs, 64, 2), pairs = in / 2
 // rounded up: panel j holds output columns [64 j, 64 j + 64), for each pair of inputs
 // (2p, 2p + 1) the two codes of a column side by side (gemm_bf16.cpp's order); codes past the
@@ -96,12 +128,7 @@ void int8_tile(const uint16_t* a, int64_t lda, const void* panel, int64_t pairs,
       const uint16_t* b = static_cast<const uint16_t*>(panel) + p * kPairBytes;
       for (int v = 0; v < 4; ++v) w[v] = (__m512bh)_mm512_loadu_si512(b + 32 * v);
     }
-    for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
-      const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
-      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
-    }
+    gemm_tile::multiply_pair<R>(acc, a, lda, p, w);
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 4; ++v) {
@@ -114,20 +141,10 @@ void int8_tile(const uint16_t* a, int64_t lda, const void* panel, int64_t pairs,
 template <bool Codes>
 void int8_rows(const uint16_t* x, int64_t lda, int64_t rows, const void* panel, int64_t pairs,
                const float* scale, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
-  int64_t r = 0;
-  for (; r + 7 <= rows; r += 7)
-    int8_tile<7, Codes>(x + r * lda, lda, panel, pairs, scale, bias, out + r * ldo, ldo, cols);
-  const uint16_t* a = x + r * lda;
-  uint16_t* o = out + r * ldo;
-  switch (rows - r) {
-    case 6: int8_tile<6, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
-    case 5: int8_tile<5, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
-    case 4: int8_tile<4, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
-    case 3: int8_tile<3, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
-    case 2: int8_tile<2, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
-    case 1: int8_tile<1, Codes>(a, lda, panel, pairs, scale, bias, o, ldo, cols); break;
-    default: break;
-  }
+  gemm_tile::row_tiles<gemm_tile::kTileRows>(rows, [&](auto tile_rows, int64_t r) {
+    int8_tile<decltype(tile_rows)::value, Codes>(x + r * lda, lda, panel, pairs, scale, bias,
+                                                 out + r * ldo, ldo, cols);
+  });
 }
 #endif
 
@@ -152,31 +169,25 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const float* scales = scale.data_ptr<float>();
   auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
 #ifdef SGLANG_GEMM_TILE
-  std::vector<std::vector<uint16_t>> scratch(m > kCodeRows ? at::get_num_threads() : 0);
-  run_tasks(panels, [&](int64_t j, int64_t worker) {
+  auto convert = [&](int64_t j, uint16_t* buffer) {
     const int8_t* panel = codes + j * pairs * kPairBytes;
+    convert_panel(pairs, buffer,
+                  [&](int64_t i, __m512bh* w) { code_pair(panel + i * kPairBytes, w); });
+  };
+  run_panels(panels, m, pairs, convert, [&](int64_t j, const uint16_t* buffer) {
     const int64_t c0 = j * kPanelCols;
     const float* s = scales + c0;
     const float* b = biases.data() + c0;
-    if (m <= kCodeRows) {
-      int8_rows<true>(a, k, m, panel, pairs, s, b, y + c0, n, n - c0);
-      return;
+    if (buffer == nullptr) {
+      int8_rows<true>(a, k, m, codes + j * pairs * kPairBytes, pairs, s, b, y + c0, n, n - c0);
+    } else {
+      int8_rows<false>(a, k, m, buffer, pairs, s, b, y + c0, n, n - c0);
     }
-    std::vector<uint16_t>& buffer = scratch[worker];
-    buffer.resize(pairs * kPairBytes);
-    for (int64_t p = 0; p < pairs; ++p) {
-      __m512bh w[4];
-      code_pair(panel + p * kPairBytes, w);
-      for (int v = 0; v < 4; ++v)
-        _mm512_storeu_si512(buffer.data() + p * kPairBytes + 32 * v, (__m512i)w[v]);
-    }
-    int8_rows<false>(a, k, m, buffer.data(), pairs, s, b, y + c0, n, n - c0);
   });
 #else
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
-      for (int64_t c = 0; c < std::min(kPanelCols, n - j * kPanelCols);
-           ++c) {
+      for (int64_t c = 0; c < std::min(kPanelCols, n - j * kPanelCols); ++c) {
         const int64_t col = j * kPanelCols + c;
         for (int64_t r = 0; r < m; ++r) {
           float sum = 0.f;
@@ -280,12 +291,7 @@ void int4_tile(const uint16_t* a, int64_t lda, const Int4Panel& p, const float* 
         const uint16_t* b = static_cast<const uint16_t*>(p.codes) + i * 2 * kPanelCols;
         for (int v = 0; v < 4; ++v) w[v] = (__m512bh)_mm512_loadu_si512(b + 32 * v);
       }
-      for (int r = 0; r < R; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, a + r * lda + 2 * i, sizeof(pair));
-        const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
-        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
-      }
+      gemm_tile::multiply_pair<R>(acc, a, lda, i, w);
     }
     for (int v = 0; v < 4; ++v) {
       const auto* sv = reinterpret_cast<const __m256i*>(p.scale + g * kPanelCols + 16 * v);
@@ -312,22 +318,10 @@ template <bool Codes>
 void int4_rows(const uint16_t* x, int64_t lda, int64_t rows, const Int4Panel& p,
                const float* sums, int64_t groups, const float* bias, uint16_t* out, int64_t ldo,
                int64_t cols) {
-  constexpr int T = kInt4TileRows;
-  int64_t r = 0;
-  for (; r + T <= rows; r += T)
-    int4_tile<T, Codes>(x + r * lda, lda, p, sums + r * groups, groups, bias, out + r * ldo, ldo,
-                        cols);
-  const uint16_t* a = x + r * lda;
-  const float* s = sums + r * groups;
-  uint16_t* o = out + r * ldo;
-  switch (rows - r) {
-    case 5: int4_tile<5, Codes>(a, lda, p, s, groups, bias, o, ldo, cols); break;
-    case 4: int4_tile<4, Codes>(a, lda, p, s, groups, bias, o, ldo, cols); break;
-    case 3: int4_tile<3, Codes>(a, lda, p, s, groups, bias, o, ldo, cols); break;
-    case 2: int4_tile<2, Codes>(a, lda, p, s, groups, bias, o, ldo, cols); break;
-    case 1: int4_tile<1, Codes>(a, lda, p, s, groups, bias, o, ldo, cols); break;
-    default: break;
-  }
+  gemm_tile::row_tiles<kInt4TileRows>(rows, [&](auto tile_rows, int64_t r) {
+    int4_tile<decltype(tile_rows)::value, Codes>(x + r * lda, lda, p, sums + r * groups, groups,
+                                                 bias, out + r * ldo, ldo, cols);
+  });
 }
 #endif
 
@@ -350,26 +344,23 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const auto* mins = reinterpret_cast<const uint16_t*>(min.data_ptr<c10::BFloat16>());
   auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
 #ifdef SGLANG_GEMM_TILE
-  std::vector<std::vector<uint16_t>> scratch(m > kCodeRows ? at::get_num_threads() : 0);
-  run_tasks(panels, [&](int64_t j, int64_t worker) {
+  const __m512i table = code_table();
+  auto convert = [&](int64_t j, uint16_t* buffer) {
+    const uint8_t* panel = codes + j * pairs * kPanelCols;
+    convert_panel(pairs, buffer,
+                  [&](int64_t i, __m512bh* w) { nibble_pair(panel + i * kPanelCols, table, w); });
+  };
+  run_panels(panels, m, pairs, convert, [&](int64_t j, const uint16_t* buffer) {
     const int64_t c0 = j * kPanelCols;
     Int4Panel panel{codes + j * pairs * kPanelCols, scales + j * groups * kPanelCols,
                     mins + j * groups * kPanelCols, pairs, group / 2};
-    if (m <= kCodeRows) {
-      int4_rows<true>(a, k, m, panel, sums.data(), groups, biases.data() + c0, y + c0, n, n - c0);
-      return;
+    const float* b = biases.data() + c0;
+    if (buffer == nullptr) {
+      int4_rows<true>(a, k, m, panel, sums.data(), groups, b, y + c0, n, n - c0);
+    } else {
+      panel.codes = buffer;
+      int4_rows<false>(a, k, m, panel, sums.data(), groups, b, y + c0, n, n - c0);
     }
-    std::vector<uint16_t>& buffer = scratch[worker];
-    buffer.resize(pairs * 2 * kPanelCols);
-    const __m512i table = code_table();
-    for (int64_t i = 0; i < pairs; ++i) {
-      __m512bh w[4];
-      nibble_pair(codes + (j * pairs + i) * kPanelCols, table, w);
-      for (int v = 0; v < 4; ++v)
-        _mm512_storeu_si512(buffer.data() + i * 2 * kPanelCols + 32 * v, (__m512i)w[v]);
-    }
-    panel.codes = buffer.data();
-    int4_rows<false>(a, k, m, panel, sums.data(), groups, biases.data() + c0, y + c0, n, n - c0);
   });
 #else
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
