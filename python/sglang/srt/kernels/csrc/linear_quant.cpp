@@ -40,10 +40,13 @@ inline float bf16_to_float(uint16_t v) {
   return f;
 }
 
-void check_x(const at::Tensor& x, int64_t k) {
+// x against a weight of k inputs in `panels` panels standing for n outputs.
+void check_x(const at::Tensor& x, int64_t k, int64_t n, int64_t panels) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "x must be contiguous bfloat16 (rows, in)");
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " inputs, the weight ", k);
+  TORCH_CHECK(n > (panels - 1) * kPanelCols && n <= panels * kPanelCols,
+              "n disagrees with the panels");
 }
 
 // The bias in float32, zero-padded to whole panels.
@@ -157,9 +160,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
                   scale.numel() == panels * kPanelCols,
               "scale must be float32 (panels * 64)");
-  TORCH_CHECK(n > (panels - 1) * kPanelCols && n <= panels * kPanelCols,
-              "n disagrees with the panels");
-  check_x(x, k);
+  check_x(x, k, n, panels);
   const int64_t m = x.size(0);
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
@@ -330,9 +331,7 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
                        const c10::optional<at::Tensor>& bias, int64_t n) {
   check_int4(q, scale, min, group);
   const int64_t panels = q.size(0), pairs = q.size(1), k = 2 * pairs, groups = k / group;
-  TORCH_CHECK(n > (panels - 1) * kPanelCols && n <= panels * kPanelCols,
-              "n disagrees with the panels");
-  check_x(x, k);
+  check_x(x, k, n, panels);
   const int64_t m = x.size(0);
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
