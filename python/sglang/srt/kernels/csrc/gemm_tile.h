@@ -1,7 +1,7 @@
 // The native bfloat16 GEMM's micro-kernel over one packed panel (see gemm_bf16.cpp for the
-// layout and the tile), shared by gemm_bf16.cpp and linear_quant.cpp (which dequantizes a
-// panel at a time into it). Compiled where AVX512-BF16 is present (SGLANG_GEMM_TILE), unless
-// SGLANG_PORTABLE_KERNELS asks for the plain C++ paths.
+// layout and the tile) and its helpers, shared by gemm_bf16.cpp and linear_quant.cpp (whose
+// int8 / int4 codes are stored in the same panel order). Compiled where AVX512-BF16 is present
+// (SGLANG_GEMM_TILE), unless SGLANG_PORTABLE_KERNELS asks for the plain C++ paths.
 
 #pragma once
 
