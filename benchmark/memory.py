@@ -37,12 +37,16 @@ import psutil
 from tqdm import tqdm
 
 from benchmark.common import (
+    counter_delta,
     cpu_info,
     cpu_line,
     image_part,
     make_jpeg,
     markdown_table,
+    memory_bandwidth_gbs,
+    perf_counters,
     pyplot,
+    server_info,
     write_json,
 )
 from benchmark.servers import Server, free_port, launch
@@ -401,9 +405,14 @@ def run_setting(
         at_start = rss_snapshot(server.proc.pid)
         memory = client.get(f"{server.base_url}/server_info").json().get("memory")
         requests = []
+        before, copy_gb_per_s = None, 0.0
         for k in range(opts.requests):
             images = [make_jpeg(7000 + 2 * k + i, 448, 448) for i in range(2)]
+            if k == opts.requests - 1:  # the last (warm) request's decode against a probe
+                copy_gb_per_s = memory_bandwidth_gbs(seconds=0.3)["gb_per_s"]
+                before = perf_counters(server_info(client, server.base_url))
             requests.append(timed_chat(client, server, images, max_tokens))
+        delta = counter_delta(before, perf_counters(server_info(client, server.base_url)))
         after = rss_snapshot(server.proc.pid)
     return {
         "setting": setting,
@@ -414,6 +423,23 @@ def run_setting(
         "request": requests[0],
         "warm_request": requests[-1] if len(requests) > 1 else None,
         "server_memory": memory,
+        "decode_read": decode_read(delta, copy_gb_per_s),
+    }
+
+
+def decode_read(delta: dict[str, float] | None, copy_gb_per_s: float) -> dict[str, Any] | None:
+    """The warm request's decode steps: bytes each read (weights and KV), the rate the forward
+    passes read them at, and that rate over the copy probe taken just before the request."""
+    if not delta or not delta.get("decode_steps") or not delta.get("decode_forward_seconds"):
+        return None
+    if copy_gb_per_s <= 0:
+        return None
+    rate = delta["decode_bytes"] / delta["decode_forward_seconds"] / 1e9
+    return {
+        "bytes_per_step": delta["decode_bytes"] / delta["decode_steps"],
+        "gb_per_s": rate,
+        "copy_gb_per_s": copy_gb_per_s,
+        "of_bandwidth": rate / copy_gb_per_s,
     }
 
 
@@ -481,14 +507,17 @@ def markdown(result: dict[str, Any]) -> str:
         weights, kv = mem.get("weights_bytes") or 0, mem.get("kv_pool_bytes") or 0
         warm = r["warm_request"] or req
         after = r["rss_after_request"]
+        read = r.get("decode_read") or {}
         rows.append([
             r["setting"], weights / GIB, kv / GIB, r["rss_at_start"]["peak_mb"] / 1024,
             after["peak_mb"] / 1024, after["rss_mb"] / 1024, after["file_mb"] / 1024,
-            req["ttft_s"], warm["ttft_s"], warm["decode_tok_per_s"], r["startup_s"],
+            req["ttft_s"], warm["ttft_s"], warm["decode_tok_per_s"], read.get("gb_per_s"),
+            read.get("copy_gb_per_s"), read.get("of_bandwidth"), r["startup_s"],
         ])  # fmt: skip
     head = ["setting", "weights GiB", "KV pool GiB", "peak RSS at start GiB",
             "peak RSS after requests GiB", "RSS after requests GiB", "of it file pages GiB",
-            "TTFT s (cold)", "TTFT s (warm)", "decode tok/s (warm)", "start-up s"]  # fmt: skip
+            "TTFT s (cold)", "TTFT s (warm)", "decode tok/s (warm)", "decode reads GB/s",
+            "copy probe GB/s", "of the probe", "start-up s"]  # fmt: skip
     text = cpu_line(result["cpu"]) + "\n\n" + markdown_table(head, rows) + "\n"
     for note in result["skipped"]:
         text += f"\nskipped: {note}\n"

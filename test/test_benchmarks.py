@@ -308,6 +308,9 @@ def test_memory_smoke(tmp_path: Path) -> None:
     assert run["rss_after_request"]["peak_mb"] >= run["rss_at_start"]["peak_mb"] > 0
     assert run["request"]["completion_tokens"] == 8 and run["request"]["ttft_s"] > 0
     assert run["request"]["decode_tok_per_s"] > 0
+    read = run["decode_read"]
+    assert read["bytes_per_step"] > 0 and read["copy_gb_per_s"] > 0
+    assert read["of_bandwidth"] == pytest.approx(read["gb_per_s"] / read["copy_gb_per_s"])
     assert data["cpu"]["model_name"] and _isa_as_cpuinfo_says(data["cpu"]["isa"])
     assert out.with_suffix(".png").stat().st_size > 0
 
