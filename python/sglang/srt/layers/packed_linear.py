@@ -61,10 +61,7 @@ def install(modules: Iterable[nn.Module], native_only: bool = False) -> int:
     its forward to the packed product; returns how many were packed. ``native_only``: only
     where the native GEMM takes the weight (the language model's single layout, which its
     decode rows read too; oneDNN's packed product is slow for them)."""
-    if not available():
-        return 0
-    gemm = native_gemm()
-    if native_only and gemm is None:
+    if not available() or (native_only and native_gemm() is None):
         return 0
     count = 0
     for module in modules:
@@ -84,15 +81,22 @@ def holds_only_packed(module: nn.Module) -> bool:
     return getattr(forward, "__func__", None) is _forward
 
 
+def lookups_can_move_to(embedding: nn.Module, head: nn.Module) -> bool:
+    """Whether ``embedding`` is a plain ``nn.Embedding`` sharing its table with ``head``, so that
+    ``serve_lookups_from_head`` can serve it once the head is packed."""
+    if type(embedding) is not nn.Embedding or embedding.max_norm is not None:
+        return False
+    return getattr(embedding, "weight", None) is getattr(head, "weight", None)
+
+
 def serve_lookups_from_head(embedding: nn.Module, head: nn.Module) -> bool:
     """Where an ``nn.Embedding`` shares its table with a head that ``install`` packed for the
     native GEMM (a tied head), route the embedding's lookups to the head's panels: row r of
     the table is column r of panel r // 64, so the pair holds the table once. Returns whether
     it did."""
-    if type(embedding) is not nn.Embedding or embedding.max_norm is not None:
+    if not lookups_can_move_to(embedding, head):
         return False
-    shared = getattr(embedding, "weight", None) is getattr(head, "weight", None)
-    if not (shared and holds_only_packed(head) and head.__dict__.get("packed_gemm")):
+    if not (holds_only_packed(head) and head.__dict__.get("packed_gemm")):
         return False
     embedding.packed_table = head.packed_weight
     embedding.forward = types.MethodType(_lookup_in_panels, embedding)

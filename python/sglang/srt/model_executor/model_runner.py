@@ -173,10 +173,9 @@ class ModelRunner:
         embedding can read its rows from the head's panels: decode steps multiply every row by
         the head, which is the largest matrix of a small model."""
         embed = self.model.get_input_embeddings()
-        weight = getattr(head, "weight", None)
-        if counts[id(weight)] != 2 or getattr(embed, "weight", None) is not weight:
+        if counts[id(getattr(head, "weight", None))] != 2:  # shared with the embeddings only
             return 0
-        if type(embed) is not torch.nn.Embedding or embed.max_norm is not None:
+        if not packed_linear.lookups_can_move_to(embed, head):
             return 0
         if not packed_linear.install([head], native_only=True):
             return 0

@@ -41,7 +41,6 @@ namespace {
 
 using gemm_tile::kPanelCols;
 using gemm_tile::kTileRows;
-constexpr int64_t kCols = kPanelCols;
 constexpr int64_t kBlockRows = 14 * kTileRows;  // rows per task
 
 bool supported() {
@@ -59,18 +58,18 @@ at::Tensor pack(const at::Tensor& weight) {
               "the weight must be a contiguous (out, in) bfloat16 matrix");
   const int64_t n = weight.size(0), k = weight.size(1);
   TORCH_CHECK(k % 2 == 0 && k > 0 && n > 0, "the weight's input size must be even");
-  const int64_t panels = (n + kCols - 1) / kCols;
-  auto packed = at::zeros({panels, k / 2, kCols, 2}, weight.options());
+  const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
+  auto packed = at::zeros({panels, k / 2, kPanelCols, 2}, weight.options());
   const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>());
   auto* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<c10::BFloat16>());
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
-      for (int64_t c = 0; c < std::min(kCols, n - j * kCols); ++c) {
-        const uint16_t* row = w + (j * kCols + c) * k;
-        uint16_t* col = dst + j * (k / 2) * kCols * 2 + c * 2;
+      for (int64_t c = 0; c < std::min(kPanelCols, n - j * kPanelCols); ++c) {
+        const uint16_t* row = w + (j * kPanelCols + c) * k;
+        uint16_t* col = dst + j * (k / 2) * kPanelCols * 2 + c * 2;
         for (int64_t p = 0; p < k / 2; ++p) {
-          col[p * kCols * 2] = row[2 * p];
-          col[p * kCols * 2 + 1] = row[2 * p + 1];
+          col[p * kPanelCols * 2] = row[2 * p];
+          col[p * kPanelCols * 2 + 1] = row[2 * p + 1];
         }
       }
   });
@@ -84,14 +83,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1,
               "x must be (M, K) bfloat16 with contiguous rows");
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 &&
-                  packed.is_contiguous() && packed.size(2) == kCols && packed.size(3) == 2,
+                  packed.is_contiguous() && packed.size(2) == kPanelCols && packed.size(3) == 2,
               "packed must come from pack()");
   const int64_t m = x.size(0), k = x.size(1), pairs = packed.size(1), panels = packed.size(0);
-  TORCH_CHECK(k == 2 * pairs && n > 0 && n <= panels * kCols && n > (panels - 1) * kCols,
+  TORCH_CHECK(k == 2 * pairs && n > 0 && n <= panels * kPanelCols && n > (panels - 1) * kPanelCols,
               "x, packed and n disagree on the sizes");
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
-  std::vector<float> biases(panels * kCols, 0.f);
+  std::vector<float> biases(panels * kPanelCols, 0.f);
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "the bias must have n elements");
     const auto b = bias->to(at::kFloat).contiguous();
@@ -105,8 +104,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
   run_tasks(panels * blocks, [&](int64_t t, int64_t) {
     const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows;
     gemm_tile::panel_rows(a + r0 * lda, lda, std::min(kBlockRows, m - r0),
-                          w + j * pairs * kCols * 2, pairs, biases.data() + j * kCols,
-                          y + r0 * n + j * kCols, n, n - j * kCols);
+                          w + j * pairs * kPanelCols * 2, pairs, biases.data() + j * kPanelCols,
+                          y + r0 * n + j * kPanelCols, n, n - j * kPanelCols);
   });
 #endif
   return out;
