@@ -8,22 +8,24 @@ import torch
 
 
 def int4_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """Codes (out, in) of the int4 panel layout: in panel j, pair p, byte t of half h holds
-    output 64 j + 32 h + t // 2 (low nibble) and 64 j + 32 h + 16 + t // 2 (high nibble), both
-    for input 2 p + t % 2."""
+    """Codes (out, in) of the int4 panel layout: in panel j, pair p, the 64 bytes are 16
+    little-endian 32-bit words; word l holds output 64 j + 16 v + l (v = 0..3) for input 2 p in
+    bits 4 v .. 4 v + 3 and for input 2 p + 1 in bits 16 + 4 v .. 16 + 4 v + 3."""
     codes = torch.zeros(out_features, in_features, dtype=torch.int64)
     panels, pairs = packed.shape[:2]
+    words = packed.reshape(panels, pairs, 16, 4).long()
+    words = words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24
     for j in range(panels):
-        for h in range(2):
-            for t in range(32):
-                column = 64 * j + 32 * h + t // 2
-                inputs = torch.arange(pairs) * 2 + t % 2
-                keep = inputs < in_features
-                byte = packed[j, :, 32 * h + t].long()[keep]
-                if column < out_features:
-                    codes[column, inputs[keep]] = byte & 0x0F
-                if column + 16 < out_features:
-                    codes[column + 16, inputs[keep]] = byte >> 4
+        for v in range(4):
+            for lane in range(16):
+                column = 64 * j + 16 * v + lane
+                if column >= out_features:
+                    continue
+                for t in range(2):
+                    inputs = torch.arange(pairs) * 2 + t
+                    keep = inputs < in_features
+                    code = (words[j, :, lane] >> (16 * t + 4 * v)) & 0x0F
+                    codes[column, inputs[keep]] = code[keep]
     return codes
 
 

@@ -90,8 +90,11 @@ def _int4_product(kernel, x, codes, scale, low, group, bias=None):
 
 
 def _int4_terms(codes, scale, low, group) -> torch.Tensor:
-    """|scale q| + |min| per weight: the size of the terms the int4 kernel sums."""
-    return weight_int4(codes, scale.abs(), low.abs(), group)
+    """The size of the terms the int4 kernel sums, per weight: |scale| (128 + q) (its sums run
+    over the codes as bfloat16 128 + q), |scale| 128 (the offset taken off per group) and
+    |min|."""
+    offset_codes = codes.double() + 256
+    return weight_int4(offset_codes, scale.abs(), low.abs(), group)
 
 
 @settings(max_examples=examples(40), deadline=None)

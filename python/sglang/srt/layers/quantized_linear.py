@@ -95,26 +95,28 @@ def pack_int4(
     codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes (out, in), scale and min (out, groups) -> the kernel's layout: codes uint8
-    (panels, pairs, 64), where for each pair byte j of half h holds column 32 h + j / 2 in its
-    low nibble and column 32 h + 16 + j / 2 in its high nibble, input 2 pair + j % 2 (one load
-    unpacks into two of the panel's vectors); scale and min (panels, groups, 64)."""
-    panels = _panels(codes)  # (panels, pairs, 64, 2)
-    halves = []
-    for h in range(2):
-        low_cols = panels[:, :, 32 * h : 32 * h + 16].reshape(*panels.shape[:2], 32)
-        high_cols = panels[:, :, 32 * h + 16 : 32 * h + 32].reshape(*panels.shape[:2], 32)
-        halves.append(low_cols | (high_cols << 4))
-    return torch.cat(halves, dim=2).contiguous(), _per_column(scale), _per_column(low)
+    (panels, pairs, 64), where for each pair the 64 bytes are 16 little-endian 32-bit words and
+    word l holds column 16 v + l's code of input 2 pair in bits 4 v .. 4 v + 3 and of input
+    2 pair + 1 in bits 16 + 4 v .. (v = 0..3: one shift and mask per panel vector); scale and
+    min (panels, groups, 64)."""
+    panels = _panels(codes)  # (panels, pairs, 64, 2): column 16 v + l, input t
+    count, pairs = panels.shape[:2]
+    by_word = panels.reshape(count, pairs, 4, 16, 2).permute(0, 1, 3, 4, 2)  # (.., l, t, v)
+    nibbles = by_word.reshape(count, pairs, 16, 2, 2, 2)  # v = 2 b + high
+    packed = nibbles[..., 0] | (nibbles[..., 1] << 4)  # byte 4 l + 2 t + b
+    return (
+        packed.reshape(count, pairs, PANEL_COLS).contiguous(),
+        _per_column(scale),
+        _per_column(low),
+    )
 
 
 def unpack_int4(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """``pack_int4``'s codes back to (out, in)."""
     count, pairs = packed.shape[:2]
-    panels = packed.new_empty(count, pairs, PANEL_COLS, 2)
-    for h in range(2):
-        half = packed[:, :, 32 * h : 32 * h + 32].reshape(count, pairs, 16, 2)
-        panels[:, :, 32 * h : 32 * h + 16] = half & 0x0F
-        panels[:, :, 32 * h + 16 : 32 * h + 32] = half >> 4
+    nibbles = torch.stack((packed & 0x0F, packed >> 4), dim=-1)  # (.., 64 bytes, 2)
+    by_word = nibbles.reshape(count, pairs, 16, 2, 4)  # (.., l, t, v)
+    panels = by_word.permute(0, 1, 4, 2, 3).reshape(count, pairs, PANEL_COLS, 2)
     return _rows(panels, out_features, in_features)
 
 

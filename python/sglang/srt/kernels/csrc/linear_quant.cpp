@@ -62,17 +62,21 @@ std::vector<float> padded_bias(const c10::optional<at::Tensor>& bias, int64_t n,
 
 #ifdef SGLANG_GEMM_TILE
 // Every panel on the threads: rows(j, nullptr) multiplies panel j straight from its codes where
-// x has at most kCodeRows rows; with more, convert(j, buffer) first writes the panel's bfloat16
-// (pairs x 128 values, the GEMM's order) into the worker's buffer and rows(j, buffer) reads it.
+// x has at most kCodeRows rows, each thread taking one contiguous run of panels (one sequential
+// stream: taking panels in turn across threads read a 7B-shaped layer's int4 codes at ~0.8 of
+// the rate); with more, convert(j, buffer) first writes the panel's bfloat16 (pairs x 128
+// values, the GEMM's order) into the worker's buffer and rows(j, buffer) reads it.
 template <typename Convert, typename Rows>
 void run_panels(int64_t panels, int64_t m, int64_t pairs, const Convert& convert,
                 const Rows& rows) {
-  std::vector<std::vector<uint16_t>> scratch(m > kCodeRows ? at::get_num_threads() : 0);
+  if (m <= kCodeRows) {
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) rows(j, nullptr);
+    });
+    return;
+  }
+  std::vector<std::vector<uint16_t>> scratch(at::get_num_threads());
   run_tasks(panels, [&](int64_t j, int64_t worker) {
-    if (m <= kCodeRows) {
-      rows(j, nullptr);
-      return;
-    }
     std::vector<uint16_t>& buffer = scratch[worker];
     buffer.resize(pairs * 2 * kPanelCols);
     convert(j, buffer.data());
@@ -204,14 +208,17 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   return out;
 }
 
-// int4, per group of `group` inputs (asymmetric): q uint8 (panels, pairs, 64): for pair p of a
-// panel, byte j of half h (32 bytes each) holds in its low nibble the code of column 32 h + j / 2
-// and in its high nibble that of column 32 h + 16 + j / 2, both for input 2 p + j % 2, so that
-// one 32-byte load unpacks (zero-extend, mask, shift) into two of the GEMM's panel vectors.
-// scale and min bfloat16 (panels, groups, 64). W[c, k] = scale[c, g] * q[c, k] + min[c, g],
-// g = k / group, applied per group to float32 sums: y[c] = sum_g (scale[c, g] * sum_{k in g}
-// q[c, k] x[k] + min[c, g] * sum_{k in g} x[k]) + b[c]. Codes, scales and mins past the weight's
-// out are 0.
+// int4, per group of `group` inputs (asymmetric): q uint8 (panels, pairs, 64): the 64 bytes of
+// pair p of a panel are 16 little-endian 32-bit words; word l holds the codes of the columns
+// 16 v + l (v = 0..3): input 2 p in bits 4 v .. 4 v + 3, input 2 p + 1 in bits 16 + 4 v ...
+// A word shifted right by 4 v and masked with 0x000F000F therefore holds column 16 v + l's two
+// codes in the bfloat16 pair order, and OR-ing in 0x43004300 makes them the exact bfloat16 of
+// 128 + code (bfloat16 steps by 1 in [128, 256)): one shift and one ternary-logic op per
+// vector, no shuffles. The sums run over x (128 + q), and 128 times the group's input sum is
+// taken off once per group. scale and min bfloat16 (panels, groups, 64). W[c, k] = scale[c, g]
+// * q[c, k] + min[c, g], g = k / group, applied per group to float32 sums: y[c] = sum_g
+// (scale[c, g] * (sum_{k in g} (128 + q[c, k]) x[k] - 128 sum_{k in g} x[k]) + min[c, g] *
+// sum_{k in g} x[k]) + b[c]. Codes, scales and mins past the weight's out are 0.
 constexpr int kInt4TileRows = 6;  // the group's sums stay in 24 registers
 
 void check_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& min,
@@ -244,27 +251,18 @@ std::vector<float> group_sums(const uint16_t* x, int64_t m, int64_t k, int64_t g
 }
 
 #ifdef SGLANG_GEMM_TILE
-// Pair p's 128 codes (64 bytes) as the four bfloat16 vectors of the GEMM's panel (exact).
-inline void nibble_pair(const uint8_t* src, __m512i table, __m512bh* w) {
-  for (int h = 0; h < 2; ++h) {
-    const __m512i words =
-        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * h)));
-    w[2 * h] = (__m512bh)_mm512_permutexvar_epi16(
-        _mm512_and_si512(words, _mm512_set1_epi16(0x0F)), table);
-    w[2 * h + 1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), table);
-  }
+// Pair p's 128 codes (64 bytes) as the four bfloat16 vectors of the GEMM's panel, each value
+// 128 + code (exact).
+inline void nibble_pair(const uint8_t* src, __m512bh* w) {
+  const __m512i words = _mm512_loadu_si512(src);
+  const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
+  constexpr int kMaskThenOr = 0xEA;  // (a & b) | c
+  w[0] = (__m512bh)_mm512_ternarylogic_epi32(words, mask, bias, kMaskThenOr);
+  w[1] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(words, 4), mask, bias, kMaskThenOr);
+  w[2] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(words, 8), mask, bias, kMaskThenOr);
+  w[3] = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(words, 12), mask, bias,
+                                             kMaskThenOr);
 }
-
-// bfloat16 of 0..15 in lanes 0..15 (vpermw reads the low five bits of each index).
-struct CodeTable {
-  alignas(64) uint16_t values[32] = {};
-  CodeTable() {
-    for (int v = 0; v < 16; ++v) values[v] = c10::BFloat16(static_cast<float>(v)).x;
-  }
-};
-const CodeTable kCodes;
-
-inline __m512i code_table() { return _mm512_load_si512(kCodes.values); }
 
 struct Int4Panel {
   const void* codes;     // this panel's codes (uint8), or their bfloat16 in a buffer
@@ -273,12 +271,12 @@ struct Int4Panel {
   int64_t pairs, group_pairs;
 };
 
-// Rows [0, R) x one panel: per group, the codes' sums in registers, then the group's scale and
-// min applied to the running totals (kept in `total`, touched once per group).
+// Rows [0, R) x one panel: per group, the codes' sums in registers, then the group's offset
+// taken off and its scale and min applied to the running totals (kept in `total`, touched once
+// per group).
 template <int R, bool Codes>
 void int4_tile(const uint16_t* a, int64_t lda, const Int4Panel& p, const float* sums,
                int64_t groups, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
-  const __m512i table = code_table();
   alignas(64) float total[R][kPanelCols] = {};
   for (int64_t g = 0; g < groups; ++g) {
     __m512 acc[R][4];
@@ -287,7 +285,7 @@ void int4_tile(const uint16_t* a, int64_t lda, const Int4Panel& p, const float* 
     for (int64_t i = g * p.group_pairs; i < (g + 1) * p.group_pairs; ++i) {
       __m512bh w[4];
       if constexpr (Codes) {
-        nibble_pair(static_cast<const uint8_t*>(p.codes) + i * kPanelCols, table, w);
+        nibble_pair(static_cast<const uint8_t*>(p.codes) + i * kPanelCols, w);
       } else {
         const uint16_t* b = static_cast<const uint16_t*>(p.codes) + i * 2 * kPanelCols;
         for (int v = 0; v < 4; ++v) w[v] = (__m512bh)_mm512_loadu_si512(b + 32 * v);
@@ -300,9 +298,10 @@ void int4_tile(const uint16_t* a, int64_t lda, const Int4Panel& p, const float* 
       const __m512 s = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(sv));
       const __m512 lo = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(mv));
       for (int r = 0; r < R; ++r) {
+        const float sum = sums[r * groups + g];
         __m512 t = _mm512_load_ps(total[r] + 16 * v);
-        t = _mm512_fmadd_ps(acc[r][v], s, t);
-        t = _mm512_fmadd_ps(lo, _mm512_set1_ps(sums[r * groups + g]), t);
+        t = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][v], _mm512_set1_ps(128.f * sum)), s, t);
+        t = _mm512_fmadd_ps(lo, _mm512_set1_ps(sum), t);
         _mm512_store_ps(total[r] + 16 * v, t);
       }
     }
@@ -343,11 +342,10 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const auto* mins = reinterpret_cast<const uint16_t*>(min.data_ptr<c10::BFloat16>());
   auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
 #ifdef SGLANG_GEMM_TILE
-  const __m512i table = code_table();
   auto convert = [&](int64_t j, uint16_t* buffer) {
     const uint8_t* panel = codes + j * pairs * kPanelCols;
     convert_panel(pairs, buffer,
-                  [&](int64_t i, __m512bh* w) { nibble_pair(panel + i * kPanelCols, table, w); });
+                  [&](int64_t i, __m512bh* w) { nibble_pair(panel + i * kPanelCols, w); });
   };
   run_panels(panels, m, pairs, convert, [&](int64_t j, const uint16_t* buffer) {
     const int64_t c0 = j * kPanelCols;
@@ -366,7 +364,7 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
     for (int64_t j = begin; j < end; ++j)
       for (int64_t c = 0; c < std::min(kPanelCols, n - j * kPanelCols); ++c) {
         const int64_t col = j * kPanelCols + c;
-        const int64_t half = c / 32, lane = c % 32, high = lane / 16, byte_col = lane % 16;
+        const int64_t vector = c / 16, lane = c % 16;
         for (int64_t r = 0; r < m; ++r) {
           float total = 0.f;
           for (int64_t g = 0; g < groups; ++g) {
@@ -374,10 +372,11 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
             for (int64_t i = g * group / 2; i < (g + 1) * group / 2; ++i)
               for (int t = 0; t < 2; ++t) {
                 const uint8_t byte =
-                    codes[(j * pairs + i) * kPanelCols + 32 * half + 2 * byte_col + t];
-                const int code = high ? byte >> 4 : byte & 0x0F;
-                sum += static_cast<float>(code) * bf16_to_float(a[r * k + 2 * i + t]);
+                    codes[(j * pairs + i) * kPanelCols + 4 * lane + 2 * t + vector / 2];
+                const int code = vector % 2 ? byte >> 4 : byte & 0x0F;
+                sum += static_cast<float>(128 + code) * bf16_to_float(a[r * k + 2 * i + t]);
               }
+            sum -= 128.f * sums[r * groups + g];
             const int64_t at = (j * groups + g) * kPanelCols + c;
             total = std::fma(sum, bf16_to_float(scales[at]), total);
             total = std::fma(bf16_to_float(mins[at]), sums[r * groups + g], total);
