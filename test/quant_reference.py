@@ -67,3 +67,8 @@ def exact_weight(layer: torch.nn.Module) -> torch.Tensor:
     codes = int4_codes(layer.qweight, out_features, in_features)
     scale, low = (per_column(t, out_features) for t in (layer.scale, layer.min))
     return weight_int4(codes, scale, low, layer.group)
+
+
+def exact_embedding(embedding: torch.nn.Module) -> torch.Tensor:
+    """The float64 table (vocab, dim) an int8 embedding stands for: row r is scale[r] q[r]."""
+    return weight_int8(embedding.qweight, embedding.scale)

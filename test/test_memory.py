@@ -50,9 +50,9 @@ def test_quantized_estimate_matches_loaded_bytes(config: str) -> None:
     assert info["weights_estimate_bytes"] == pytest.approx(info["weights_bytes"], rel=0.01)
 
 
-def _int4_bytes(name: str, shape: tuple[int, int]) -> int:
+def _int4_bytes(name: str, shape: tuple[int, int], untied_head: bool = False) -> int:
     quant = memory.Quantization.parse("int4wo-128")
-    return memory.tensor_bytes_as(name, "F32", shape, torch.bfloat16, quant)
+    return memory.tensor_bytes_as(name, "F32", shape, torch.bfloat16, quant, untied_head)
 
 
 def test_int4_estimate_halves_divisible_linears() -> None:
@@ -62,9 +62,14 @@ def test_int4_estimate_halves_divisible_linears() -> None:
     assert _int4_bytes("model.layers.0.self_attn.k_proj.weight", (8, 128)) == 8 * 64 + 8 * 4
     # no whole groups of 128 columns: left in bfloat16
     assert _int4_bytes("model.layers.0.mlp.down_proj.weight", (16, 100)) == 16 * 100 * 2
-    # the vision tower and the embeddings are not quantized; an untied LM head is int8
-    assert _int4_bytes("visual.blocks.0.mlp.fc1.weight", (256, 512)) == 256 * 512 * 2
+    # the vision tower's linears, an untied LM head and then the embeddings are int8 (a tied
+    # table stays as it is); the tower's norms and position embeddings stay as they are
+    assert _int4_bytes("visual.blocks.0.mlp.fc1.weight", (256, 512)) == 256 * 512 + 256 * 4
+    assert _int4_bytes("visual.blocks.0.norm1.weight", (512,)) == 512 * 2
+    assert _int4_bytes("visual.pos_embed.weight", (256, 512)) == 256 * 512 * 2
     assert _int4_bytes("model.embed_tokens.weight", (256, 512)) == 256 * 512 * 2
+    embed_bytes = _int4_bytes("model.embed_tokens.weight", (256, 512), untied_head=True)
+    assert embed_bytes == 256 * 512 + 256 * 4
     assert _int4_bytes("lm_head.weight", (256, 512)) == 256 * 512 + 256 * 4
 
 

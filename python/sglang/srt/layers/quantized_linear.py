@@ -24,6 +24,7 @@ weight dequantized to bfloat16.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -204,6 +205,31 @@ class QuantizedLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, int{self.bits}{group}"
 
 
+def quantize_embedding(embedding: nn.Module) -> bool:
+    """Store a plain ``nn.Embedding``'s table in int8 per row (``quantize_int8``: a row is one
+    token's vector, so its scale is the row's), in place; returns whether it did. A lookup
+    returns the rows as the table would hold them dequantized (each value ``scale * q``
+    rounded once to the table's dtype). The ``weight`` keeps its shape, dtype and device over a
+    one-element storage (HF code reads them). Subclasses (Gemma's scaled embeddings), tables
+    with ``max_norm`` and tables another module shares (a tied LM head) are left as they are."""
+    weight = getattr(embedding, "weight", None)
+    if type(embedding) is not nn.Embedding or embedding.max_norm is not None:
+        return False
+    if weight is None or weight.device.type != "cpu" or not weight.is_floating_point():
+        return False
+    q, scale = quantize_int8(weight)
+    embedding.register_buffer("qweight", q)
+    embedding.register_buffer("scale", scale)
+    weight.data = torch.zeros((), dtype=weight.dtype).expand(weight.shape)
+    embedding.forward = types.MethodType(_quantized_lookup, embedding)
+    return True
+
+
+def _quantized_lookup(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    rows = self.qweight[ids].double() * self.scale[ids].double()[..., None]  # exact
+    return rows.to(self.weight.dtype)
+
+
 def quantize(linear: nn.Linear, bits: int, group: int | None) -> QuantizedLinear:
     """``linear`` quantized, on the native kernel where it builds."""
     from sglang.srt import kernels
@@ -213,13 +239,25 @@ def quantize(linear: nn.Linear, bits: int, group: int | None) -> QuantizedLinear
     return layer
 
 
-def replace_linears(model: nn.Module, targets: set[nn.Linear], bits: int, group: int | None) -> int:
+def replace_linears(
+    model: nn.Module,
+    targets: set[nn.Linear],
+    bits: int,
+    group: int | None,
+    stand_in: bool = False,
+) -> int:
     """Swap every linear of ``targets`` under ``model`` for its ``QuantizedLinear``, in place;
-    returns how many."""
+    returns how many. ``stand_in``: each keeps a ``weight`` buffer with the old weight's shape,
+    dtype and device over a one-element storage, for code that reads them (never the values)."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if child in targets:
-                setattr(parent, name, quantize(child, bits, group))
+                layer = quantize(child, bits, group)
+                if stand_in:
+                    weight = child.weight
+                    empty = torch.zeros((), dtype=weight.dtype, device=weight.device)
+                    layer.register_buffer("weight", empty.expand(weight.shape), persistent=False)
+                setattr(parent, name, layer)
                 count += 1
     return count

@@ -107,18 +107,27 @@ def _is_lm_linear(name: str, shape: tuple[int, ...]) -> bool:
     )
 
 
+def _is_tower_linear(name: str, shape: tuple[int, ...]) -> bool:
+    """A linear weight of the vision tower or projector (what int4 stores in int8)."""
+    tower = any(word in name for word in _NOT_LM if word != "norm")
+    return tower and len(shape) == 2 and name.endswith(".weight") and "embed" not in name
+
+
 def tensor_bytes_as(
     name: str,
     dtype: str,
     shape: tuple[int, ...],
     run_dtype: torch.dtype,
     quant: Quantization | None,
+    untied_head: bool = False,
 ) -> int:
     """Bytes one checkpoint tensor takes once loaded in ``run_dtype`` (floating tensors) and,
     for the language model's linear weights, quantized as they are stored: int8 = 1 byte per
     element + a float32 scale per row; int4 = half a byte per element + a scale and a min (of
     the run dtype) per group of ``group_size`` columns (weights whose width is not a multiple
-    of the group and of 64 stay unquantized); an untied LM head (its own tensor) in int8."""
+    of the group and of 64 stay unquantized); an untied LM head (its own tensor) and then the
+    token embeddings in int8 (``quantize_head_and_embeddings``); with int4, the vision tower's
+    linear weights in int8 (``quantize_vision_tower``)."""
     numel = 1
     for dim in shape:
         numel *= dim
@@ -126,7 +135,11 @@ def tensor_bytes_as(
         return numel * _SAFETENSORS_BYTES.get(dtype, 4)
     elem = torch.empty(0, dtype=run_dtype).element_size()
     if quant is not None and name.endswith("lm_head.weight") and len(shape) == 2:
-        return numel + shape[0] * 4  # int8 per output channel (quantize_lm_head)
+        return numel + shape[0] * 4  # int8 per output channel
+    if quant is not None and untied_head and name.endswith("embed_tokens.weight"):
+        return numel + shape[0] * 4  # int8 per row
+    if quant is not None and quant.bits == 4 and _is_tower_linear(name, shape):
+        return numel + shape[0] * 4  # int8 per output channel
     if quant is None or not _is_lm_linear(name, shape):
         return numel * elem
     rows, cols = shape
@@ -147,8 +160,9 @@ def estimate_weight_bytes(
     if headers is None:
         return None
     quant = Quantization.parse(quantization)
+    untied_head = any(name.endswith("lm_head.weight") for name in headers)
     return sum(
-        tensor_bytes_as(name, dtype, shape, run_dtype, quant)
+        tensor_bytes_as(name, dtype, shape, run_dtype, quant, untied_head)
         for name, (dtype, shape) in headers.items()
     )
 

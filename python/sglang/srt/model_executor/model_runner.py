@@ -28,7 +28,8 @@ from sglang.srt.model_executor.linear_attention import install_pooled_linear_att
 from sglang.srt.model_executor.quantization import (
     apply_torchao_config,
     copy_out_of_checkpoint,
-    quantize_lm_head,
+    quantize_head_and_embeddings,
+    quantize_vision_tower,
 )
 from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import get_adapter, load_vlm
@@ -95,7 +96,10 @@ class ModelRunner:
                 self.adapter.language_model, args.torchao_config
             )
             if self.quantization is not None:
-                quantize_lm_head(self.model, self.quantization)
+                quantize_head_and_embeddings(
+                    self.model, self.adapter.language_model, self.quantization
+                )
+                quantize_vision_tower(self.model, self.adapter.language_model, self.quantization)
                 copy_out_of_checkpoint(self.model)
         self._count_lm_work()
         if self.device == "cpu" and self.dtype == torch.bfloat16:

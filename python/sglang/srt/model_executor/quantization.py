@@ -2,20 +2,21 @@
 ``--quantization`` (prequantized checkpoints are refused by ``get_adapter``).
 
 On a CPU the linears become ``layers.quantized_linear.QuantizedLinear`` (the native kernel's own
-int8 / int4 layouts: decode reads the quantized bytes only); on CUDA, torchao's tensor types.
+int8 / int4 layouts: decode reads the quantized bytes only); on CUDA, torchao's tensor types
+(for the language model's linears only).
 
-What is quantized: every ``nn.Linear`` of the language model (the adapter's ``language_model``).
-Not quantized:
+What is quantized on a CPU, with the error each adds to HF's prompt logprobs, as a multiple of
+HF's own bfloat16-vs-float32 difference (max over the prompt; six tiny random families):
 
-- the LM head and the token embeddings, as in SGLang (its filter takes ``*proj`` layers only):
-  the head decides every logprob, and a tied head shares its weight with the embedding table
-  (which would then be quantized too);
-- the vision tower: measured on 4 blocks of Qwen2.5-VL-7B's tower (1280 wide, 3420-wide MLP)
-  encoding a 448x448 image in bfloat16 on 2 CPU cores, torchao's int8 halved its weights but
-  did not encode faster and its int4 was ~30% slower (an image's rows are prompt-sized: they
-  run on the bfloat16 GEMM either way); each adds error to every image embedding, for at most
-  0.7 GB of the 7B's 16.6 GB;
-- int4 layers whose shapes the kernel cannot take (``int4_skip_reason``), which stay in bfloat16.
+- every ``nn.Linear`` of the language model (the adapter's ``language_model``), int8 per
+  output channel or int4 per group, except int4 layers whose shapes the kernel cannot take
+  (``int4_skip_reason``, which stay in bfloat16);
+- an untied LM head, in int8 (0.28-0.63x; in int4 it would be 2.4-11x, so it stays int8 with
+  int4 too), and then the token embedding table, in int8 per row (0.6-1.6x); a head tied to the
+  embeddings keeps the shared table in bfloat16;
+- with int4, the vision tower's and projector's linears, in int8 (0.55-1.25x): an image's rows
+  run 1.00-1.08x the bfloat16 time there, and the 7B-shaped checkpoint drops to ~0.31 of its
+  bfloat16 bytes (0.35 with the tower in bfloat16).
 
 The model runs in bfloat16 when quantized.
 """
@@ -75,6 +76,8 @@ class QuantizationReport:
     weight_bytes_before: int = 0  # language model, all its parameters
     weight_bytes_after: int = 0
     lm_head: str = "bfloat16"
+    embeddings: str = "bfloat16"
+    vision_layers: int = 0  # int8, with int4 only
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,8 @@ class QuantizationReport:
             "language_model_weight_bytes_before": self.weight_bytes_before,
             "language_model_weight_bytes_after": self.weight_bytes_after,
             "lm_head": self.lm_head,
+            "embeddings": self.embeddings,
+            "vision_layers_int8": self.vision_layers,
         }
 
 
@@ -163,17 +168,48 @@ def apply_torchao_config(
     return report
 
 
-def quantize_lm_head(model: nn.Module, report: QuantizationReport) -> None:
+def quantize_head_and_embeddings(
+    model: nn.Module, language_model: nn.Module, report: QuantizationReport
+) -> None:
     """On a CPU, the LM head in int8 (per output channel): a decode step reads it whole, and on
-    a 7B-shaped model it is as many bytes as seven int4 decoder layers. A head tied to the
-    token embeddings stays as it is (quantizing it would quantize the embeddings too)."""
+    a 7B-shaped model it is as many bytes as seven int4 decoder layers; and the token embedding
+    table in int8 per row (a lookup reads a row; on a 7B-shaped model the table is 1.1 GB in
+    bfloat16). A head tied to the token embeddings stays as it is, and so do they (quantizing
+    one would quantize the other)."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    if not isinstance(head, nn.Linear) or head.weight.device.type != "cpu":
+    if embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None):
         return
-    if embed is not None and head.weight is embed.weight:
+    if isinstance(head, nn.Linear) and head.weight.device.type == "cpu":
+        model.set_output_embeddings(quantized_linear.quantize(head, 8, None))
+        report.lm_head = "int8"
+    if embed is not None and quantized_linear.quantize_embedding(embed):
+        report.embeddings = "int8"
+    report.weight_bytes_after = module_bytes(language_model)
+
+
+def quantize_vision_tower(
+    model: nn.Module, language_model: nn.Module, report: QuantizationReport
+) -> None:
+    """With int4 (``int4wo-<group>``), on a CPU, every plain ``nn.Linear`` outside the language
+    model and its head (the vision tower and projector) in int8 per output channel: an image's
+    rows run on the same GEMM tile over the codes converted once per panel, at 1.00-1.08x the
+    bfloat16 time on the 7B tower's shapes, and the whole int4 checkpoint drops to about 0.31
+    of its bfloat16 bytes."""
+    if report.config == "int8wo":
         return
-    model.set_output_embeddings(quantized_linear.quantize(head, 8, None))
-    report.lm_head = "int8"
+    in_lm = {id(m) for m in language_model.modules()}
+    head = model.get_output_embeddings()
+    tower = {
+        m
+        for m in model.modules()
+        if type(m) is nn.Linear
+        and id(m) not in in_lm
+        and m is not head
+        and m.weight.device.type == "cpu"
+    }
+    # Towers' code reads a linear's weight dtype and device (Gemma 4's patch embedder casts its
+    # input to them): the layers keep a one-element stand-in of the weight's shape.
+    report.vision_layers = quantized_linear.replace_linears(model, tower, 8, None, stand_in=True)
 
 
 def copy_out_of_checkpoint(model: nn.Module) -> int:
