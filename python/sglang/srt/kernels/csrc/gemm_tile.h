@@ -45,23 +45,28 @@ inline void multiply_pair(__m512 (*acc)[4], const uint16_t* a, int64_t lda, int6
 }
 
 template <int R, typename Tile>
-inline void tail_tile(int64_t left, int64_t r, const Tile& tile) {
+inline void sized_tile(int64_t left, int64_t r, const Tile& tile) {
   if constexpr (R > 0) {
     if (left == R) {
       tile(std::integral_constant<int, R>{}, r);
     } else {
-      tail_tile<R - 1>(left, r, tile);
+      sized_tile<R - 1>(left, r, tile);
     }
   }
 }
 
-// tile(std::integral_constant<int, R>, first row) over rows [0, rows): MaxRows at a time, then
-// one tile of the rest.
+// tile(std::integral_constant<int, R>, first row) over rows [0, rows): as few tiles of at most
+// MaxRows as cover them, their sizes differing by at most one (16 rows of 7 at most: 6, 5, 5,
+// not 7, 7, 2, whose last tile streams the panel for two rows). A row's outputs do not depend
+// on the tile it is in.
 template <int MaxRows, typename Tile>
 inline void row_tiles(int64_t rows, const Tile& tile) {
-  int64_t r = 0;
-  for (; r + MaxRows <= rows; r += MaxRows) tile(std::integral_constant<int, MaxRows>{}, r);
-  tail_tile<MaxRows - 1>(rows - r, r, tile);
+  const int64_t count = (rows + MaxRows - 1) / MaxRows;
+  for (int64_t i = 0, r = 0; i < count; ++i) {
+    const int64_t size = (rows - r + count - i - 1) / (count - i);
+    sized_tile<MaxRows>(size, r, tile);
+    r += size;
+  }
 }
 
 // out rows [0, R) x columns [0, cols) of a panel; a: R rows of x (lda apart), b: the panel,
