@@ -1,7 +1,8 @@
 """Ours against llama.cpp's ``llama-server`` on the same checkpoint, width by width.
 
 Widths: our bfloat16 / ``--torchao-config int8wo`` / ``int4wo-128`` against the GGUF language
-model in BF16 / Q8_0 / Q4_0 (``--pure``), the vision tower a BF16 mmproj on both sides. One server
+model in BF16 / Q8_0 / Q4_0 (``--pure``); llama.cpp's vision tower is a BF16 mmproj at every
+width, ours is bfloat16 except with int4wo (int8 linears). One server
 runs at a time, in turn across repeats (ours bf16, llama BF16, ours int8, llama Q8_0, ...), each
 launched fresh, all through the same HTTP client. Per launch:
 
