@@ -57,8 +57,16 @@ WIDTHS: dict[str, tuple[list[str], str]] = {
     "bf16": ([], "bf16"),
     "int8": (["--torchao-config", "int8wo"], "q8_0"),
     "int4": (["--torchao-config", "int4wo-128"], "q4_0"),
+    # the same bytes per token as llama.cpp's --pure Q4_0 (its head is Q4_0 too)
+    "int4-head4": (["--torchao-config", "int4wo-128", "--cpu-lm-head-dtype", "int4"], "q4_0"),
 }
-OUR_LABELS = {"bf16": "ours:bf16", "int8": "ours:int8wo", "int4": "ours:int4wo-128"}
+OUR_LABELS = {
+    "bf16": "ours:bf16",
+    "int8": "ours:int8wo",
+    "int4": "ours:int4wo-128",
+    "int4-head4": "ours:int4wo-128+int4 head",
+}
+DEFAULT_WIDTHS = ("bf16", "int8", "int4")
 DECODE_PROMPT = "Write a long story about a lighthouse keeper and the sea, chapter by chapter."
 GIB_MB = 1024.0
 # A fresh connection per request: llama-server at times closes a kept-alive connection after
@@ -343,7 +351,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vision-depth", type=int, help="vision blocks (default: the shape's)")
     p.add_argument("--model-path", type=Path, help="use this checkpoint instead of building one")
     p.add_argument("--gguf-dir", type=Path, help="GGUF files (default: CHECKPOINT-gguf)")
-    p.add_argument("--widths", default=",".join(WIDTHS), help=f"of {', '.join(WIDTHS)}")
+    p.add_argument("--widths", default=",".join(DEFAULT_WIDTHS), help=f"of {', '.join(WIDTHS)}")
     p.add_argument("--rounds", type=int, default=8, help="image chat rounds")
     p.add_argument("--resolution", default="448x448", help="WxH, multiples of 28")
     p.add_argument("--chat-tokens", type=int, default=16, help="max tokens per chat round")

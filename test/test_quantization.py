@@ -103,10 +103,14 @@ def _hf_language_model(model: nn.Module) -> nn.Module:
 # (0.035 nats apart); its image path is covered by test_bf16's dropped-image error.
 IMAGE_BLIND = ("deepseek_ocr2",)
 QUANTIZED_CASES = [
-    *[(family, "int4wo-32") for family in ALL_VLM_FAMILIES],
-    *[(family, "int8wo") for family in ALL_VLM_FAMILIES],
-    ("llava", "int4wo-64"),
-    ("gemma3", "int4wo-128"),  # tied LM head
+    *[(family, "int4wo-32", "int8") for family in ALL_VLM_FAMILIES],
+    *[(family, "int8wo", "int8") for family in ALL_VLM_FAMILIES],
+    ("llava", "int4wo-64", "int8"),
+    ("gemma3", "int4wo-128", "int8"),  # tied LM head
+    # --cpu-lm-head-dtype
+    ("qwen2_5_vl", "int4wo-32", "int4"),
+    ("glm4v", "int4wo-64", "int4"),
+    ("llava", "int8wo", "bfloat16"),
 ]
 
 
@@ -130,8 +134,10 @@ ONE_POSITION_DECIDES = {
 }
 
 
-@pytest.mark.parametrize("family, config", QUANTIZED_CASES)
-def test_engine_matches_hf_quantized_the_same_way(family: str, config: str) -> None:
+@pytest.mark.parametrize("family, config, head_dtype", QUANTIZED_CASES)
+def test_engine_matches_hf_quantized_the_same_way(
+    family: str, config: str, head_dtype: str
+) -> None:
     """Engine (chunks of 5 tokens cut through the image, except Gemma3's, which is never split)
     vs HF's float32 model whose language-model linears carry the weights the engine's
     quantized layers stand for, read from the layouts' definition (``quant_reference``; exact
@@ -148,7 +154,7 @@ def test_engine_matches_hf_quantized_the_same_way(family: str, config: str) -> N
     hf = _hf_bf16(family)
     _, ref_bf16 = _hf_logprobs(family, hf, processor, prompt, image)
     report = apply_torchao_config(_hf_language_model(hf), config)  # as the engine quantizes
-    quantize_head_and_embeddings(hf, _hf_language_model(hf), report)
+    quantize_head_and_embeddings(hf, _hf_language_model(hf), report, head_dtype)
     quantize_vision_tower(hf, _hf_language_model(hf), report)
     same_weights = _hf_with_the_weights_of(family, hf, torch.bfloat16)
     _, ref = _hf_logprobs(family, same_weights, processor, prompt, image)
@@ -160,7 +166,10 @@ def test_engine_matches_hf_quantized_the_same_way(family: str, config: str) -> N
     bound = factor * statistic(ref - ref_exact)
 
     engine = sglang.Engine(
-        model_path=model_dir(family), torchao_config=config, chunked_prefill_size=5
+        model_path=model_dir(family),
+        torchao_config=config,
+        chunked_prefill_size=5,
+        cpu_lm_head_dtype=head_dtype,
     )
     try:
         out = engine.generate(
@@ -180,13 +189,15 @@ def test_engine_matches_hf_quantized_the_same_way(family: str, config: str) -> N
             assert gap(ref_bf16) > bound  # the engine ran the quantized model
         assert statistic(got[1:] - ref[:-1]) > bound
         tied = fp32.get_output_embeddings().weight is fp32.get_input_embeddings().weight
-        _assert_weights_quantized(engine, config, tied)
+        _assert_weights_quantized(engine, config, tied, head_dtype)
         engine.scheduler.check_integrity()
     finally:
         engine.shutdown()
 
 
-def _assert_weights_quantized(engine: sglang.Engine, config: str, tied: bool) -> None:
+def _assert_weights_quantized(
+    engine: sglang.Engine, config: str, tied: bool, head_dtype: str
+) -> None:
     runner, model = engine.runner, engine.runner.model
     assert runner.dtype == torch.bfloat16  # --dtype auto is float32 on CPU, bf16 when quantized
     language_model = runner.adapter.language_model
@@ -210,8 +221,12 @@ def _assert_weights_quantized(engine: sglang.Engine, config: str, tied: bool) ->
     outside = [p for p in model.parameters() if id(p) not in in_lm]
     assert outside and not any(is_traceable_wrapper_subclass(p) for p in outside)
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    assert _is_quantized(head) != tied and hasattr(embed, "qweight") != tied
-    assert report["lm_head"] == report["embeddings"] == ("bfloat16" if tied else "int8")
+    want_head = {"int8": "int8", "int4": f"int4-{config.split('-')[-1]}"}.get(head_dtype)
+    want_head = "bfloat16" if tied or want_head is None else want_head
+    assert report["lm_head"] == want_head
+    assert _is_quantized(head) == (want_head != "bfloat16")
+    assert hasattr(embed, "qweight") != tied
+    assert report["embeddings"] == ("bfloat16" if tied else "int8")
     assert (getattr(head, "weight", None) is embed.weight) == tied
     assert engine.get_server_info()["torchao_config"] == config
     assert (
@@ -259,6 +274,8 @@ def test_supported_torchao_values_parse(value: str) -> None:
         (["--torchao-config", "int8wo", "--dtype", "float16"], "--dtype bfloat16"),
         (["--quantization", "awq"], "'awq' is an SGLang method"),
         (["--quantization", "bogus"], "'bogus' is not a known method"),
+        (["--torchao-config", "int8wo", "--cpu-lm-head-dtype", "int4"], "needs --torchao-config"),
+        (["--torchao-config", "int4wo-64", "--cpu-lm-head-dtype", "fp8"], "must be one of"),
     ],
 )
 def test_bad_quantization_flags_are_refused(flags: list[str], message: str) -> None:
@@ -266,7 +283,7 @@ def test_bad_quantization_flags_are_refused(flags: list[str], message: str) -> N
         parse_args(flags)
     text = str(info.value)
     assert "\n" not in text
-    if flags[0] == "--torchao-config" and "dtype" not in message:
+    if flags[0] == "--torchao-config" and "dtype" not in message and len(flags) == 2:
         assert "supported: int8wo, int4wo-<group>" in text
 
 

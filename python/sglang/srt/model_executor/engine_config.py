@@ -84,6 +84,15 @@ class EngineConfig:
     disable_radix_cache: bool = field(
         default=False, metadata={"help": "Turn off the prefix (radix) cache of KV entries."}
     )
+    cpu_lm_head_dtype: str = field(
+        default="int8",
+        metadata={
+            "help": "With --torchao-config on a CPU, the untied LM head: int8 (per output "
+            "channel), int4 (with int4wo-<group>: the same groups, as llama.cpp's --pure Q4_0 "
+            "head; moves logprobs several times more than int8) or bfloat16. The start-up memory "
+            "estimate counts it as int8."
+        },
+    )
     cpu_packed_lm_weights: str = field(
         default="auto",
         metadata={
@@ -167,6 +176,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be auto or one of {sorted(KV_CACHE_DTYPES)}")
         if self.mamba_ssm_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError("mamba_ssm_dtype must be float32, bfloat16 or float16")
+        quantization.check_lm_head_dtype(self.cpu_lm_head_dtype, self.torchao_config)
         if self.cpu_packed_lm_weights not in ("auto", "on", "off"):
             raise ValueError("cpu_packed_lm_weights must be auto, on or off")
         if self.mm_video_cache not in ("per-group", "whole"):

@@ -97,7 +97,10 @@ class ModelRunner:
             )
             if self.quantization is not None:
                 quantize_head_and_embeddings(
-                    self.model, self.adapter.language_model, self.quantization
+                    self.model,
+                    self.adapter.language_model,
+                    self.quantization,
+                    args.cpu_lm_head_dtype,
                 )
                 quantize_vision_tower(self.model, self.adapter.language_model, self.quantization)
                 copy_out_of_checkpoint(self.model)

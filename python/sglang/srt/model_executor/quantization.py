@@ -129,6 +129,17 @@ def check_quantization_flag(method: str | None) -> None:
     )
 
 
+LM_HEAD_DTYPES = ("int8", "int4", "bfloat16")
+
+
+def check_lm_head_dtype(head_dtype: str, torchao_config: str) -> None:
+    if head_dtype not in LM_HEAD_DTYPES:
+        raise ValueError(f"cpu_lm_head_dtype must be one of {', '.join(LM_HEAD_DTYPES)}")
+    spec = parse_torchao_config(torchao_config)
+    if head_dtype == "int4" and (spec is None or spec.group_size is None):
+        raise ValueError("--cpu-lm-head-dtype int4 needs --torchao-config int4wo-<group>")
+
+
 def int4_skip_reason(layer: nn.Linear, group_size: int, device: str) -> str | None:
     if device == "cpu":
         return quantized_linear.int4_skip_reason(layer.in_features, group_size)
@@ -169,19 +180,32 @@ def apply_torchao_config(
 
 
 def quantize_head_and_embeddings(
-    model: nn.Module, language_model: nn.Module, report: QuantizationReport
+    model: nn.Module,
+    language_model: nn.Module,
+    report: QuantizationReport,
+    head_dtype: str = "int8",
 ) -> None:
-    """On a CPU, the LM head in int8 (per output channel): a decode step reads it whole, and on
-    a 7B-shaped model it is as many bytes as seven int4 decoder layers; and the token embedding
+    """On a CPU, the LM head in int8 (per output channel; ``head_dtype``: int4 in the groups of
+    the int4 config, or bfloat16): a decode step reads it whole, and on a 7B-shaped model it is
+    as many bytes as seven int4 decoder layers; and the token embedding
     table in int8 per row (a lookup reads a row; on a 7B-shaped model the table is 1.1 GB in
     bfloat16). A head tied to the token embeddings stays as it is, and so do they (quantizing
     one would quantize the other)."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     if embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None):
         return
-    if isinstance(head, nn.Linear) and head.weight.device.type == "cpu":
-        model.set_output_embeddings(quantized_linear.quantize(head, 8, None))
-        report.lm_head = "int8"
+    if (
+        isinstance(head, nn.Linear)
+        and head.weight.device.type == "cpu"
+        and head_dtype != "bfloat16"
+    ):
+        group = parse_torchao_config(report.config).group_size  # type: ignore[union-attr]
+        if head_dtype == "int4" and group and not int4_skip_reason(head, group, "cpu"):
+            model.set_output_embeddings(quantized_linear.quantize(head, 4, group))
+            report.lm_head = f"int4-{group}"
+        else:
+            model.set_output_embeddings(quantized_linear.quantize(head, 8, None))
+            report.lm_head = "int8"
     if embed is not None and quantized_linear.quantize_embedding(embed):
         report.embeddings = "int8"
     report.weight_bytes_after = module_bytes(language_model)
