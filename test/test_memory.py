@@ -37,17 +37,30 @@ def test_estimate_matches_loaded_bytes(dtype: torch.dtype) -> None:
     assert abs(loaded - estimate) <= 0.005 * loaded  # non-persistent buffers (rotary) only
 
 
-@pytest.mark.parametrize("config", ["int8wo", "int4wo-128"])
-def test_quantized_estimate_matches_loaded_bytes(config: str) -> None:
-    """--torchao-config quantizes the language model's linear layers; the estimate from the
-    float32 checkpoint's headers matches the bytes of the engine's quantized tensors."""
+@pytest.mark.parametrize(
+    "config, head",
+    [("int8wo", "int8"), ("int4wo-128", "int8"), ("int4wo-64", "int4"), ("int8wo", "bfloat16")],
+)
+def test_quantized_estimate_matches_loaded_bytes(config: str, head: str) -> None:
+    """--torchao-config quantizes the language model's linear layers (and the head as
+    --cpu-lm-head-dtype says); the estimate from the float32 checkpoint's headers matches the
+    bytes of the engine's quantized tensors."""
     pytest.importorskip("torchao")
-    eng = sglang.Engine(model_path=model_dir(FAMILY), torchao_config=config, max_total_tokens=64)
+    eng = sglang.Engine(
+        model_path=model_dir(FAMILY),
+        torchao_config=config,
+        max_total_tokens=64,
+        cpu_lm_head_dtype=head,
+    )
     info = eng.get_server_info()["memory"]
     assert (info["dtype"], info["quantization"]) == ("bfloat16", config)
     plain = memory.estimate_weight_bytes(model_dir(FAMILY), torch.bfloat16)
     assert plain is not None and info["weights_bytes"] < plain
     assert info["weights_estimate_bytes"] == pytest.approx(info["weights_bytes"], rel=0.01)
+    if head != "int8":  # the head's width shows in the estimate
+        int8_head = memory.estimate_weight_bytes(model_dir(FAMILY), torch.bfloat16, config)
+        assert int8_head != pytest.approx(info["weights_bytes"], rel=0.01)
+    eng.shutdown()
 
 
 def _int4_bytes(name: str, shape: tuple[int, int], untied_head: bool = False) -> int:

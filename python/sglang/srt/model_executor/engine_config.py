@@ -89,8 +89,7 @@ class EngineConfig:
         metadata={
             "help": "With --torchao-config on a CPU, the untied LM head: int8 (per output "
             "channel), int4 (with int4wo-<group>: the same groups, as llama.cpp's --pure Q4_0 "
-            "head; moves logprobs several times more than int8) or bfloat16. The start-up memory "
-            "estimate counts it as int8."
+            "head; moves logprobs several times more than int8) or bfloat16."
         },
     )
     cpu_packed_lm_weights: str = field(

@@ -64,18 +64,20 @@ class InsufficientMemoryError(RuntimeError):
 class Quantization:
     bits: int  # 8 or 4 bits per quantized linear weight element
     group_size: int | None  # int4: columns sharing one scale and zero point
+    head_bits: int = 8  # an untied LM head: 8, 4 (in the groups) or 0 (dense)
 
     @classmethod
-    def parse(cls, spec: str | None) -> Quantization | None:
-        """``int8wo`` / ``int8dq`` / ``int4wo-<group>`` (torchao config names); None or an
-        unknown spec: unquantized."""
+    def parse(cls, spec: str | None, lm_head_dtype: str = "int8") -> Quantization | None:
+        """``int8wo`` / ``int8dq`` / ``int4wo-<group>`` (torchao config names) and
+        ``--cpu-lm-head-dtype``; None or an unknown spec: unquantized."""
         if not spec:
             return None
+        head_bits = {"int8": 8, "int4": 4, "bfloat16": 0}.get(lm_head_dtype, 8)
         if spec.startswith("int8"):
-            return cls(8, None)
+            return cls(8, None, 8 if head_bits == 4 else head_bits)
         if spec.startswith("int4wo"):
             group = spec.rpartition("-")[2]
-            return cls(4, int(group) if group.isdigit() else 128)
+            return cls(4, int(group) if group.isdigit() else 128, head_bits)
         return None
 
 
@@ -113,6 +115,16 @@ def _is_tower_linear(name: str, shape: tuple[int, ...]) -> bool:
     return tower and len(shape) == 2 and name.endswith(".weight") and "embed" not in name
 
 
+def _head_bytes(shape: tuple[int, ...], elem: int, quant: Quantization) -> int:
+    rows, cols = shape
+    group = quant.group_size or 128
+    if quant.head_bits == 4 and quantized_linear.int4_skip_reason(cols, group) is None:
+        return rows * cols // 2 + 2 * rows * (cols // group) * elem
+    if quant.head_bits == 0:
+        return rows * cols * elem
+    return rows * cols + rows * 4  # int8 per output channel
+
+
 def tensor_bytes_as(
     name: str,
     dtype: str,
@@ -135,7 +147,7 @@ def tensor_bytes_as(
         return numel * _SAFETENSORS_BYTES.get(dtype, 4)
     elem = torch.empty(0, dtype=run_dtype).element_size()
     if quant is not None and name.endswith("lm_head.weight") and len(shape) == 2:
-        return numel + shape[0] * 4  # int8 per output channel
+        return _head_bytes(shape, elem, quant)
     if quant is not None and untied_head and name.endswith("embed_tokens.weight"):
         return numel + shape[0] * 4  # int8 per row
     if quant is not None and quant.bits == 4 and _is_tower_linear(name, shape):
@@ -152,14 +164,17 @@ def tensor_bytes_as(
 
 
 def estimate_weight_bytes(
-    model_path: str | Path, run_dtype: torch.dtype, quantization: str | None = None
+    model_path: str | Path,
+    run_dtype: torch.dtype,
+    quantization: str | None = None,
+    lm_head_dtype: str = "int8",
 ) -> int | None:
     """The weights' bytes once loaded in ``run_dtype`` with ``quantization`` (a torchao config
     name such as ``int8wo`` or ``int4wo-128``), from the safetensors headers alone."""
     headers = safetensors_headers(model_path)
     if headers is None:
         return None
-    quant = Quantization.parse(quantization)
+    quant = Quantization.parse(quantization, lm_head_dtype)
     untied_head = any(name.endswith("lm_head.weight") for name in headers)
     return sum(
         tensor_bytes_as(name, dtype, shape, run_dtype, quant, untied_head)
@@ -217,10 +232,13 @@ class FitInputs:
     mm_cache_bytes: int
     device: str = "cpu"
     mem_fraction_static: float | None = None
+    lm_head_dtype: str = "int8"  # --cpu-lm-head-dtype
 
     def plan(self, **changes: Any) -> FitPlan | None:
         inp = _replace(self, **changes)
-        weights = estimate_weight_bytes(inp.model_path, inp.dtype, inp.quantization)
+        weights = estimate_weight_bytes(
+            inp.model_path, inp.dtype, inp.quantization, inp.lm_head_dtype
+        )
         if weights is None:
             return None
         tokens = min_kv_tokens(inp.max_total_tokens, inp.context_length)
@@ -328,6 +346,7 @@ def fit_inputs(
         mm_cache_bytes=args.mm_cache_bytes if hasattr(config, "vision_config") else 0,
         device=args.resolved_device,
         mem_fraction_static=args.mem_fraction_static,
+        lm_head_dtype=args.cpu_lm_head_dtype,
     )
 
 
