@@ -68,10 +68,17 @@ def install(modules: Iterable[nn.Module], native_only: bool = False) -> int:
         if _eligible(module) and not (native_only and module.weight.shape[1] % 2):
             _pack(module)
             weight = module.weight
-            weight.data = torch.zeros((), dtype=weight.dtype).expand(weight.shape)
+            weight.data = stand_in(weight)
             module.forward = types.MethodType(_forward, module)
             count += 1
     return count
+
+
+def stand_in(weight: torch.Tensor) -> torch.Tensor:
+    """A tensor with ``weight``'s shape, dtype and device over a one-element storage: what a
+    module keeps in place of a weight held in another layout (HF code reads those attributes,
+    never the values)."""
+    return torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
 
 
 def holds_only_packed(module: nn.Module) -> bool:

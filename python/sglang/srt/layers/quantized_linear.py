@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers import packed_linear
+
 PANEL_COLS = 64  # output columns per panel of the native GEMM's layout (gemm_tile.h)
 
 
@@ -224,7 +226,7 @@ def quantize_embedding(embedding: nn.Module) -> bool:
     q, scale = quantize_int8(weight)
     embedding.register_buffer("qweight", q)
     embedding.register_buffer("scale", scale)
-    weight.data = torch.zeros((), dtype=weight.dtype).expand(weight.shape)
+    weight.data = packed_linear.stand_in(weight)
     embedding.forward = types.MethodType(_quantized_lookup, embedding)
     return True
 
@@ -259,9 +261,8 @@ def replace_linears(
             if child in targets:
                 layer = quantize(child, bits, group)
                 if stand_in:
-                    weight = child.weight
-                    empty = torch.zeros((), dtype=weight.dtype, device=weight.device)
-                    layer.register_buffer("weight", empty.expand(weight.shape), persistent=False)
+                    weight = packed_linear.stand_in(child.weight)
+                    layer.register_buffer("weight", weight, persistent=False)
                 setattr(parent, name, layer)
                 count += 1
     return count

@@ -219,7 +219,8 @@ def quantize_vision_tower(
     rows run on the same GEMM tile over the codes converted once per panel, at 1.00-1.08x the
     bfloat16 time on the 7B tower's shapes, and the whole int4 checkpoint drops to 0.32 of its
     bfloat16 bytes (measured on the 7B shape)."""
-    if report.config == "int8wo":
+    spec = parse_torchao_config(report.config)
+    if spec is None or spec.group_size is None:  # int8wo: the tower stays bfloat16
         return
     in_lm = {id(m) for m in language_model.modules()}
     head = model.get_output_embeddings()

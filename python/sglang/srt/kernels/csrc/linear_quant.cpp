@@ -84,12 +84,15 @@ void run_panels(int64_t panels, int64_t m, int64_t pairs, const Convert& convert
   });
 }
 
-// pair(i, w) for every pair of a panel, its four vectors stored in turn into buffer.
-template <typename PairFn>
-void convert_panel(int64_t pairs, uint16_t* buffer, const PairFn& pair) {
+// Panel j of codes (pair_bytes per input pair) converted pair by pair, pair(codes, w), its four
+// vectors stored in turn into buffer.
+template <typename Code, typename PairFn>
+void convert_panel(const Code* codes, int64_t j, int64_t pairs, int64_t pair_bytes,
+                   uint16_t* buffer, const PairFn& pair) {
+  const Code* panel = codes + j * pairs * pair_bytes;
   for (int64_t i = 0; i < pairs; ++i) {
     __m512bh w[4];
-    pair(i, w);
+    pair(panel + i * pair_bytes, w);
     for (int v = 0; v < 4; ++v)
       _mm512_storeu_si512(buffer + i * 2 * kPanelCols + 32 * v, (__m512i)w[v]);
   }
@@ -175,9 +178,8 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
 #ifdef SGLANG_GEMM_TILE
   auto convert = [&](int64_t j, uint16_t* buffer) {
-    const int8_t* panel = codes + j * pairs * kPairBytes;
-    convert_panel(pairs, buffer,
-                  [&](int64_t i, __m512bh* w) { code_pair(panel + i * kPairBytes, w); });
+    convert_panel(codes, j, pairs, kPairBytes, buffer,
+                  [](const int8_t* pair, __m512bh* w) { code_pair(pair, w); });
   };
   run_panels(panels, m, pairs, convert, [&](int64_t j, const uint16_t* buffer) {
     const int64_t c0 = j * kPanelCols;
@@ -343,9 +345,8 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
 #ifdef SGLANG_GEMM_TILE
   auto convert = [&](int64_t j, uint16_t* buffer) {
-    const uint8_t* panel = codes + j * pairs * kPanelCols;
-    convert_panel(pairs, buffer,
-                  [&](int64_t i, __m512bh* w) { nibble_pair(panel + i * kPanelCols, w); });
+    convert_panel(codes, j, pairs, kPanelCols, buffer,
+                  [](const uint8_t* pair, __m512bh* w) { nibble_pair(pair, w); });
   };
   run_panels(panels, m, pairs, convert, [&](int64_t j, const uint16_t* buffer) {
     const int64_t c0 = j * kPanelCols;
