@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 
@@ -82,3 +84,95 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def redis_server(*flags: str, timeout: float = 20) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yield (redis:// URL, process) of a fresh Debian ``redis-server`` on loopback with no
+    persistence; stopped afterwards. ``.ci/run`` installs it."""
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is missing: apt-get install redis-server (.ci/run does)"
+    port = free_port()
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"redis-server did not start ({cmd})")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0", proc
+    finally:
+        stop_process(proc, timeout=10)
+
+
+# The router ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def launch_router(worker_urls: list[str], *flags: str, timeout: float = 60) -> Iterator[str]:
+    """Yield the router's URL once it lists every worker as healthy. Loopback only: its defaults
+    bind 0.0.0.0:30000 and a Prometheus exporter on 0.0.0.0:29000."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+        "--worker-urls",
+        *worker_urls,
+        "--log-level",
+        "warn",
+        "--shutdown-grace-period-secs",
+        "1",
+        *flags,
+    ]
+    log = tempfile.NamedTemporaryFile("w+", prefix="sglang-router-", suffix=".log")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: healthy_workers(url) == set(worker_urls),
+            timeout,
+            f"router did not register {worker_urls}",
+            proc=proc,
+            log=log,
+        )
+        yield url
+    finally:
+        stop_process(proc, timeout=15)
+        log.close()
+
+
+def wait_until(
+    cond: Callable[[], Any],
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    log: Any = None,
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"{what}: the process exited\n{log.read()}")
+        try:
+            value = cond()
+        except httpx.HTTPError:
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(what)
+
+
+def healthy_workers(router: str) -> set[str]:
+    workers = httpx.get(f"{router}/workers", timeout=10).json()["workers"]
+    return {w["url"] for w in workers if w["is_healthy"]}

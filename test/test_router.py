@@ -14,19 +14,14 @@ import contextlib
 import io
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import httpx
 import psutil
 import pytest
 from conftest import make_image, model_dir
-from server_utils import free_port, launch_server, stop_process
+from server_utils import healthy_workers, launch_router, launch_server, wait_until
 
 import sglang
 
@@ -53,76 +48,6 @@ HEALTH_FLAGS = (
 )
 ROUTING_KEY = "X-SMG-Routing-Key"
 TIMEOUT = 120
-
-
-# Processes ---------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def launch_router(worker_urls: list[str], *flags: str, timeout: float = 60) -> Iterator[str]:
-    """Yield the router's URL once it lists every worker as healthy. Loopback only: its defaults
-    bind 0.0.0.0:30000 and a Prometheus exporter on 0.0.0.0:29000."""
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(free_port()),
-        "--worker-urls",
-        *worker_urls,
-        "--log-level",
-        "warn",
-        "--shutdown-grace-period-secs",
-        "1",
-        *flags,
-    ]
-    log = tempfile.NamedTemporaryFile("w+", prefix="sglang-router-", suffix=".log")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until(
-            lambda: _healthy_workers(url) == set(worker_urls),
-            timeout,
-            f"router did not register {worker_urls}",
-            proc=proc,
-            log=log,
-        )
-        yield url
-    finally:
-        stop_process(proc, timeout=15)
-        log.close()
-
-
-def _wait_until(
-    cond: Callable[[], Any],
-    timeout: float,
-    what: str,
-    proc: subprocess.Popen | None = None,
-    log: Any = None,
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"{what}: the process exited\n{log.read()}")
-        try:
-            value = cond()
-        except httpx.HTTPError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(what)
-
-
-def _healthy_workers(router: str) -> set[str]:
-    workers = httpx.get(f"{router}/workers", timeout=10).json()["workers"]
-    return {w["url"] for w in workers if w["is_healthy"]}
 
 
 @pytest.fixture(scope="module")
@@ -240,9 +165,7 @@ def _queued_load(url: str) -> dict | None:
 
 
 def _wait_idle(urls: list[str]) -> None:
-    _wait_until(
-        lambda: all(_worker_load(u)["num_reqs"] == 0 for u in urls), 60, "workers stay busy"
-    )
+    wait_until(lambda: all(_worker_load(u)["num_reqs"] == 0 for u in urls), 60, "workers stay busy")
 
 
 # The load report, exactly ------------------------------------------------------------------------
@@ -401,13 +324,13 @@ def test_loads_are_reported_to_the_router(cache_router, urls) -> None:
     _wait_idle(urls)
     assert _router_loads(cache_router) == {busy: 0, idle: 0}
     with _streaming(busy, 3):  # two run (--max-running-requests 2), one waits
-        load = _wait_until(
+        load = wait_until(
             lambda: _queued_load(busy), 60, "the worker never reported a waiting request"
         )
         assert load["num_reqs"] == 3 and load["num_tokens"] > 0
         seen = _router_loads(cache_router)  # the router asks each worker's /get_load now
         assert seen[busy] >= load["num_tokens"] and seen[idle] == 0
-    _wait_until(
+    wait_until(
         lambda: _router_loads(cache_router) == {busy: 0, idle: 0},
         60,
         "loads did not return to zero once the requests were aborted",
@@ -429,13 +352,13 @@ def test_killed_worker_is_taken_out_and_the_rest_keep_serving(
     children = psutil.Process(victim_pid).children(recursive=True)
     try:
         with _streaming(manual_router, 1, headers=key) as outcomes:
-            _wait_until(lambda: _worker_load(victim_url)["num_reqs"] == 1, 60, "never started")
+            wait_until(lambda: _worker_load(victim_url)["num_reqs"] == 1, 60, "never started")
             os.kill(victim_pid, signal.SIGKILL)
-            _wait_until(lambda: outcomes, 60, "the in-flight stream did not end")
+            wait_until(lambda: outcomes, 60, "the in-flight stream did not end")
         assert outcomes[0] != "done", outcomes  # cut short, not completed
         for router in (manual_router, cache_router):
-            _wait_until(
-                lambda r=router: _healthy_workers(r) == {urls[survivor]},
+            wait_until(
+                lambda r=router: healthy_workers(r) == {urls[survivor]},
                 30,
                 "the router kept the dead worker",
             )

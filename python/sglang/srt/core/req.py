@@ -63,7 +63,8 @@ class Req:
     generator: torch.Generator | None = None
     pins: dict[int, int] = field(default_factory=dict)  # cache key -> end of its placeholders
     # item hash -> where its embedding came from the first time a chunk needed it:
-    # "encoded" or "embedding_cache" (items that no chunk needed were in the prefix cache)
+    # "encoded", "global_cache" (the shared store) or "embedding_cache" (items that no chunk
+    # needed were in the prefix cache)
     mm_sources: dict[int, str] = field(default_factory=dict)
     finish_reason: FinishReason | None = None
     output_text: str = ""
@@ -94,14 +95,15 @@ class Req:
 
     def mm_report(self) -> list[dict[str, Any]]:
         """Per multimodal item: modality, placeholder tokens and where its embedding came from
-        ("encoded", "embedding_cache", or "prefix_cache" when its KV was cached instead). A
-        video split into frame groups counts as encoded if any group was."""
+        ("encoded", "global_cache", "embedding_cache", or "prefix_cache" when its KV was cached
+        instead). A video split into frame groups counts as encoded if any group was."""
         report = []
         for item in self.mm_items:
             units = item.groups or [item]
             sources = {self.mm_sources[u.hash] for u in units if u.hash in self.mm_sources}
             source = next(
-                (s for s in ("encoded", "embedding_cache") if s in sources), "prefix_cache"
+                (s for s in ("encoded", "global_cache", "embedding_cache") if s in sources),
+                "prefix_cache",
             )
             report.append({"modality": item.modality, "tokens": item.num_tokens, "source": source})
         return report

@@ -13,6 +13,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+STORE_COUNTERS = ("hits", "misses", "saved", "rejected", "errors")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -57,6 +58,12 @@ class Metrics:
             "mm_encoded_tokens": "Image tokens encoded by the vision tower",
             "mm_encoder_seconds": "Seconds spent in the vision tower",
             "mm_preprocess_skipped": "Images whose pixel preprocessing was skipped",
+            "mm_global_cache_hits": "Embeddings loaded from the shared store",
+            "mm_global_cache_misses": "Embeddings the shared store did not hold",
+            "mm_global_cache_saved": "Embeddings written to the shared store",
+            "mm_global_cache_rejected": "Shared-store entries rejected on arrival",
+            "mm_global_cache_errors": "Shared-store operations that failed",
+            "mm_global_cache_available": "1 while the shared store answers (0 without one)",
         }
         self.gauges = {k: Gauge(f"sglang:{k}", doc, registry=r) for k, doc in gauges.items()}
         self._prompt_total = 0
@@ -83,6 +90,7 @@ class Metrics:
 
     def render(self, info: dict) -> tuple[bytes, str]:
         mm = info.get("mm_embedding_cache", {})
+        store = info.get("mm_global_cache") or {}
         values = {
             "num_running_reqs": info.get("num_running_reqs", 0),
             "num_queue_reqs": info.get("num_queue_reqs", 0),
@@ -97,6 +105,8 @@ class Metrics:
             "mm_encoded_tokens": mm.get("encoded_tokens", 0),
             "mm_encoder_seconds": mm.get("encoder_seconds", 0.0),
             "mm_preprocess_skipped": mm.get("preprocess_skipped", 0),
+            **{f"mm_global_cache_{k}": store.get(k, 0) for k in STORE_COUNTERS},
+            "mm_global_cache_available": int(bool(store.get("available", False))),
         }
         for name, value in values.items():
             self.gauges[name].set(value)

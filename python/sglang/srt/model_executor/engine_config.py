@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from sglang.srt.layers.attention import attention_backend_names
+from sglang.srt.mem_cache.embedding_store import check_store_url
 from sglang.srt.model_executor import quantization
 from sglang.srt.model_executor.dtypes import DTYPE_NAMES, KV_CACHE_DTYPES
 
@@ -155,7 +156,46 @@ class EngineConfig:
         },
     )
 
+    # Fleet: the shared embedding store
+    enable_mm_global_cache: bool = field(
+        default=False,
+        metadata={
+            "help": "Share per-image embeddings with every worker through the store at "
+            "--mm-global-cache-url: an image is encoded once across a fleet and across restarts."
+        },
+    )
+    mm_global_cache_url: str = field(
+        default="redis://127.0.0.1:6379/0",
+        metadata={
+            "help": "The shared embedding store (redis://host:port/db). Bound its size there: "
+            "redis-server --maxmemory 2gb --maxmemory-policy allkeys-lru."
+        },
+    )
+    mm_global_cache_ttl: float = field(
+        default=86400.0,
+        metadata={"help": "Seconds a shared embedding lives in the store (0: until evicted)."},
+    )
+    mm_global_cache_timeout: float = field(
+        default=1.0,
+        metadata={
+            "help": "Seconds one store operation may take; a failed one leaves the store "
+            "alone for 5 s (images are encoded locally meanwhile)."
+        },
+    )
+    mm_global_cache_namespace: str = field(
+        default="",
+        metadata={
+            "help": "Added to the store's key fingerprint (checkpoint, processor, dtype), "
+            "e.g. to keep two deployments of one checkpoint apart."
+        },
+    )
+
     def __post_init__(self) -> None:
+        if self.enable_mm_global_cache and self.mm_cache_mode != "per-image":
+            raise ValueError("--enable-mm-global-cache shares per-image entries (mm_cache_mode)")
+        if self.mm_global_cache_ttl < 0 or self.mm_global_cache_timeout <= 0:
+            raise ValueError("mm_global_cache_ttl must be >= 0 and its timeout positive")
+        check_store_url(self.mm_global_cache_url)
         if self.mm_cache_mode not in ("per-image", "combined", "off"):
             raise ValueError(
                 f"mm_cache_mode must be per-image, combined or off, got {self.mm_cache_mode!r}"

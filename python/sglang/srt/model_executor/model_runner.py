@@ -17,6 +17,7 @@ from sglang.srt.core.req import Pairs, Req, logprob_alternatives
 from sglang.srt.layers import decode_linear, native_activation, packed_linear
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.mem_cache.embedding_store import EmbeddingStore, open_embedding_store
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
@@ -25,6 +26,7 @@ from sglang.srt.model_executor import host_memory, memory
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
+from sglang.srt.model_executor.mm_fingerprint import embedding_fingerprint
 from sglang.srt.model_executor.quantization import (
     apply_torchao_config,
     copy_out_of_checkpoint,
@@ -137,18 +139,47 @@ class ModelRunner:
         self.attn_backend.window_bounds_spans = self.adapter.window_bounds_spans
         self.hf_processor = load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
+        preprocessor = ImagePreprocessor(
+            self.hf_processor, self.adapter, VideoSettings.from_model_dir(model_path)
+        )
         self.embedder = MultimodalEmbedder(
             self.adapter,
-            ImagePreprocessor(
-                self.hf_processor, self.adapter, VideoSettings.from_model_dir(model_path)
-            ),
+            preprocessor,
             MultimodalEmbeddingCache(args.mm_cache_bytes),
             self.device,
             self.dtype,
             args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
             args.mm_cache_mode,
             video_groups=args.mm_video_cache == "per-group",
+            store=self._open_embedding_store(preprocessor),
         )
+
+    def _open_embedding_store(self, preprocessor: ImagePreprocessor) -> EmbeddingStore | None:
+        """The fleet's shared embedding store, keyed by this model's fingerprint."""
+        if not (self.args.enable_mm_global_cache and self.is_multimodal):
+            return None
+        tower = "int8" if self.quantization and self.quantization.vision_layers else "none"
+        fingerprint = embedding_fingerprint(
+            self.model_path,
+            preprocessor.settings_hash,
+            preprocessor.video_settings,
+            self.args.mm_video_cache,
+            self.dtype,
+            tower,
+            self.args.mm_global_cache_namespace,
+        )
+        store = open_embedding_store(
+            self.args.mm_global_cache_url,
+            fingerprint,
+            self.args.mm_global_cache_ttl or None,
+            self.args.mm_global_cache_timeout,
+        )
+        logger.info(
+            "shared embedding store %s, fingerprint %s",
+            self.args.mm_global_cache_url,
+            fingerprint,
+        )
+        return store
 
     def _route_lm_linears(self, head: torch.nn.Module) -> int:
         """One layout per bfloat16 linear of the language model and its head: the native

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from sglang.srt.core.perf_counters import wait_for_device
+from sglang.srt.mem_cache.embedding_store import EmbeddingStore
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
 from sglang.srt.models.adapters.base import context_key
 from sglang.srt.multimodal.frame_groups import frame_groups
@@ -86,6 +87,7 @@ class MultimodalEmbedder:
         encoder_token_budget: int,
         mode: str = "per-image",
         video_groups: bool = True,
+        store: EmbeddingStore | None = None,
     ) -> None:
         self.adapter = adapter
         self.preprocess = preprocess
@@ -95,6 +97,7 @@ class MultimodalEmbedder:
         self.encoder_token_budget = encoder_token_budget
         self.mode = mode
         self.video_groups = video_groups  # False: a video is one item (one cache entry)
+        self.store = store  # the fleet's shared entries, behind the local cache (per-image mode)
         self.stats = EncoderStats()
 
     def embed(
@@ -190,16 +193,35 @@ class MultimodalEmbedder:
                 misses[item.hash] = item
             else:
                 found[item.hash] = entry
+        shared = self._load_shared(misses)
         encoded = self._encode(list(misses.values()))
+        if self.store is not None:
+            self.store.save(encoded)
         if self.mode != "off":
-            for key, entry in encoded.items():
+            for key, entry in {**shared, **encoded}.items():
                 self.cache.put(key, entry)
             for _, req, item, _, hi in needed:
                 self._pin_until(req, item.hash, item.end, hi)
         for _, req, item, _, _ in needed:
-            source = "encoded" if item.hash in encoded else "embedding_cache"
+            source = (
+                "encoded"
+                if item.hash in encoded
+                else "global_cache"
+                if item.hash in shared
+                else "embedding_cache"
+            )
             req.mm_sources.setdefault(item.hash, source)
-        return {**found, **encoded}
+        return {**found, **shared, **encoded}
+
+    def _load_shared(self, misses: dict[int, MultimodalItem]) -> dict[int, CachedEmbedding]:
+        """Take the local misses the shared store holds out of ``misses``; return them."""
+        if self.store is None or not misses:
+            return {}
+        wanted = {key: item.num_tokens for key, item in misses.items()}
+        shared = self.store.load(wanted, self.dtype)
+        for key in shared:
+            del misses[key]
+        return {key: _on_device(entry, self.device) for key, entry in shared.items()}
 
     def _resolve_combined(
         self, needed: list[tuple[int, Req, MultimodalItem, int, int]]
@@ -308,6 +330,12 @@ class MultimodalEmbedder:
 
 def _encode_key(item: MultimodalItem) -> tuple[str, bytes]:
     return item.modality, context_key(item.context)
+
+
+def _on_device(entry: CachedEmbedding, device: str) -> CachedEmbedding:
+    if torch.device(device).type == "cpu":
+        return entry
+    return CachedEmbedding(entry.embedding.to(device), [t.to(device) for t in entry.extras])
 
 
 def _take_rows(entry: CachedEmbedding, rows: np.ndarray) -> CachedEmbedding:

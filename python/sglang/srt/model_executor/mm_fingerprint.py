@@ -1,0 +1,80 @@
+"""What makes two workers' image embeddings interchangeable: the fingerprint that prefixes every
+key of the shared embedding store.
+
+It covers the checkpoint (its config and, per weight file, the name, the size, the safetensors
+header and sampled bytes of the data: a fine-tune of the same shape differs there), the
+preprocessing (the image processor's settings and kwargs, the video sampling settings, how videos
+are cached), the embeddings' dtype, the vision tower's quantization, and an optional namespace
+the operator sets. The item key then adds the image content and its prompt context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import struct
+
+import torch
+
+FORMAT_VERSION = b"mm-fingerprint-1"
+SAMPLE_BYTES = 1 << 16
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
+
+
+def checkpoint_identity(model_path: str) -> bytes:
+    """A digest of the checkpoint's config and weight files, reading about 200 KiB per file."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in ("config.json", "preprocessor_config.json", "video_preprocessor_config.json"):
+        path = os.path.join(model_path, name)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    files = sorted({p for pattern in WEIGHT_PATTERNS for p in glob.glob(f"{model_path}/{pattern}")})
+    for path in files:
+        size = os.path.getsize(path)
+        h.update(os.path.basename(path).encode() + struct.pack("<Q", size))
+        with open(path, "rb") as f:
+            data_start = 0
+            if path.endswith(".safetensors") and size >= 8:
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                header_len = min(header_len, size - 8)
+                h.update(f.read(header_len))
+                data_start = 8 + header_len
+            for offset in _sample_offsets(data_start, size):
+                f.seek(offset)
+                h.update(f.read(SAMPLE_BYTES))
+    return h.digest()
+
+
+def _sample_offsets(start: int, end: int) -> list[int]:
+    """The start, middle and end of [start, end), each ``SAMPLE_BYTES`` long where it fits."""
+    last = max(start, end - SAMPLE_BYTES)
+    return sorted({start, start + (last - start) // 2, last})
+
+
+def embedding_fingerprint(
+    model_path: str,
+    processor_settings: bytes,
+    video_settings: object,
+    video_cache: str,
+    dtype: torch.dtype,
+    tower_quantization: str,
+    namespace: str = "",
+) -> str:
+    """The hex fingerprint (32 characters) of everything an embedding depends on but the item."""
+    video = json.dumps(dataclasses.asdict(video_settings), sort_keys=True, default=str)
+    h = hashlib.blake2b(FORMAT_VERSION, digest_size=16)
+    for part in (
+        checkpoint_identity(model_path),
+        processor_settings,
+        video.encode(),
+        video_cache.encode(),
+        str(dtype).encode(),
+        tower_quantization.encode(),
+        namespace.encode(),
+    ):
+        h.update(struct.pack("<Q", len(part)) + part)
+    return h.hexdigest()
