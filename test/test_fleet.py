@@ -8,12 +8,17 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import socket
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import torch
 from conftest import make_image, model_dir
-from server_utils import launch_router, launch_server, redis_server
+from server_utils import free_port, launch_router, launch_server, redis_server
+
+from sglang.srt.mem_cache.embedding_store import decode_entry
+from sglang.srt.multimodal.remote_encoder import unpack_reply
 
 FAMILY = "qwen2_5_vl"
 TURNS = 8
@@ -93,3 +98,106 @@ def test_round_robin_fleet_encodes_each_image_once_with_the_shared_store(alone) 
             info = _info(url)
             assert info["mm_embedding_cache"]["encoded_items"] == 0
             assert info["mm_global_cache"]["hits"] == TURNS
+
+
+# Encoder disaggregation ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def encoder() -> Iterator[str]:
+    with launch_server(model_dir(FAMILY), "--encoder-only") as (url, _):
+        yield url
+
+
+def _language_flags(*encoders: str) -> tuple[str, ...]:
+    return (*WORKER_FLAGS, "--language-only", "--encoder-urls", *encoders)
+
+
+def test_encoder_and_language_workers_serve_the_chat_with_parity(alone, encoder) -> None:
+    replies_alone, _ = alone
+    info = _info(encoder)
+    memory = info["memory"]
+    assert info["encoder_only"] and memory["language_model_weights_bytes"] < 2048
+    before = info["mm_embedding_cache"]["encoded_items"]
+    with contextlib.ExitStack() as stack:
+        urls = [
+            stack.enter_context(launch_server(model_dir(FAMILY), *_language_flags(encoder)))[0]
+            for _ in "ab"
+        ]
+        router = stack.enter_context(launch_router(urls, "--policy", "round_robin"))
+        replies, _ = _play_chat(router)
+        assert _encoded(urls) == [0, 0]
+        remote = [_info(u)["encoder_workers"] for u in urls]
+    assert replies == replies_alone  # float32: the encoder's embeddings are the local ones
+    assert all(r["remote_items"] > 0 and r["remote_failures"] == 0 for r in remote)
+    assert _info(encoder)["mm_embedding_cache"]["encoded_items"] - before == TURNS
+
+
+@contextlib.contextmanager
+def _silent_port() -> Iterator[str]:
+    """A port that accepts connections and never answers (a hung encoder)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_an_encoder_that_is_down_slow_or_foreign_fails_no_request(alone, encoder) -> None:
+    replies_alone, _ = alone
+    dead = f"http://127.0.0.1:{free_port()}"
+    timeout = ("--encoder-timeout", "2")
+    with _silent_port() as hung:
+        cases = {
+            "down": _language_flags(dead),
+            "hung": (*_language_flags(hung), *timeout),
+            "foreign": (*_language_flags(encoder), "--mm-global-cache-namespace", "other"),
+        }
+        for name, flags in cases.items():
+            with launch_server(model_dir(FAMILY), *flags) as (url, _):
+                replies, _ = _play_chat(url, turns=2)
+                stats = _info(url)["encoder_workers"]
+                assert replies == replies_alone[:2], name
+                assert stats["remote_items"] == 0 and stats["remote_failures"] == 2, name
+                assert _encoded([url]) == [2], name
+
+
+def test_encode_refuses_bad_requests_and_keeps_serving(encoder) -> None:
+    fingerprint = _info(encoder)["fingerprint"]
+    pixels = {"shape": [48, 64, 3], "data": base64.b64encode(bytes(48 * 64 * 3)).decode()}
+    good = {"key": "00" * 8, "modality": "image", "num_tokens": 24, "pixels": pixels}
+    bad_items = [
+        {**good, "pixels": {**pixels, "data": "not base64!"}},
+        {**good, "pixels": {**pixels, "shape": [48, 65, 3]}},  # bytes do not fill the shape
+        {**good, "pixels": {**pixels, "shape": [10**5, 10**5, 3]}},  # over the pixel limit
+        {**good, "modality": "audio"},
+        {**good, "num_tokens": 25},  # the image has 24 rows
+        {**good, "encoded": base64.b64encode(b"GIF89a-corrupt").decode(), "pixels": None},
+        {"key": "zz"},
+    ]
+    for item in bad_items:
+        resp = httpx.post(
+            f"{encoder}/encode", json={"fingerprint": fingerprint, "items": [item]}, timeout=60
+        )
+        assert resp.status_code == 400, (item, resp.text)
+    resp = httpx.post(f"{encoder}/encode", content=b"{not json", timeout=60)
+    assert resp.status_code == 400
+    resp = httpx.post(
+        f"{encoder}/encode", json={"fingerprint": "0" * 32, "items": [good]}, timeout=60
+    )
+    assert resp.status_code == 409 and "fingerprint" in resp.text
+    resp = httpx.post(
+        f"{encoder}/encode", json={"fingerprint": fingerprint, "items": [good]}, timeout=60
+    )
+    assert resp.status_code == 200
+    (blob,) = unpack_reply(resp.content, 1)
+    assert decode_entry(blob, fingerprint, 0, 24).num_tokens == 24
+    # The encoder's cache is keyed by the pixels, not by the key a sender claims: the same
+    # pixels under another key are a hit, returned under that key.
+    encoded = _info(encoder)["mm_embedding_cache"]["encoded_items"]
+    other = {"fingerprint": fingerprint, "items": [{**good, "key": "ab" * 8}]}
+    resp = httpx.post(f"{encoder}/encode", json=other, timeout=60)
+    (again,) = unpack_reply(resp.content, 1)
+    assert torch.equal(
+        decode_entry(again, fingerprint, 0xABABABABABABABAB, 24).embedding,
+        decode_entry(blob, fingerprint, 0, 24).embedding,
+    )
+    assert _info(encoder)["mm_embedding_cache"]["encoded_items"] == encoded
+    assert httpx.get(f"{encoder}/health_generate", timeout=60).status_code == 200

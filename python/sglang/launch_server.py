@@ -44,6 +44,14 @@ def launch_server(args: ServerArgs) -> None:
     from sglang.srt.model_executor.memory import InsufficientMemoryError, check_launch
     from sglang.srt.models.adapters import UnsupportedModelError, check_model
 
+    if args.encoder_only:
+        try:
+            check_model(model_path, args.trust_remote_code)
+        except UnsupportedModelError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        apply_compute_env_defaults()
+        _serve_encoder(args, model_path)
+        return
     try:
         check_model(model_path, args.trust_remote_code)
         check_launch(args, model_path)  # before the scheduler starts loading weights
@@ -86,6 +94,20 @@ def launch_server(args: ServerArgs) -> None:
         stop_scheduler()
     if fatal is not None:
         raise SystemExit(f"server stopped: {fatal}")
+
+
+def _serve_encoder(args: ServerArgs, model_path: str) -> None:
+    """An encoder-only worker: the vision tower behind POST /encode, in this process."""
+    from sglang.srt.entrypoints.encode_server import create_encoder_app
+    from sglang.srt.model_executor.encoder_runner import EncoderRunner
+
+    try:
+        runner = EncoderRunner(args, model_path)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    app = create_encoder_app(runner, args)
+    logger.info("encoder-only worker on http://%s:%d", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, http="h11")
 
 
 def _serve(args: ServerArgs, model_path: str, ready, addrs: tuple[str, str], proc) -> str | None:

@@ -214,6 +214,9 @@ class ServerArgs(EngineConfig):
             if hint is bool or hint == bool | None:
                 parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
                 continue
+            if hint == list[str] | None:
+                parser.add_argument(flag, nargs="+", default=f.default, help=help_text)
+                continue
             base = _base_type(hint)
             parser.add_argument(flag, type=base, default=f.default, help=help_text)
 

@@ -345,6 +345,7 @@ class Scheduler:
                 **runner.embedder.cache.stats(),
             },
             "mm_global_cache": runner.embedder.store.stats() if runner.embedder.store else None,
+            "encoder_workers": runner.embedder.remote.as_dict() if runner.embedder.remote else None,
             "perf": runner.perf.as_dict(),
             "gc": self.gc_monitor.stats() if self.gc_monitor else None,
             "weight_quantization": runner.quantization.as_dict() if runner.quantization else None,

@@ -190,7 +190,42 @@ class EngineConfig:
         },
     )
 
+    # Fleet: encoder disaggregation
+    encoder_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Serve POST /encode only: the vision tower and processor, no language model "
+            "(for --language-only workers' --encoder-urls)."
+        },
+    )
+    language_only: bool = field(
+        default=False,
+        metadata={
+            "help": "Send images that miss the caches to --encoder-urls (the local tower stays "
+            "loaded: it encodes what an encoder does not return in time)."
+        },
+    )
+    encoder_urls: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Encoder-only workers (http://host:port ...); a batch is split over them."
+        },
+    )
+    encoder_timeout: float = field(
+        default=30.0,
+        metadata={"help": "Seconds to wait for the encoder workers before encoding locally."},
+    )
+
     def __post_init__(self) -> None:
+        if self.encoder_only and (self.language_only or self.encoder_urls):
+            raise ValueError("--encoder-only excludes --language-only and --encoder-urls")
+        if self.language_only != bool(self.encoder_urls):
+            raise ValueError("--language-only and --encoder-urls go together")
+        for url in self.encoder_urls or ():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"encoder URL {url!r} must be http:// or https://")
+        if self.encoder_timeout <= 0:
+            raise ValueError("encoder_timeout must be positive")
         if self.enable_mm_global_cache and self.mm_cache_mode != "per-image":
             raise ValueError("--enable-mm-global-cache shares per-image entries (mm_cache_mode)")
         if self.mm_global_cache_ttl < 0 or self.mm_global_cache_timeout <= 0:

@@ -6,6 +6,7 @@ import functools
 import logging
 import time
 from collections import Counter
+from typing import Any
 
 import torch
 import transformers
@@ -38,6 +39,7 @@ from sglang.srt.models.adapters import get_adapter, load_vlm
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.processor import ImagePreprocessor
+from sglang.srt.multimodal.remote_encoder import RemoteEncoders
 from sglang.srt.multimodal.video_preprocess import VideoSettings
 
 logger = logging.getLogger(__name__)
@@ -92,7 +94,7 @@ class ModelRunner:
         self._head_rows = 0  # rows the LM head scored in the current forward
         self.lm_packed_copy_bytes = 0
         with host_memory.heap_returned_while_loading():
-            self.model = self._load(model_path)
+            self.model = load_model(model_path, self.config, self.dtype, args, self.perf)
             self.adapter = get_adapter(self.model, self.config)
             self.quantization = apply_torchao_config(
                 self.adapter.language_model, args.torchao_config
@@ -110,14 +112,7 @@ class ModelRunner:
         if self.device == "cpu" and self.dtype == torch.bfloat16:
             head = self.model.get_output_embeddings()
             lm_packed = self._route_lm_linears(head)
-            in_lm = {id(m) for m in self.adapter.language_model.modules()} | {id(head)}
-            encoder = [m for m in self.model.modules() if id(m) not in in_lm]
-            logger.info("encoder linears with packed weights: %d", packed_linear.install(encoder))
-            logger.info(
-                "encoder QuickGELUs on the native kernel: %d", native_activation.install(encoder)
-            )
-            gated = native_activation.install_gated_silu(self.model.modules())
-            logger.info("SiLU-gated MLPs on the native kernel: %d", gated)
+            install_encoder_kernels(self.model, self.adapter.language_model)
             if lm_packed and self.quantization is None:
                 copied = copy_out_of_checkpoint(self.model)  # what packing left on the mapping
                 logger.info("%.1f MiB not packed copied off the checkpoint", copied / 2**20)
@@ -142,6 +137,8 @@ class ModelRunner:
         preprocessor = ImagePreprocessor(
             self.hf_processor, self.adapter, VideoSettings.from_model_dir(model_path)
         )
+        shares = args.enable_mm_global_cache or args.encoder_urls
+        fingerprint = self._fingerprint(preprocessor) if shares else ""
         self.embedder = MultimodalEmbedder(
             self.adapter,
             preprocessor,
@@ -151,15 +148,14 @@ class ModelRunner:
             args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
             args.mm_cache_mode,
             video_groups=args.mm_video_cache == "per-group",
-            store=self._open_embedding_store(preprocessor),
+            store=self._open_embedding_store(fingerprint),
+            remote=self._remote_encoders(fingerprint),
         )
 
-    def _open_embedding_store(self, preprocessor: ImagePreprocessor) -> EmbeddingStore | None:
-        """The fleet's shared embedding store, keyed by this model's fingerprint."""
-        if not (self.args.enable_mm_global_cache and self.is_multimodal):
-            return None
+    def _fingerprint(self, preprocessor: ImagePreprocessor) -> str:
+        """What embeddings shared with other workers must agree on (``mm_fingerprint``)."""
         tower = "int8" if self.quantization and self.quantization.vision_layers else "none"
-        fingerprint = embedding_fingerprint(
+        return embedding_fingerprint(
             self.model_path,
             preprocessor.settings_hash,
             preprocessor.video_settings,
@@ -168,18 +164,27 @@ class ModelRunner:
             tower,
             self.args.mm_global_cache_namespace,
         )
-        store = open_embedding_store(
-            self.args.mm_global_cache_url,
+
+    def _open_embedding_store(self, fingerprint: str) -> EmbeddingStore | None:
+        """The fleet's shared embedding store, keyed by this model's fingerprint."""
+        if not (self.args.enable_mm_global_cache and self.is_multimodal):
+            return None
+        url = self.args.mm_global_cache_url
+        logger.info("shared embedding store %s, fingerprint %s", url, fingerprint)
+        return open_embedding_store(
+            url,
             fingerprint,
             self.args.mm_global_cache_ttl or None,
             self.args.mm_global_cache_timeout,
         )
-        logger.info(
-            "shared embedding store %s, fingerprint %s",
-            self.args.mm_global_cache_url,
-            fingerprint,
-        )
-        return store
+
+    def _remote_encoders(self, fingerprint: str) -> RemoteEncoders | None:
+        if not (self.args.encoder_urls and self.is_multimodal):
+            return None
+        urls = self.args.encoder_urls
+        logger.info("encoder workers %s, fingerprint %s", urls, fingerprint)
+        api_key = getattr(self.args, "api_key", None)  # a fleet shares the server's key
+        return RemoteEncoders(urls, fingerprint, self.args.encoder_timeout, api_key)
 
     def _route_lm_linears(self, head: torch.nn.Module) -> int:
         """One layout per bfloat16 linear of the language model and its head: the native
@@ -237,30 +242,6 @@ class ModelRunner:
         embed_bytes = host_memory.module_bytes(embed) if id(embed.weight) in in_lm else 0
         lm_bytes = host_memory.module_bytes(language_model) - embed_bytes
         self.lm_weight_bytes = lm_bytes + host_memory.module_bytes(head)
-
-    def _load(self, model_path: str) -> torch.nn.Module:
-        if self.is_multimodal:
-            load = functools.partial(load_vlm, config=self.config)
-            attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "": "sdpa"}
-        else:
-            load = transformers.AutoModelForCausalLM.from_pretrained
-            attn = ATTENTION_NAME
-        transformers.utils.logging.disable_progress_bar()
-        kwargs = {"dtype": self.dtype, "trust_remote_code": self.args.trust_remote_code}
-        try:
-            model = load(model_path, attn_implementation=attn, **kwargs)
-        except ValueError as exc:
-            if not self.is_multimodal or "scaled_dot_product_attention" not in str(exc):
-                raise
-            # A vision tower without SDPA (GOT-OCR 2's SAM encoder) runs its eager attention.
-            attn = {**attn, "vision_config": "eager", "": "eager"}
-            model = load(model_path, attn_implementation=attn, **kwargs)
-        model = model.to(self.device).eval()
-        if self.is_multimodal and fast_vision.install(model, self.config, self.perf):
-            instrument_vision(model.model.visual, self.perf)
-            if self.args.enable_torch_compile:
-                fast_vision.compile_tower(model)
-        return model
 
     def _init_memory(self) -> None:
         layout = self._kv_layout()
@@ -427,3 +408,50 @@ class ModelRunner:
             top if req.top_logprobs_num else None,
             by_id if req.token_ids_logprob else None,
         )
+
+
+def load_model(
+    model_path: str,
+    config: Any,
+    dtype: torch.dtype,
+    args: EngineConfig,
+    perf: PerfCounters,
+    **kwargs: Any,
+) -> torch.nn.Module:
+    """The HF model on ``args``' device, its language model on the engine's attention and its
+    vision tower on SDPA (and the fast vision paths); ``kwargs`` go to ``from_pretrained``."""
+    multimodal = hasattr(config, "vision_config")
+    if multimodal:
+        load = functools.partial(load_vlm, config=config)
+        attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "": "sdpa"}
+    else:
+        load = transformers.AutoModelForCausalLM.from_pretrained
+        attn = ATTENTION_NAME
+    transformers.utils.logging.disable_progress_bar()
+    kwargs = {"dtype": dtype, "trust_remote_code": args.trust_remote_code, **kwargs}
+    try:
+        model = load(model_path, attn_implementation=attn, **kwargs)
+    except ValueError as exc:
+        if not multimodal or "scaled_dot_product_attention" not in str(exc):
+            raise
+        # A vision tower without SDPA (GOT-OCR 2's SAM encoder) runs its eager attention.
+        attn = {**attn, "vision_config": "eager", "": "eager"}
+        model = load(model_path, attn_implementation=attn, **kwargs)
+    model = model.to(args.resolved_device).eval()
+    if multimodal and fast_vision.install(model, config, perf):
+        instrument_vision(model.model.visual, perf)
+        if args.enable_torch_compile:
+            fast_vision.compile_tower(model)
+    return model
+
+
+def install_encoder_kernels(model: torch.nn.Module, language_model: torch.nn.Module) -> None:
+    """bfloat16 on a CPU: the vision tower's and projector's linears on packed weights, their
+    QuickGELUs and every SiLU-gated MLP on the native kernels."""
+    head = model.get_output_embeddings()
+    in_lm = {id(m) for m in language_model.modules()} | {id(head)}
+    encoder = [m for m in model.modules() if id(m) not in in_lm]
+    logger.info("encoder linears with packed weights: %d", packed_linear.install(encoder))
+    logger.info("encoder QuickGELUs on the native kernel: %d", native_activation.install(encoder))
+    gated = native_activation.install_gated_silu(model.modules())
+    logger.info("SiLU-gated MLPs on the native kernel: %d", gated)

@@ -19,6 +19,7 @@ from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalE
 from sglang.srt.models.adapters.base import context_key
 from sglang.srt.multimodal.frame_groups import frame_groups
 from sglang.srt.multimodal.image_io import content_hash
+from sglang.srt.multimodal.remote_encoder import RemoteEncoders
 
 if TYPE_CHECKING:
     from sglang.srt.core.mm_item import MultimodalItem
@@ -88,6 +89,7 @@ class MultimodalEmbedder:
         mode: str = "per-image",
         video_groups: bool = True,
         store: EmbeddingStore | None = None,
+        remote: RemoteEncoders | None = None,
     ) -> None:
         self.adapter = adapter
         self.preprocess = preprocess
@@ -98,6 +100,7 @@ class MultimodalEmbedder:
         self.mode = mode
         self.video_groups = video_groups  # False: a video is one item (one cache entry)
         self.store = store  # the fleet's shared entries, behind the local cache (per-image mode)
+        self.remote = remote  # encoder-only workers, tried before the local tower
         self.stats = EncoderStats()
 
     def embed(
@@ -264,14 +267,15 @@ class MultimodalEmbedder:
             req.pins[key] = end
 
     def _encode(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
-        """Encode ``items`` in sub-batches of at most ``encoder_token_budget`` tokens and of
-        one item context each: the contexts of a call are concatenated like its features, which
+        """Encode ``items``: on the encoder-only workers if any, and what they do not return
+        here, in sub-batches of at most ``encoder_token_budget`` tokens and of one item
+        context each: the contexts of a call are concatenated like its features, which
         reads right only for equal ones (LLaVA-OneVision's ``batch_num_images`` counts images
         per prompt)."""
-        results: dict[int, CachedEmbedding] = {}
+        results = self.remote.encode(items, self.dtype) if self.remote and items else {}
         batch: list[MultimodalItem] = []
         tokens = 0
-        for item in sorted(items, key=_encode_key):
+        for item in sorted((it for it in items if it.hash not in results), key=_encode_key):
             full = tokens + item.num_tokens > self.encoder_token_budget
             if batch and (full or _encode_key(item) != _encode_key(batch[0])):
                 results.update(self._encode_batch(batch))

@@ -281,6 +281,12 @@ class MultimodalProcessor:
             texts.append(self.adapter.video_replacement(self.hf_processor, layout, settings))
         return items, texts
 
+    def image_item(self, img: LoadedImage) -> MultimodalItem:
+        """The item of ``img`` alone in a prompt, holding its embedding rows from 0."""
+        item, replacement = self._item(img, {})
+        item.spans = [(0, self._image_tokens(replacement))]
+        return item
+
     def _item(self, img: LoadedImage, context: Layout) -> tuple[MultimodalItem, str]:
         """The item of one image in its prompt ``context`` and its placeholder text;
         preprocesses eagerly only when neither the family's size rule nor an earlier image of

@@ -222,11 +222,15 @@ def get_adapter(model: nn.Module | None, config: Any) -> ModelAdapter:
         raise UnsupportedModelError(message) from None
 
 
-def load_vlm(model_path: str, config: Any, **kwargs: Any) -> nn.Module:
+def load_vlm(model_path: str, config: Any, load_config: Any = None, **kwargs: Any) -> nn.Module:
     """The image-text-to-text model at ``model_path`` (``from_pretrained`` keyword arguments
     passed on): AutoModelForImageTextToText's class, or the inner model of the class the
-    family's checkpoints are stored for (``checkpoint_class``)."""
+    family's checkpoints are stored for (``checkpoint_class``). ``load_config``: a config to
+    build the model from instead of the folder's (same family)."""
     import transformers
+
+    if load_config is not None:
+        kwargs["config"] = load_config
 
     wrapper = getattr(FAMILY_ADAPTERS.get(config.model_type), "checkpoint_class", None)
     if wrapper is None:
