@@ -185,6 +185,61 @@ def _served_name(client: httpx.Client, base: str, default: str) -> str:
 
 
 @contextlib.contextmanager
+def launch_router(
+    worker_urls: list[str], *flags: str, timeout: float = 60
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """sglang-router over ``worker_urls`` on loopback; yield (URL, process) once it lists every
+    worker as healthy. Its defaults would bind 0.0.0.0:30000 and a Prometheus exporter on
+    0.0.0.0:29000."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        *("-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)),
+        *("--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())),
+        *("--worker-urls", *worker_urls, "--log-level", "warn"),
+        *("--shutdown-grace-period-secs", "1", *flags),
+    ]
+    log = tempfile.NamedTemporaryFile("w+", prefix="sglang-router-", suffix=".log")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while not _router_lists(url, set(worker_urls)):
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"the router exited:\n{log.read()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the router did not register {worker_urls}")
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        _stop_child(proc)
+        log.close()
+
+
+def healthy_workers(router: str) -> set[str]:
+    workers = httpx.get(f"{router}/workers", timeout=10).json()["workers"]
+    return {w["url"] for w in workers if w["is_healthy"]}
+
+
+def _router_lists(router: str, urls: set[str]) -> bool:
+    try:
+        return healthy_workers(router) == urls
+    except httpx.HTTPError:
+        return False
+
+
+def _stop_child(proc: subprocess.Popen, timeout: float = 15) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
 def connect(base_url: str, label: str = "external") -> Iterator[Server]:
     """A server that is already running at ``base_url``."""
     base = base_url.rstrip("/")

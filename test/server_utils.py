@@ -16,6 +16,9 @@ from typing import Any
 
 import httpx
 
+from benchmark.servers import healthy_workers  # noqa: F401 (the router tests' helper)
+from benchmark.servers import launch_router as _launch_router
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -108,49 +111,6 @@ def redis_server(*flags: str, timeout: float = 20) -> Iterator[tuple[str, subpro
         stop_process(proc, timeout=10)
 
 
-# The router ---------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def launch_router(worker_urls: list[str], *flags: str, timeout: float = 60) -> Iterator[str]:
-    """Yield the router's URL once it lists every worker as healthy. Loopback only: its defaults
-    bind 0.0.0.0:30000 and a Prometheus exporter on 0.0.0.0:29000."""
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--prometheus-host",
-        "127.0.0.1",
-        "--prometheus-port",
-        str(free_port()),
-        "--worker-urls",
-        *worker_urls,
-        "--log-level",
-        "warn",
-        "--shutdown-grace-period-secs",
-        "1",
-        *flags,
-    ]
-    log = tempfile.NamedTemporaryFile("w+", prefix="sglang-router-", suffix=".log")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(
-            lambda: healthy_workers(url) == set(worker_urls),
-            timeout,
-            f"router did not register {worker_urls}",
-            proc=proc,
-            log=log,
-        )
-        yield url
-    finally:
-        stop_process(proc, timeout=15)
-        log.close()
-
-
 def wait_until(
     cond: Callable[[], Any],
     timeout: float,
@@ -173,6 +133,8 @@ def wait_until(
     raise TimeoutError(what)
 
 
-def healthy_workers(router: str) -> set[str]:
-    workers = httpx.get(f"{router}/workers", timeout=10).json()["workers"]
-    return {w["url"] for w in workers if w["is_healthy"]}
+@contextlib.contextmanager
+def launch_router(worker_urls: list[str], *flags: str, timeout: float = 60) -> Iterator[str]:
+    """The router's URL once it lists every worker as healthy (``benchmark.servers``)."""
+    with _launch_router(worker_urls, *flags, timeout=timeout) as (url, _):
+        yield url

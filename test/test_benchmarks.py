@@ -399,3 +399,17 @@ def test_decode_step_smoke(tmp_path: Path) -> None:
         assert min(r["packed_ms"], r["plain_ms"], r["torch_ms"]) > 0
     assert data["rows"][0]["packed_x_batch1"] == 1
     assert data["wall_s"] > 0 and out.with_suffix(".png").stat().st_size > 0
+
+
+def test_fleet_smoke(tiny_model: str, tmp_path: Path) -> None:
+    """Two round-robin workers sharing a store: one encode per round across the fleet."""
+    from benchmark.fleet import main
+
+    out = tmp_path / "fleet"
+    main(["--model-path", tiny_model, "--layouts", "store", "--rounds", "3", "--resolution",
+          "64x48", "--max-tokens", "4", "--dtype", "float32", "--out", str(out)])  # fmt: skip
+    (run,) = _load(out)["runs"]
+    assert [r["encoded"] for r in run["rounds"]] == [1, 1, 1] and run["encoded_total"] == 3
+    store = run["store"]
+    assert store["saved"] == 3 and store["hits"] > 0 and store["ms_per_lookup"] > 0
+    assert out.with_suffix(".png").stat().st_size > 0

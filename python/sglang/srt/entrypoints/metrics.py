@@ -64,6 +64,8 @@ class Metrics:
             "mm_global_cache_rejected": "Shared-store entries rejected on arrival",
             "mm_global_cache_errors": "Shared-store operations that failed",
             "mm_global_cache_available": "1 while the shared store answers (0 without one)",
+            "mm_remote_items": "Embeddings received from encoder workers",
+            "mm_remote_failures": "Calls to encoder workers that failed or timed out",
         }
         self.gauges = {k: Gauge(f"sglang:{k}", doc, registry=r) for k, doc in gauges.items()}
         self._prompt_total = 0
@@ -91,6 +93,7 @@ class Metrics:
     def render(self, info: dict) -> tuple[bytes, str]:
         mm = info.get("mm_embedding_cache", {})
         store = info.get("mm_global_cache") or {}
+        remote = info.get("encoder_workers") or {}
         values = {
             "num_running_reqs": info.get("num_running_reqs", 0),
             "num_queue_reqs": info.get("num_queue_reqs", 0),
@@ -107,6 +110,8 @@ class Metrics:
             "mm_preprocess_skipped": mm.get("preprocess_skipped", 0),
             **{f"mm_global_cache_{k}": store.get(k, 0) for k in STORE_COUNTERS},
             "mm_global_cache_available": int(bool(store.get("available", False))),
+            "mm_remote_items": remote.get("remote_items", 0),
+            "mm_remote_failures": remote.get("remote_failures", 0),
         }
         for name, value in values.items():
             self.gauges[name].set(value)

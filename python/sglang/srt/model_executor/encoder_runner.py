@@ -17,6 +17,7 @@ from transformers import AutoConfig
 
 from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.core.perf_counters import PerfCounters
+from sglang.srt.mem_cache.embedding_store import open_embedding_store
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
@@ -88,14 +89,6 @@ class EncoderRunner:
             model_path, self.config, hf_processor=load_hf_processor(model_path)
         )
         preprocessor = self.processor.preprocessor
-        self.embedder = MultimodalEmbedder(
-            self.adapter,
-            preprocessor,
-            MultimodalEmbeddingCache(args.mm_cache_bytes),
-            self.device,
-            self.dtype,
-            args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
-        )
         tower = "int8" if self.quantization and self.quantization.vision_layers else "none"
         self.fingerprint = embedding_fingerprint(
             model_path,
@@ -105,6 +98,23 @@ class EncoderRunner:
             self.dtype,
             tower,
             args.mm_global_cache_namespace,
+        )
+        store = None
+        if args.enable_mm_global_cache:  # shared by encoders; keyed by pixels (remote_encoder)
+            store = open_embedding_store(
+                args.mm_global_cache_url,
+                self.fingerprint,
+                args.mm_global_cache_ttl or None,
+                args.mm_global_cache_timeout,
+            )
+        self.embedder = MultimodalEmbedder(
+            self.adapter,
+            preprocessor,
+            MultimodalEmbeddingCache(args.mm_cache_bytes),
+            self.device,
+            self.dtype,
+            args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
+            store=store,
         )
         self.weights_bytes = module_bytes(self.model)
         self.language_model_bytes = module_bytes(self.adapter.language_model)
@@ -116,20 +126,11 @@ class EncoderRunner:
         )
 
     def encode(self, items: list[MultimodalItem]) -> dict[int, CachedEmbedding]:
-        """Each item's embedding: from the cache, else encoded (and cached)."""
-        cache = self.embedder.cache
-        found = {}
-        misses = {}
-        for item in items:
-            entry = cache.get(item.hash, item.num_tokens)
-            if entry is None:
-                misses[item.hash] = item
-            else:
-                found[item.hash] = entry
-        encoded = self.embedder._encode(list(misses.values()))
-        for key, entry in encoded.items():
-            cache.put(key, entry)
-        return {**found, **encoded}
+        """Each item's embedding: from the cache or the shared store, else encoded (and kept
+        in both)."""
+        unique = list({item.hash: item for item in items}.values())
+        found, shared, encoded = self.embedder.resolve(unique)
+        return {**found, **shared, **encoded}
 
     def probe(self) -> None:
         """Encode a small grey image end to end (a health check; cached after the first)."""
@@ -153,4 +154,5 @@ class EncoderRunner:
                 "language_model_weights_bytes": self.language_model_bytes,
             },
             "weight_quantization": self.quantization.as_dict() if self.quantization else None,
+            "mm_global_cache": self.embedder.store.stats() if self.embedder.store else None,
         }

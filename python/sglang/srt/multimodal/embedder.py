@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+Entries = dict[int, CachedEmbedding]
+
 
 @dataclass
 class EncoderStats:
@@ -186,23 +188,11 @@ class MultimodalEmbedder:
         self, needed: list[tuple[int, Req, MultimodalItem, int, int]]
     ) -> dict[int, CachedEmbedding]:
         """One cache entry per image; with mode "off" nothing is cached or looked up."""
-        found: dict[int, CachedEmbedding] = {}
-        misses: dict[int, MultimodalItem] = {}
+        unique: dict[int, MultimodalItem] = {}
         for _, _, item, _, _ in needed:
-            if item.hash in found or item.hash in misses:
-                continue
-            entry = self.cache.get(item.hash, item.num_tokens) if self.mode != "off" else None
-            if entry is None:
-                misses[item.hash] = item
-            else:
-                found[item.hash] = entry
-        shared = self._load_shared(misses)
-        encoded = self._encode(list(misses.values()))
-        if self.store is not None:
-            self.store.save(encoded)
+            unique.setdefault(item.hash, item)
+        found, shared, encoded = self.resolve(list(unique.values()))
         if self.mode != "off":
-            for key, entry in {**shared, **encoded}.items():
-                self.cache.put(key, entry)
             for _, req, item, _, hi in needed:
                 self._pin_until(req, item.hash, item.end, hi)
         for _, req, item, _, _ in needed:
@@ -215,6 +205,27 @@ class MultimodalEmbedder:
             )
             req.mm_sources.setdefault(item.hash, source)
         return {**found, **shared, **encoded}
+
+    def resolve(self, items: list[MultimodalItem]) -> tuple[Entries, Entries, Entries]:
+        """The embeddings of ``items`` (distinct keys) as (found in the local cache, loaded from
+        the shared store, encoded). What was loaded or encoded enters the local cache (unless
+        the mode is "off"); what was encoded enters the store."""
+        found: Entries = {}
+        misses: dict[int, MultimodalItem] = {}
+        for item in items:
+            entry = self.cache.get(item.hash, item.num_tokens) if self.mode != "off" else None
+            if entry is None:
+                misses[item.hash] = item
+            else:
+                found[item.hash] = entry
+        shared = self._load_shared(misses)
+        encoded = self._encode(list(misses.values()))
+        if self.store is not None:
+            self.store.save(encoded)
+        if self.mode != "off":
+            for key, entry in {**shared, **encoded}.items():
+                self.cache.put(key, entry)
+        return found, shared, encoded
 
     def _load_shared(self, misses: dict[int, MultimodalItem]) -> dict[int, CachedEmbedding]:
         """Take the local misses the shared store holds out of ``misses``; return them."""

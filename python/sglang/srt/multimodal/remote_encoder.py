@@ -165,19 +165,28 @@ class RemoteEncoderStats:
     remote_seconds: float = 0.0
     remote_failures: int = 0  # calls that failed or timed out: their items encoded locally
     remote_rejected: int = 0  # entries that failed the checks on arrival
+    remote_skipped: int = 0  # batches encoded locally while every encoder was marked down
 
 
 class RemoteEncoders:
     """Sends items to encoder-only workers, splitting each batch across them (in turn, by token
     count) and waiting at most ``timeout_s`` for every part; what does not arrive in time or
-    fails its checks is left to the caller to encode locally."""
+    fails its checks is left to the caller to encode locally. An encoder whose call failed is
+    not tried again for ``retry_after_s``."""
 
     def __init__(
-        self, urls: list[str], fingerprint: str, timeout_s: float, api_key: str | None = None
+        self,
+        urls: list[str],
+        fingerprint: str,
+        timeout_s: float,
+        api_key: str | None = None,
+        retry_after_s: float = 10.0,
     ) -> None:
         self.urls = [u.rstrip("/") for u in urls]
         self.fingerprint = fingerprint
         self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+        self._down_until = dict.fromkeys(self.urls, 0.0)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(timeout=timeout_s, headers=headers, trust_env=False)
         self.pool = ThreadPoolExecutor(len(self.urls), thread_name_prefix="encoder-client")
@@ -188,9 +197,15 @@ class RemoteEncoders:
         """The embeddings of ``items`` that came back valid within the timeout."""
         if not items:
             return {}
+        now = time.monotonic()
+        live = [url for url in self.urls if self._down_until[url] <= now]
+        if not live:
+            self.stats.remote_skipped += 1
+            return {}
         start = time.perf_counter()
         futures = [
-            (self.pool.submit(self._call, url, part), url, part) for url, part in self._split(items)
+            (self.pool.submit(self._call, url, part), url, part)
+            for url, part in self._split(items, live)
         ]
         done, _ = wait([f for f, _, _ in futures], timeout=self.timeout_s)
         found: dict[int, CachedEmbedding] = {}
@@ -198,8 +213,13 @@ class RemoteEncoders:
             if future not in done or future.exception() is not None:
                 reason = "timed out" if future not in done else repr(future.exception())
                 self.stats.remote_failures += 1
+                self._down_until[url] = time.monotonic() + self.retry_after_s
                 logger.warning(
-                    "encoder %s %s for %d items: encoding them locally", url, reason, len(part)
+                    "encoder %s %s for %d items: encoding them locally; next try in %.0f s",
+                    url,
+                    reason,
+                    len(part),
+                    self.retry_after_s,
                 )
                 continue
             found.update(self._check(part, future.result(), dtype, url))
@@ -208,19 +228,21 @@ class RemoteEncoders:
         self.stats.remote_seconds += time.perf_counter() - start
         return found
 
-    def _split(self, items: list[MultimodalItem]) -> list[tuple[str, list[MultimodalItem]]]:
-        """Items spread over the encoders, the largest first to the least loaded one; the
-        encoder that starts the round moves on each call."""
-        n = len(self.urls)
+    def _split(
+        self, items: list[MultimodalItem], urls: list[str]
+    ) -> list[tuple[str, list[MultimodalItem]]]:
+        """Items spread over ``urls``, the largest first to the least loaded one; the encoder
+        that starts the round moves on each call."""
+        n = len(urls)
         loads = [0] * n
         parts: list[list[MultimodalItem]] = [[] for _ in range(n)]
         order = [(self._next + i) % n for i in range(n)]
-        self._next = (self._next + 1) % n
+        self._next += 1
         for item in sorted(items, key=lambda it: -it.num_tokens):
             target = min(order, key=lambda i: loads[i])
             parts[target].append(item)
             loads[target] += item.num_tokens
-        return [(self.urls[i], parts[i]) for i in order if parts[i]]
+        return [(urls[i], parts[i]) for i in order if parts[i]]
 
     def _call(self, url: str, part: list[MultimodalItem]) -> bytes:
         body = {"fingerprint": self.fingerprint, "items": [item_to_json(it) for it in part]}
