@@ -240,3 +240,54 @@ def test_two_encoders_share_a_request_and_encode_video_frame_groups(encoder) -> 
     assert all(a > b for a, b in zip(after, before)), (before, after)  # both took a share
     groups = sum(after) - sum(before) - len(requests["images"])
     assert groups >= 2 and stats["remote_failures"] == 0  # the video went as frame groups
+
+
+def test_encoder_sheds_load_past_its_queue_and_answers_health_while_busy(monkeypatch) -> None:
+    """The app over a runner whose encode blocks: health answers at once, requests past the
+    queue bound get 503 (their senders encode locally), the queued one completes."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from sglang.srt.entrypoints import encode_server
+    from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
+    from sglang.srt.server_args import ServerArgs
+
+    release = threading.Event()
+
+    def encode(items):
+        release.wait(30)
+        return {it.hash: CachedEmbedding(torch.zeros(it.num_tokens, 4)) for it in items}
+
+    runner = SimpleNamespace(fingerprint="f" * 32, encode=encode)
+    monkeypatch.setattr(encode_server, "MAX_WAITING_REQUESTS", 1)
+    app = encode_server.create_encoder_app(runner, ServerArgs())
+    pixels = {"shape": [8, 8, 3], "data": base64.b64encode(bytes(192)).decode()}
+    body = {"fingerprint": "f" * 32, "items": [{"key": "01" * 8, "modality": "image",
+                                                 "num_tokens": 3, "pixels": pixels}]}  # fmt: skip
+
+    async def scenario() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://encoder") as client:
+            first = asyncio.create_task(client.post("/encode", json=body))
+            await asyncio.sleep(0.2)
+            health = await client.get("/health")
+            second = await client.post("/encode", json=body)
+            release.set()
+            return [health.status_code, second.status_code, (await first).status_code]
+
+    assert asyncio.run(scenario()) == [200, 503, 200]
+
+
+def test_a_served_chat_outlives_its_store(alone) -> None:
+    replies_alone, _ = alone
+    with redis_server() as (store, proc):
+        flags = (*WORKER_FLAGS, "--enable-mm-global-cache", "--mm-global-cache-url", store)
+        with launch_server(model_dir(FAMILY), *flags) as (url, _):
+            first, _ = _play_chat(url, turns=2)
+            proc.kill()
+            proc.wait()
+            replies, _ = _play_chat(url, turns=4)  # the first two turns again, then two new
+            stats = _info(url)["mm_global_cache"]
+    assert first == replies_alone[:2] and replies == replies_alone[:4]
+    assert stats["saved"] == 2 and stats["errors"] >= 1 and not stats["available"]

@@ -32,6 +32,7 @@ from sglang.srt.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 MAX_ITEMS_PER_REQUEST = 256
+MAX_WAITING_REQUESTS = 64  # past this, /encode answers 503 and senders encode locally
 OPEN_PATHS = {"/health", "/health_generate"}
 
 
@@ -57,6 +58,8 @@ class EncodeHandler:
     def __init__(self, runner: EncoderRunner, worker: ThreadPoolExecutor) -> None:
         self.runner = runner
         self.worker = worker
+        self.waiting = 0  # /encode requests waiting for their turn or encoding
+        self.turn = asyncio.Lock()  # one encode at a time: the tower takes every core
 
     async def encode(self, request: Request) -> Response:
         try:
@@ -73,13 +76,20 @@ class EncodeHandler:
                 "this encoder serves another checkpoint, processor, dtype or tower "
                 f"quantization (fingerprint {self.runner.fingerprint}, asked {fingerprint})",
             )
-        loop = asyncio.get_running_loop()
+        if self.waiting >= MAX_WAITING_REQUESTS:
+            return error_response(503, f"{self.waiting} /encode requests are waiting")
+        self.waiting += 1
         try:
-            entries = await loop.run_in_executor(
-                self.worker, self.runner.encode, [r.item for r in received]
-            )
+            async with self.turn:
+                if await request.is_disconnected():  # the sender gave up while it waited
+                    return error_response(499, "the client went away before its turn")
+                entries = await asyncio.get_running_loop().run_in_executor(
+                    self.worker, self.runner.encode, [r.item for r in received]
+                )
         except (ValueError, RuntimeError) as e:  # the item does not match its token count
             return error_response(400, f"cannot encode: {e}")
+        finally:
+            self.waiting -= 1
         reply = reply_entries(received, entries, self.runner.fingerprint)
         return Response(reply, media_type="application/octet-stream")
 
