@@ -213,7 +213,7 @@ def launch_router(
             time.sleep(0.2)
         yield url, proc
     finally:
-        _stop_child(proc)
+        stop_process(proc)
         log.close()
 
 
@@ -229,14 +229,16 @@ def _router_lists(router: str, urls: set[str]) -> bool:
         return False
 
 
-def _stop_child(proc: subprocess.Popen, timeout: float = 15) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """SIGTERM, then SIGKILL if it is still running after ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +15,10 @@ from typing import Any
 
 import httpx
 
-from benchmark.servers import healthy_workers  # noqa: F401 (the router tests' helper)
+from benchmark.servers import (
+    healthy_workers,  # noqa: F401 (the router tests' helper)
+    stop_process,
+)
 from benchmark.servers import launch_router as _launch_router
 
 
@@ -75,18 +77,6 @@ def server_process(
     finally:
         stop_process(proc, timeout=20)
         log.close()
-
-
-def stop_process(proc: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM, then SIGKILL if it is still running after ``timeout`` seconds."""
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @contextlib.contextmanager

@@ -16,8 +16,7 @@ from conftest import model_dir
 from safetensors import safe_open
 
 import sglang
-from sglang.srt.model_executor import host_memory, memory
-from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor import host_memory, memory, model_runner
 from sglang.srt.server_args import ServerArgs
 
 FAMILY = "qwen2_5_vl"
@@ -108,7 +107,7 @@ def test_refused_before_loading_with_settings_that_fit(monkeypatch: pytest.Monke
     def no_load(*_args, **_kwargs):
         raise AssertionError("weights must not load when the model cannot fit")
 
-    monkeypatch.setattr(ModelRunner, "_load", no_load)
+    monkeypatch.setattr(model_runner, "load_model", no_load)
     with pytest.raises(memory.InsufficientMemoryError) as err:
         sglang.Engine(model_path=model_dir(FAMILY), dtype="float32", device="cpu")
     message = str(err.value)

@@ -17,12 +17,11 @@ from transformers import AutoConfig
 
 from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.core.perf_counters import PerfCounters
-from sglang.srt.mem_cache.embedding_store import open_embedding_store
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.host_memory import module_bytes
-from sglang.srt.model_executor.mm_fingerprint import embedding_fingerprint
+from sglang.srt.model_executor.mm_fingerprint import shared_store, worker_fingerprint
 from sglang.srt.model_executor.model_runner import install_encoder_kernels, load_model
 from sglang.srt.model_executor.quantization import (
     QuantizationReport,
@@ -89,24 +88,9 @@ class EncoderRunner:
             model_path, self.config, hf_processor=load_hf_processor(model_path)
         )
         preprocessor = self.processor.preprocessor
-        tower = "int8" if self.quantization and self.quantization.vision_layers else "none"
-        self.fingerprint = embedding_fingerprint(
-            model_path,
-            preprocessor.settings_hash,
-            preprocessor.video_settings,
-            args.mm_video_cache,
-            self.dtype,
-            tower,
-            args.mm_global_cache_namespace,
+        self.fingerprint = worker_fingerprint(
+            args, model_path, preprocessor, self.dtype, self.quantization
         )
-        store = None
-        if args.enable_mm_global_cache:  # shared by encoders; keyed by pixels (remote_encoder)
-            store = open_embedding_store(
-                args.mm_global_cache_url,
-                self.fingerprint,
-                args.mm_global_cache_ttl or None,
-                args.mm_global_cache_timeout,
-            )
         self.embedder = MultimodalEmbedder(
             self.adapter,
             preprocessor,
@@ -114,7 +98,7 @@ class EncoderRunner:
             self.device,
             self.dtype,
             args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
-            store=store,
+            store=shared_store(args, self.fingerprint),  # keyed by pixels (remote_encoder)
         )
         self.weights_bytes = module_bytes(self.model)
         self.language_model_bytes = module_bytes(self.adapter.language_model)

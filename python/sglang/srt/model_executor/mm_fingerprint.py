@@ -14,10 +14,20 @@ import dataclasses
 import glob
 import hashlib
 import json
+import logging
 import os
 import struct
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from sglang.srt.mem_cache.embedding_store import EmbeddingStore, open_embedding_store
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.engine_config import EngineConfig
+    from sglang.srt.model_executor.quantization import QuantizationReport
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = b"mm-fingerprint-1"
 SAMPLE_BYTES = 1 << 16
@@ -78,3 +88,34 @@ def embedding_fingerprint(
     ):
         h.update(struct.pack("<Q", len(part)) + part)
     return h.hexdigest()
+
+
+def worker_fingerprint(
+    args: EngineConfig,
+    model_path: str,
+    preprocessor: Any,
+    dtype: torch.dtype,
+    quantization: QuantizationReport | None,
+) -> str:
+    """The fingerprint of a worker (language or encoder-only) built from ``args``."""
+    tower = "int8" if quantization and quantization.vision_layers else "none"
+    return embedding_fingerprint(
+        model_path,
+        preprocessor.settings_hash,
+        preprocessor.video_settings,
+        args.mm_video_cache,
+        dtype,
+        tower,
+        args.mm_global_cache_namespace,
+    )
+
+
+def shared_store(args: EngineConfig, fingerprint: str) -> EmbeddingStore | None:
+    """The fleet's embedding store under ``fingerprint``, with ``--enable-mm-global-cache``."""
+    if not args.enable_mm_global_cache:
+        return None
+    url = args.mm_global_cache_url
+    logger.info("shared embedding store %s, fingerprint %s", url, fingerprint)
+    return open_embedding_store(
+        url, fingerprint, args.mm_global_cache_ttl or None, args.mm_global_cache_timeout
+    )

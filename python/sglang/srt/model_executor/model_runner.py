@@ -18,7 +18,6 @@ from sglang.srt.core.req import Pairs, Req, logprob_alternatives
 from sglang.srt.layers import decode_linear, native_activation, packed_linear
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.quantized_linear import QuantizedLinear
-from sglang.srt.mem_cache.embedding_store import EmbeddingStore, open_embedding_store
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
@@ -27,7 +26,7 @@ from sglang.srt.model_executor import host_memory, memory
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
-from sglang.srt.model_executor.mm_fingerprint import embedding_fingerprint
+from sglang.srt.model_executor.mm_fingerprint import shared_store, worker_fingerprint
 from sglang.srt.model_executor.quantization import (
     apply_torchao_config,
     copy_out_of_checkpoint,
@@ -138,7 +137,11 @@ class ModelRunner:
             self.hf_processor, self.adapter, VideoSettings.from_model_dir(model_path)
         )
         shares = args.enable_mm_global_cache or args.encoder_urls
-        fingerprint = self._fingerprint(preprocessor) if shares else ""
+        fingerprint = ""
+        if shares:
+            fingerprint = worker_fingerprint(
+                args, model_path, preprocessor, self.dtype, self.quantization
+            )
         self.embedder = MultimodalEmbedder(
             self.adapter,
             preprocessor,
@@ -148,34 +151,8 @@ class ModelRunner:
             args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
             args.mm_cache_mode,
             video_groups=args.mm_video_cache == "per-group",
-            store=self._open_embedding_store(fingerprint),
+            store=shared_store(args, fingerprint) if self.is_multimodal else None,
             remote=self._remote_encoders(fingerprint),
-        )
-
-    def _fingerprint(self, preprocessor: ImagePreprocessor) -> str:
-        """What embeddings shared with other workers must agree on (``mm_fingerprint``)."""
-        tower = "int8" if self.quantization and self.quantization.vision_layers else "none"
-        return embedding_fingerprint(
-            self.model_path,
-            preprocessor.settings_hash,
-            preprocessor.video_settings,
-            self.args.mm_video_cache,
-            self.dtype,
-            tower,
-            self.args.mm_global_cache_namespace,
-        )
-
-    def _open_embedding_store(self, fingerprint: str) -> EmbeddingStore | None:
-        """The fleet's shared embedding store, keyed by this model's fingerprint."""
-        if not (self.args.enable_mm_global_cache and self.is_multimodal):
-            return None
-        url = self.args.mm_global_cache_url
-        logger.info("shared embedding store %s, fingerprint %s", url, fingerprint)
-        return open_embedding_store(
-            url,
-            fingerprint,
-            self.args.mm_global_cache_ttl or None,
-            self.args.mm_global_cache_timeout,
         )
 
     def _remote_encoders(self, fingerprint: str) -> RemoteEncoders | None:
