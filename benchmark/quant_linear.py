@@ -10,6 +10,8 @@ Per width and row count it prints ms per layer, the weight bytes read per second
   every row count (CPUs without it: ``linear_bf16`` over the plain weights, torch for prompts);
 - int8 / int4-<group>: ``QuantizedLinear`` (the native ``linear_quant`` kernel: the GEMM's tile
   over the codes in its panel order, at every row count);
+- int8dq: ``QuantizedLinear`` with int8 activations (``linear_int8dq``: each row quantized as it
+  arrives, vpdpbusd over the codes, exact int32 sums);
 - torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
   (what ``--torchao-config`` ran before), for comparison in the same run.
 
@@ -47,7 +49,7 @@ SHAPES = {  # (out, in) of one decoder layer's linears
     "2b": [(1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536),
            (1536, 8960)],
 }  # fmt: skip
-WIDTHS = ("bf16", "int8", "int4-128", "torchao-int8", "torchao-int4-128")
+WIDTHS = ("bf16", "int8", "int8dq", "int4-128", "torchao-int8", "torchao-int4-128")
 
 
 def _layers(shape: str, width: str) -> list[nn.Module]:
@@ -69,11 +71,12 @@ def _layers(shape: str, width: str) -> list[nn.Module]:
         return dense
     from sglang.srt import kernels
 
-    bits, group = (8, None) if width == "int8" else (4, int(width.rsplit("-", 1)[1]))
-    kernel = kernels.load("linear_quant")
+    dynamic = width == "int8dq"
+    bits, group = (8, None) if width.startswith("int8") else (4, int(width.rsplit("-", 1)[1]))
+    kernel = kernels.load("linear_int8dq" if dynamic else "linear_quant")
     layers = []
     for layer in dense:
-        quantized = QuantizedLinear.from_linear(layer, bits, group)
+        quantized = QuantizedLinear.from_linear(layer, bits, group, dynamic)
         quantized.use_kernel(kernel)
         layers.append(quantized)
     return layers

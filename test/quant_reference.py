@@ -5,6 +5,7 @@ kernel tests and for the engine-vs-HF tolerance tests."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 
 def int4_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
@@ -61,6 +62,9 @@ def weight_int4(
 def exact_weight(layer: torch.nn.Module) -> torch.Tensor:
     """The float64 weight (out, in) a ``QuantizedLinear`` stands for, read from its layout."""
     out_features, in_features = layer.out_features, layer.in_features
+    if layer.dynamic:
+        codes = int8_quad_codes(layer.qweight, out_features, in_features)
+        return weight_int8(codes, layer.scale[:out_features])
     if layer.bits == 8:
         codes = int8_codes(layer.qweight, out_features, in_features)
         return weight_int8(codes, layer.scale[:out_features])
@@ -72,3 +76,44 @@ def exact_weight(layer: torch.nn.Module) -> torch.Tensor:
 def exact_embedding(embedding: torch.nn.Module) -> torch.Tensor:
     """The float64 table (vocab, dim) an int8 embedding stands for: row r is scale[r] q[r]."""
     return weight_int8(embedding.qweight, embedding.scale)
+
+
+def int8_quad_codes(panels: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """Codes (out, in) of int8dq's layout: panel j, quad i, column c, t holds the code of output
+    64 j + c for input 4 i + t."""
+    codes = torch.zeros(out_features, in_features, dtype=torch.int64)
+    for j in range(panels.shape[0]):
+        for c in range(64):
+            if 64 * j + c < out_features:
+                codes[64 * j + c] = panels[j, :, c, :].reshape(-1)[:in_features].long()
+    return codes
+
+
+def dynamic_int8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8dq's product in float64, from its definition: each row of x quantized symmetrically
+    to -127..127 by max |row| / 127 (in float32, as torch divides), integer sums, dequantized."""
+    xf = x.float()
+    largest = xf.abs().amax(dim=-1, keepdim=True)
+    step = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
+    p = torch.round(xf / step).clamp(-127, 127).double()
+    step = torch.where(largest > 0, step, torch.zeros_like(step)).double()
+    return (p @ codes.double().T) * step * scale.double()
+
+
+class DynamicInt8Reference(nn.Module):
+    """HF's linear replaced by int8dq's product in float64 (``dynamic_int8``), in x's dtype:
+    the reference for the engine's int8dq."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        out_features, in_features = layer.out_features, layer.in_features
+        self.codes = int8_quad_codes(layer.qweight, out_features, in_features)
+        self.scale = layer.scale[:out_features].double()
+        self.bias = None if layer.bias is None else layer.bias.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        y = dynamic_int8(flat, self.codes, self.scale)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], -1)

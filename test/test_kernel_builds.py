@@ -82,6 +82,10 @@ def test_the_expected_isa_follows_the_cpu_flags(monkeypatch) -> None:
         assert kernels.expected_isa("prefill_attention") == shared
         assert kernels.expected_isa("quick_gelu") == shared
         assert kernels.expected_isa("linear_bf16") == linear
+    vnni = avx512 | {"avx512_bf16", "avx512_vnni"}
+    for flags, want in [(vnni, "avx512_vnni"), (vnni - {"avx512_vnni"}, "portable")]:
+        monkeypatch.setattr(kernels, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert kernels.expected_isa("linear_int8dq") == want
 
 
 @needs_compiler

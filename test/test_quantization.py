@@ -22,7 +22,7 @@ from conftest import (
     placeholder,
 )
 from PIL import Image
-from quant_reference import exact_embedding, exact_weight
+from quant_reference import DynamicInt8Reference, exact_embedding, exact_weight
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -41,7 +41,7 @@ from sglang.srt.models.adapters import UnsupportedModelError, check_model
 ONE_TOKEN = {"temperature": 0, "max_new_tokens": 1}
 # Quantized bytes over bfloat16 bytes: int4 is 0.5 byte per weight plus a bf16 scale and min
 # per group; int8 is 1 byte plus a scale per row.
-MAX_BYTES_RATIO = {"int4": 0.35, "int8": 0.55}
+MAX_BYTES_RATIO = {"int4": 0.35, "int8": 0.55, "int8dq": 0.6}  # int8dq: + an int32 per row
 
 
 def _is_quantized(module: nn.Module) -> bool:
@@ -85,7 +85,10 @@ def _hf_with_the_weights_of(family: str, quantized: nn.Module, dtype: torch.dtyp
     weights (rounded to ``dtype``) and biases."""
     model = load_hf_model(transformers.AutoModelForImageTextToText, model_dir(family), dtype)
     for name, layer in quantized.named_modules():
-        if isinstance(layer, QuantizedLinear):
+        if isinstance(layer, QuantizedLinear) and layer.dynamic:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, DynamicInt8Reference(layer))
+        elif isinstance(layer, QuantizedLinear):
             linear = model.get_submodule(name)
             linear.weight.data = exact_weight(layer).to(dtype)
             if layer.bias is not None:
@@ -105,6 +108,9 @@ IMAGE_BLIND = ("deepseek_ocr2",)
 QUANTIZED_CASES = [
     *[(family, "int4wo-32", "int8") for family in ALL_VLM_FAMILIES],
     *[(family, "int8wo", "int8") for family in ALL_VLM_FAMILIES],
+    *[(family, "int8dq", "int8") for family in ALL_VLM_FAMILIES],
+    # --vision-int8dq: the tower and projector in int8dq too
+    *[(family, "int8dq+vision", "int8") for family in ("qwen2_5_vl", "llava", "gemma3", "glm4v")],
     ("llava", "int4wo-64", "int8"),
     ("gemma3", "int4wo-128", "int8"),  # tied LM head
     # --cpu-lm-head-dtype
@@ -148,6 +154,7 @@ def test_engine_matches_hf_quantized_the_same_way(
     three times, where one position decides the largest: ``ONE_POSITION_DECIDES``). A wrong
     image, an off-by-one position and (int4) the unquantized
     model each exceed the bound (against HF bfloat16 with the same weights)."""
+    config, vision_int8dq = config.removesuffix("+vision"), config.endswith("+vision")
     fp32, processor = _hf(family)
     prompt, image = _prompt(family), make_image(2, 96, 64)
     ids, ref_fp32 = _hf_logprobs(family, fp32, processor, prompt, image)
@@ -155,7 +162,7 @@ def test_engine_matches_hf_quantized_the_same_way(
     _, ref_bf16 = _hf_logprobs(family, hf, processor, prompt, image)
     report = apply_torchao_config(_hf_language_model(hf), config)  # as the engine quantizes
     quantize_head_and_embeddings(hf, _hf_language_model(hf), report, head_dtype)
-    quantize_vision_tower(hf, _hf_language_model(hf), report)
+    quantize_vision_tower(hf, _hf_language_model(hf), report, vision_int8dq)
     same_weights = _hf_with_the_weights_of(family, hf, torch.bfloat16)
     _, ref = _hf_logprobs(family, same_weights, processor, prompt, image)
     other_image = Image.new("RGB", image.size, "white")  # far from the noise image
@@ -170,6 +177,7 @@ def test_engine_matches_hf_quantized_the_same_way(
         torchao_config=config,
         chunked_prefill_size=5,
         cpu_lm_head_dtype=head_dtype,
+        vision_int8dq=vision_int8dq,
     )
     try:
         out = engine.generate(
@@ -189,14 +197,14 @@ def test_engine_matches_hf_quantized_the_same_way(
             assert gap(ref_bf16) > bound  # the engine ran the quantized model
         assert statistic(got[1:] - ref[:-1]) > bound
         tied = fp32.get_output_embeddings().weight is fp32.get_input_embeddings().weight
-        _assert_weights_quantized(engine, config, tied, head_dtype)
+        _assert_weights_quantized(engine, config, tied, head_dtype, vision_int8dq)
         engine.scheduler.check_integrity()
     finally:
         engine.shutdown()
 
 
 def _assert_weights_quantized(
-    engine: sglang.Engine, config: str, tied: bool, head_dtype: str
+    engine: sglang.Engine, config: str, tied: bool, head_dtype: str, vision_int8dq: bool = False
 ) -> None:
     runner, model = engine.runner, engine.runner.model
     assert runner.dtype == torch.bfloat16  # --dtype auto is float32 on CPU, bf16 when quantized
@@ -205,18 +213,23 @@ def _assert_weights_quantized(
     quantized = [m for m in linears if _is_quantized(m)]
     report = engine.get_server_info()["weight_quantization"]
     assert quantized and report["quantized_layers"] == len(quantized)
+    # int8dq: every one multiplies int8 activations (the kernel's own tests check its products)
+    assert all(getattr(m, "dynamic", False) == (config == "int8dq") for m in quantized)
     assert report["skipped_layers"] == len(linears) - len(quantized)  # each logged with a reason
     for layer in quantized:
         # stored in whole panels of 64 outputs and pairs of inputs
         dense = (-(-layer.in_features // 2) * 2) * (-(-layer.out_features // 64) * 64) * 2
         bias = layer.bias.numel() * 2 if layer.bias is not None else 0
-        assert weight_bytes(layer) - bias <= MAX_BYTES_RATIO[config[:4]] * dense
-    # The vision tower and projector are int8 with int4 only; the LM head and the embeddings
-    # are int8 unless they are tied, and then they still share one table.
+        ratio = MAX_BYTES_RATIO.get(config, MAX_BYTES_RATIO[config[:4]])
+        assert weight_bytes(layer) - bias <= ratio * dense
+    # The vision tower and projector are int8 with int4 only (int8dq with --vision-int8dq);
+    # the LM head and the embeddings are int8 unless they are tied, and then they still share
+    # one table.
     tower = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.bits == 8]
     tower = [m for m in tower if m is not model.get_output_embeddings() and m not in linears]
     assert report["vision_layers_int8"] == len(tower)
-    assert (len(tower) > 0) == config.startswith("int4")
+    assert (len(tower) > 0) == (config.startswith("int4") or vision_int8dq)
+    assert all(m.dynamic == vision_int8dq for m in tower)
     in_lm = {id(p) for p in language_model.parameters()}
     outside = [p for p in model.parameters() if id(p) not in in_lm]
     assert outside and not any(is_traceable_wrapper_subclass(p) for p in outside)
@@ -257,7 +270,9 @@ def test_int4_skips_layers_the_kernel_cannot_take() -> None:
     assert apply_torchao_config(model, "") is None
 
 
-@pytest.mark.parametrize("value", ["int8wo", "int4wo-32", "int4wo-64", "int4wo-128", "int4wo-256"])
+@pytest.mark.parametrize(
+    "value", ["int8wo", "int8dq", "int4wo-32", "int4wo-64", "int4wo-128", "int4wo-256"]
+)
 def test_supported_torchao_values_parse(value: str) -> None:
     args = parse_args(["--torchao-config", value, "--dtype", "bfloat16"])
     assert args.torchao_config == value and args.quantization is None
@@ -266,7 +281,7 @@ def test_supported_torchao_values_parse(value: str) -> None:
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--torchao-config", "int8dq"], "SGLang value not implemented here"),
+        (["--torchao-config", "int8dq", "--cpu-lm-head-dtype", "int4"], "needs --torchao-config"),
         (["--torchao-config", "fp8wo"], "SGLang value not implemented here"),
         (["--torchao-config", "int4wo-100"], "not a known value"),
         (["--torchao-config", "int4wo"], "not a known value"),
@@ -284,7 +299,7 @@ def test_bad_quantization_flags_are_refused(flags: list[str], message: str) -> N
     text = str(info.value)
     assert "\n" not in text
     if flags[0] == "--torchao-config" and "dtype" not in message and len(flags) == 2:
-        assert "supported: int8wo, int4wo-<group>" in text
+        assert "supported: int8wo, int8dq, int4wo-<group>" in text
 
 
 def test_prequantized_checkpoint_is_refused_before_loading(tmp_path: Path) -> None:

@@ -14,9 +14,11 @@ from conftest import examples, needs_compiler
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from quant_reference import (
+    dynamic_int8,
     exact_weight,
     int4_codes,
     int8_codes,
+    int8_quad_codes,
     per_column,
     weight_int4,
     weight_int8,
@@ -28,6 +30,7 @@ from sglang.srt.layers.quantized_linear import (
     QuantizedLinear,
     pack_int4,
     pack_int8,
+    pack_int8_quads,
     quantize_int4,
     quantize_int8,
     unpack_int4,
@@ -285,3 +288,99 @@ def test_the_layer_agrees_on_both_of_its_paths(bits: int, group: int | None) -> 
             reference = exact if kernel is not None else rounded
             magnitude = terms if kernel is not None else None
             _assert_within_rounding(got, x.reshape(-1, 256), reference, layer.bias, magnitude)
+
+
+# int8dq: activations quantized per row at run time, integer products ------------------------
+DQ_KERNEL = kernels.load("linear_int8dq")
+
+
+def _assert_dynamic_exact(got: torch.Tensor, x: torch.Tensor, layer: QuantizedLinear) -> None:
+    """``got`` is int8dq's product from its definition (``quant_reference.dynamic_int8``: the
+    integer sums are exact) up to the kernel's float32 scaling and one rounding to bfloat16."""
+    codes = int8_quad_codes(layer.qweight, layer.out_features, layer.in_features)
+    want = dynamic_int8(x, codes, layer.scale[: layer.out_features])
+    if layer.bias is not None:
+        want = want + layer.bias.double()
+    error = (got.double() - want).abs()
+    assert (error <= 2.0**-8 * want.abs() + 2.0**-22 * want.abs().amax() + 1e-30).all(), (
+        (error / (2.0**-8 * want.abs() + 1e-30)).max().item()
+    )
+
+
+def _dynamic_layer(out_features: int, in_features: int, bias: bool, seed: int) -> QuantizedLinear:
+    torch.manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    return QuantizedLinear.from_linear(linear, 8, None, dynamic=True)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    rows=st.integers(1, 120),
+    out_features=st.integers(1, 150),
+    in_features=st.integers(1, 300),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_int8dq_is_its_definition_and_the_same_bits_in_any_batch(
+    rows, out_features, in_features, bias, seed
+) -> None:
+    """Tile tails, inputs that are not whole quads, row blocks past one task: the kernel gives
+    the definition's integer sums; a row's outputs are the same bits alone or in a batch."""
+    layer = _dynamic_layer(out_features, in_features, bias, seed)
+    layer.use_kernel(DQ_KERNEL)
+    x = torch.randn(rows, in_features).bfloat16() * torch.rand(rows, 1).bfloat16() * 4
+    whole = layer(x)
+    _assert_dynamic_exact(whole, x, layer)
+    for row in {0, rows // 2, rows - 1}:
+        assert torch.equal(layer(x[row : row + 1])[0], whole[row])
+
+
+@needs_compiler
+def test_int8dq_portable_path_and_torch_fallback_agree_with_the_kernel() -> None:
+    """The plain C++ loop (CPUs without AVX512-VNNI) gives the vector path's bits; without any
+    kernel, torch's simulation is within rounding of the definition."""
+    portable = kernels.load_portable("linear_int8dq")
+    assert portable is not None and portable.isa() == "portable"
+    layer = _dynamic_layer(130, 301, True, seed=3)
+    x = torch.randn(37, 301).bfloat16()
+    x[5] = 0  # a row of zeros gives the bias alone
+    outs = []
+    for kernel in (DQ_KERNEL, portable, None):
+        layer.use_kernel(kernel)
+        outs.append(layer(x))
+        _assert_dynamic_exact(outs[-1], x, layer)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0][5], layer.bias)
+
+
+def test_int8dq_bound_sees_a_misread_layout_or_activation_rounding() -> None:
+    """The check is tight enough to fail on the quads read in the other order, on activations
+    rounded towards zero instead of to the nearest, and on weight-only int8's result."""
+    layer = _dynamic_layer(64, 256, False, seed=5)
+    layer.use_kernel(DQ_KERNEL)
+    x = torch.randn(8, 256).bfloat16()
+    got = layer(x)
+    _assert_dynamic_exact(got, x, layer)
+    swapped = QuantizedLinear(256, 64, 8, None, {
+        "qweight": layer.qweight.flip(3), "scale": layer.scale, "offset": layer.offset,
+    }, None, dynamic=True)  # fmt: skip
+    with pytest.raises(AssertionError):
+        _assert_dynamic_exact(got, x, swapped)
+    codes = int8_quad_codes(layer.qweight, 64, 256)
+    largest = x.float().abs().amax(1, keepdim=True)
+    truncated = torch.trunc(x.float() / (largest / 127)).double() @ codes.double().T
+    with pytest.raises(AssertionError):
+        want = truncated * (largest / 127).double() * layer.scale[:64].double()
+        assert ((got.double() - want).abs() <= 2.0**-8 * want.abs() + 1e-30).all()
+    weight_only = x.double() @ weight_int8(codes, layer.scale[:64]).T
+    with pytest.raises(AssertionError):
+        assert ((got.double() - weight_only).abs() <= 2.0**-8 * weight_only.abs()).all()
+
+
+def test_int8dq_packing_round_trips() -> None:
+    q, scale = quantize_int8(torch.randn(70, 13))
+    codes, offset, padded = pack_int8_quads(q, scale)
+    assert codes.shape == (2, 4, 64, 4) and codes.dtype == torch.int8
+    assert torch.equal(int8_quad_codes(codes, 70, 13), q.long())
+    assert torch.equal(offset[:70], 128 * q.long().sum(1).int()) and not offset[70:].any()
+    assert torch.equal(padded[:70], scale) and not padded[70:].any()

@@ -34,6 +34,8 @@ BF16_ONLY = {
     "gemm_bf16": ("avx512f", "avx512bw"),
     "linear_quant": ("avx512f", "avx512bw"),
 }
+# Kernels whose vector path is AVX512-VNNI's integer products (on the bfloat16 tile's helpers).
+VNNI_ONLY = {"linear_int8dq": ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni")}
 
 
 @functools.cache
@@ -76,8 +78,10 @@ def compiler() -> str | None:
 
 def expected_isa(name: str) -> str:
     """What ``isa()`` of kernel ``name`` reports when built with ``-march=native`` on this CPU:
-    "avx512_bf16", "avx512" or "portable"."""
+    "avx512_vnni", "avx512_bf16", "avx512" or "portable"."""
     flags = cpu_flags()
+    if name in VNNI_ONLY:
+        return "avx512_vnni" if all(f in flags for f in VNNI_ONLY[name]) else "portable"
     if name in BF16_ONLY:
         needs = ("avx512_bf16", *BF16_ONLY[name])
         return "avx512_bf16" if all(f in flags for f in needs) else "portable"

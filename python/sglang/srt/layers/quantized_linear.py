@@ -82,6 +82,38 @@ def unpack_int8(codes: torch.Tensor, out_features: int, in_features: int) -> tor
     return _rows(codes, out_features, in_features)
 
 
+def pack_int8_quads(
+    q: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int8dq's layout (``linear_int8dq.cpp``): codes (out, in) -> (panels, quads, 64, 4), for
+    each quad of inputs the four codes of a column side by side; 128 times each column's code
+    sum (int32, the unsigned activations' offset); scales (panels * 64). Zero past out and in."""
+    out_features, in_features = q.shape
+    panels, quads = -(-out_features // PANEL_COLS), -(-in_features // 4)
+    padded = q.new_zeros(panels * PANEL_COLS, 4 * quads)
+    padded[:out_features, :in_features] = q
+    codes = padded.reshape(panels, PANEL_COLS, quads, 4).permute(0, 2, 1, 3).contiguous()
+    offset = 128 * padded.sum(dim=1, dtype=torch.int32)
+    return codes, offset, _per_column(scale[:, None]).reshape(-1)
+
+
+def unpack_int8_quads(codes: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """``pack_int8_quads``' codes back to (out, in)."""
+    count, quads = codes.shape[:2]
+    rows = codes.permute(0, 2, 1, 3).reshape(count * PANEL_COLS, 4 * quads)
+    return rows[:out_features, :in_features]
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8dq's activations: (codes (rows, in) as float32 integers in -127..127, scale (rows)
+    float32, 0 for a row of zeros), as the kernel makes them (IEEE division, half to even)."""
+    xf = x.float()
+    largest = xf.abs().amax(dim=-1)
+    step = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
+    codes = torch.round(xf / step[..., None]).clamp_(-127, 127)
+    return codes, torch.where(largest > 0, step, torch.zeros_like(step))
+
+
 def quantize_int4(
     weight: torch.Tensor, group: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -134,7 +166,9 @@ def int4_skip_reason(in_features: int, group: int) -> str | None:
 
 
 class QuantizedLinear(nn.Module):
-    """An ``nn.Linear`` whose weight is stored int8 or int4 (see the module docstring)."""
+    """An ``nn.Linear`` whose weight is stored int8 or int4 (see the module docstring). With
+    ``dynamic`` (int8 only: SGLang's int8dq), each row of the input is quantized to int8 as it
+    arrives and the product runs in integers (``linear_int8dq.cpp``)."""
 
     def __init__(
         self,
@@ -144,19 +178,27 @@ class QuantizedLinear(nn.Module):
         group: int | None,
         tensors: dict[str, torch.Tensor],
         bias: torch.Tensor | None,
+        dynamic: bool = False,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.bits, self.group = bits, group
+        self.bits, self.group, self.dynamic = bits, group, dynamic
         self.qweight = nn.Buffer(tensors["qweight"])
         self.scale = nn.Buffer(tensors["scale"])
         self.min = nn.Buffer(tensors["min"]) if "min" in tensors else None
+        self.offset = nn.Buffer(tensors["offset"]) if "offset" in tensors else None
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self._kernel: Any = None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, bits: int, group: int | None) -> QuantizedLinear:
-        if bits == 8:
+    def from_linear(
+        cls, linear: nn.Linear, bits: int, group: int | None, dynamic: bool = False
+    ) -> QuantizedLinear:
+        if dynamic:
+            assert bits == 8, "dynamic activations are int8 x int8"
+            q, offset, scale = pack_int8_quads(*quantize_int8(linear.weight))
+            tensors = {"qweight": q, "scale": scale, "offset": offset}
+        elif bits == 8:
             q, scale = pack_int8(*quantize_int8(linear.weight))
             tensors = {"qweight": q, "scale": scale}
         else:
@@ -164,16 +206,28 @@ class QuantizedLinear(nn.Module):
             q, scale, low = pack_int4(*quantize_int4(linear.weight, group))
             tensors = {"qweight": q, "scale": scale, "min": low}
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-        return cls(linear.in_features, linear.out_features, bits, group, tensors, bias)
+        return cls(linear.in_features, linear.out_features, bits, group, tensors, bias, dynamic)
 
     def use_kernel(self, kernel: Any) -> None:
-        """The compiled ``linear_quant`` module, or None for torch's product throughout."""
+        """The compiled ``linear_quant`` (``linear_int8dq`` when dynamic) module, or None for
+        torch's product throughout."""
         self._kernel = kernel
 
     def codes(self) -> torch.Tensor:
         """The codes (out, in)."""
+        if self.dynamic:
+            return unpack_int8_quads(self.qweight, self.out_features, self.in_features)
         unpack = unpack_int8 if self.bits == 8 else unpack_int4
         return unpack(self.qweight, self.out_features, self.in_features)
+
+    def _dynamic_product(self, x: torch.Tensor) -> torch.Tensor:
+        """The kernel's result without it: integer sums (exact in float64), then its float32
+        steps (the one rounding left is where the kernel fuses a multiply and an add)."""
+        codes, step = quantize_rows(x)
+        sums = (codes.double() @ self.codes().double().T).float()
+        scale = step[:, None] * self.scale[: self.out_features]
+        out = sums * scale
+        return (out if self.bias is None else out + self.bias.float()).to(torch.bfloat16)
 
     def dequantized(self) -> torch.Tensor:
         """The weight (out, in) this layer stands for, rounded to bfloat16."""
@@ -190,6 +244,15 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
+        if self.dynamic:
+            flat = x.to(torch.bfloat16).reshape(rows, self.in_features).contiguous()
+            if self._kernel is None:
+                out = self._dynamic_product(flat)
+            else:
+                out = self._kernel.linear(
+                    flat, self.qweight, self.offset, self.scale, self.bias, self.out_features
+                )
+            return out.reshape(*x.shape[:-1], self.out_features)
         if self._kernel is None or rows == 0 or x.dtype != torch.bfloat16:
             return F.linear(x.to(torch.bfloat16), self.dequantized(), self.bias)
         flat = x.reshape(rows, self.in_features)
@@ -208,7 +271,8 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         group = f", group={self.group}" if self.bits == 4 else ""
-        return f"in={self.in_features}, out={self.out_features}, int{self.bits}{group}"
+        kind = ", int8 activations" if self.dynamic else ""
+        return f"in={self.in_features}, out={self.out_features}, int{self.bits}{group}{kind}"
 
 
 def quantize_embedding(embedding: nn.Module) -> bool:
@@ -236,12 +300,14 @@ def _quantized_lookup(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
     return rows.to(self.weight.dtype)
 
 
-def quantize(linear: nn.Linear, bits: int, group: int | None) -> QuantizedLinear:
+def quantize(
+    linear: nn.Linear, bits: int, group: int | None, dynamic: bool = False
+) -> QuantizedLinear:
     """``linear`` quantized, on the native kernel where it builds."""
     from sglang.srt import kernels
 
-    layer = QuantizedLinear.from_linear(linear, bits, group)
-    layer.use_kernel(kernels.load("linear_quant"))
+    layer = QuantizedLinear.from_linear(linear, bits, group, dynamic)
+    layer.use_kernel(kernels.load("linear_int8dq" if dynamic else "linear_quant"))
     return layer
 
 
@@ -251,6 +317,7 @@ def replace_linears(
     bits: int,
     group: int | None,
     stand_in: bool = False,
+    dynamic: bool = False,
 ) -> int:
     """Swap every linear of ``targets`` under ``model`` for its ``QuantizedLinear``, in place;
     returns how many. ``stand_in``: each keeps a ``weight`` buffer with the old weight's shape,
@@ -259,7 +326,7 @@ def replace_linears(
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if child in targets:
-                layer = quantize(child, bits, group)
+                layer = quantize(child, bits, group, dynamic)
                 if stand_in:
                     weight = packed_linear.stand_in(child.weight)
                     layer.register_buffer("weight", weight, persistent=False)

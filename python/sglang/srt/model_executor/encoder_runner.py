@@ -81,7 +81,9 @@ class EncoderRunner:
         spec = parse_torchao_config(args.torchao_config)
         if spec is not None and self.device == "cpu":  # the tower as the language worker has it
             self.quantization = QuantizationReport(args.torchao_config)
-            quantize_vision_tower(self.model, self.adapter.language_model, self.quantization)
+            quantize_vision_tower(
+                self.model, self.adapter.language_model, self.quantization, args.vision_int8dq
+            )
         if self.device == "cpu" and self.dtype == torch.bfloat16:
             install_encoder_kernels(self.model, self.adapter.language_model)
         self.processor = MultimodalProcessor(

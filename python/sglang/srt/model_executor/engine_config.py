@@ -53,9 +53,17 @@ class EngineConfig:
     torchao_config: str = field(
         default="",
         metadata={
-            "help": "Weight-only quantization of the language model's linear layers through "
-            "torchao: int8wo or int4wo-<group> (32, 64, 128; 256 on CUDA). The model runs in "
-            "bfloat16."
+            "help": "Quantization of the language model's linear layers (torchao's names): "
+            "int8wo or int4wo-<group> (32, 64, 128; 256 on CUDA), weight-only; int8dq, int8 "
+            "weights times activations quantized to int8 per row at run time. The model runs "
+            "in bfloat16."
+        },
+    )
+    vision_int8dq: bool = field(
+        default=False,
+        metadata={
+            "help": "With --torchao-config int8dq on a CPU, the vision tower's and projector's "
+            "linears run int8dq too (int8 activations times int8 weights)."
         },
     )
     quantization: str | None = field(
@@ -258,6 +266,8 @@ class EngineConfig:
         quantization.check_quantization_flag(self.quantization)
         quantization.parse_torchao_config(self.torchao_config)
         quantization.check_torchao_dtype(self.torchao_config, self.dtype)
+        if self.vision_int8dq and self.torchao_config != "int8dq":
+            raise ValueError("--vision-int8dq goes with --torchao-config int8dq")
 
     @property
     def resolved_device(self) -> str:

@@ -65,6 +65,7 @@ class Quantization:
     bits: int  # 8 or 4 bits per quantized linear weight element
     group_size: int | None  # int4: columns sharing one scale and zero point
     head_bits: int = 8  # an untied LM head: 8, 4 (in the groups) or 0 (dense)
+    dynamic: bool = False  # int8dq: each linear also keeps its column sums (int32)
 
     @classmethod
     def parse(cls, spec: str | None, lm_head_dtype: str = "int8") -> Quantization | None:
@@ -74,7 +75,7 @@ class Quantization:
             return None
         head_bits = {"int8": 8, "int4": 4, "bfloat16": 0}.get(lm_head_dtype, 8)
         if spec.startswith("int8"):
-            return cls(8, None, 8 if head_bits == 4 else head_bits)
+            return cls(8, None, 8 if head_bits == 4 else head_bits, spec == "int8dq")
         if spec.startswith("int4wo"):
             group = spec.rpartition("-")[2]
             return cls(4, int(group) if group.isdigit() else 128, head_bits)
@@ -156,7 +157,7 @@ def tensor_bytes_as(
         return numel * elem
     rows, cols = shape
     if quant.bits == 8:
-        return numel + rows * 4
+        return numel + rows * (8 if quant.dynamic else 4)
     group = quant.group_size or 128
     if quantized_linear.int4_skip_reason(cols, group) is not None:
         return numel * elem

@@ -98,7 +98,9 @@ def worker_fingerprint(
     quantization: QuantizationReport | None,
 ) -> str:
     """The fingerprint of a worker (language or encoder-only) built from ``args``."""
-    tower = "int8" if quantization and quantization.vision_layers else "none"
+    tower = "none"
+    if quantization and quantization.vision_layers:
+        tower = "int8dq" if quantization.vision_int8dq else "int8"
     return embedding_fingerprint(
         model_path,
         preprocessor.settings_hash,

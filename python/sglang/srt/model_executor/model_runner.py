@@ -105,7 +105,9 @@ class ModelRunner:
                     self.quantization,
                     args.cpu_lm_head_dtype,
                 )
-                quantize_vision_tower(self.model, self.adapter.language_model, self.quantization)
+                quantize_vision_tower(
+                    self.model, self.adapter.language_model, self.quantization, args.vision_int8dq
+                )
                 copy_out_of_checkpoint(self.model)
         self._count_lm_work()
         if self.device == "cpu" and self.dtype == torch.bfloat16:

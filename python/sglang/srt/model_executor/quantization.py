@@ -37,9 +37,9 @@ from sglang.srt.model_executor.host_memory import module_bytes
 logger = logging.getLogger(__name__)
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-SUPPORTED_TORCHAO = "int8wo, int4wo-<group> (group 32, 64, 128 or 256)"
+SUPPORTED_TORCHAO = "int8wo, int8dq, int4wo-<group> (group 32, 64, 128 or 256)"
 # SGLang's other --torchao-config values: recognised, so that the error says they exist.
-SGLANG_ONLY_TORCHAO = re.compile(r"int8dq|fp8wo|fp8dq-per_(tensor|row)|gemlite-[\w-]+")
+SGLANG_ONLY_TORCHAO = re.compile(r"fp8wo|fp8dq-per_(tensor|row)|gemlite-[\w-]+")
 # SGLang's --quantization methods (none is implemented here).
 SGLANG_QUANTIZATION_METHODS = (
     "awq",
@@ -64,8 +64,9 @@ SGLANG_QUANTIZATION_METHODS = (
 
 @dataclass(frozen=True)
 class TorchaoSpec:
-    name: str  # "int8wo" or "int4wo-<group>"
+    name: str  # "int8wo", "int8dq" or "int4wo-<group>"
     group_size: int | None = None  # int4 only
+    dynamic: bool = False  # int8dq: activations quantized to int8 per row at run time
 
 
 @dataclass
@@ -77,7 +78,8 @@ class QuantizationReport:
     weight_bytes_after: int = 0
     lm_head: str = "bfloat16"
     embeddings: str = "bfloat16"
-    vision_layers: int = 0  # int8, with int4 only
+    vision_layers: int = 0  # int8: with int4, or int8dq with --vision-int8dq
+    vision_int8dq: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +92,7 @@ class QuantizationReport:
             "lm_head": self.lm_head,
             "embeddings": self.embeddings,
             "vision_layers_int8": self.vision_layers,
+            "vision_int8dq": self.vision_int8dq,
         }
 
 
@@ -98,8 +101,8 @@ def parse_torchao_config(value: str) -> TorchaoSpec | None:
     supported values."""
     if not value:
         return None
-    if value == "int8wo":
-        return TorchaoSpec(value)
+    if value in ("int8wo", "int8dq"):
+        return TorchaoSpec(value, dynamic=value == "int8dq")
     match = re.fullmatch(r"int4wo-(\d+)", value)
     if match and int(match[1]) in INT4_GROUP_SIZES:
         return TorchaoSpec(value, int(match[1]))
@@ -161,7 +164,9 @@ def apply_torchao_config(
     targets = set(_target_layers(language_model, spec, device, report))
     if device == "cpu":  # the native kernel's layouts (layers/quantized_linear.py)
         bits = 8 if spec.group_size is None else 4
-        quantized_linear.replace_linears(language_model, targets, bits, spec.group_size)
+        quantized_linear.replace_linears(
+            language_model, targets, bits, spec.group_size, dynamic=spec.dynamic
+        )
     else:
         quantize_, ao_config = _torchao(spec, device)
         quantize_(language_model, ao_config, filter_fn=lambda module, _fqn: module in targets)
@@ -212,15 +217,21 @@ def quantize_head_and_embeddings(
 
 
 def quantize_vision_tower(
-    model: nn.Module, language_model: nn.Module, report: QuantizationReport
+    model: nn.Module, language_model: nn.Module, report: QuantizationReport, int8dq: bool = False
 ) -> None:
-    """With int4 (``int4wo-<group>``), on a CPU, every plain ``nn.Linear`` outside the language
-    model and its head (the vision tower and projector) in int8 per output channel: an image's
-    rows run on the same GEMM tile over the codes converted once per panel, at 1.00-1.08x the
-    bfloat16 time on the 7B tower's shapes, and the whole int4 checkpoint drops to 0.32 of its
-    bfloat16 bytes (measured on the 7B shape)."""
+    """On a CPU, every plain ``nn.Linear`` outside the language model and its head (the vision
+    tower and projector):
+
+    - with int4 (``int4wo-<group>``), in int8 per output channel: an image's rows run on the
+      same GEMM tile over the codes converted once per panel, at 1.00-1.08x the bfloat16 time
+      on the 7B tower's shapes, and the whole int4 checkpoint drops to 0.32 of its bfloat16
+      bytes (measured on the 7B shape);
+    - with ``int8dq`` (the language model's) and ``int8dq`` here (``--vision-int8dq``), int8dq
+      too: int8 activations times int8 weights;
+    - otherwise (int8wo, int8dq alone) the tower stays bfloat16."""
     spec = parse_torchao_config(report.config)
-    if spec is None or spec.group_size is None:  # int8wo: the tower stays bfloat16
+    dynamic = spec is not None and spec.dynamic and int8dq
+    if spec is None or (spec.group_size is None and not dynamic):
         return
     in_lm = {id(m) for m in language_model.modules()}
     head = model.get_output_embeddings()
@@ -234,7 +245,10 @@ def quantize_vision_tower(
     }
     # Towers' code reads a linear's weight dtype and device (Gemma 4's patch embedder casts its
     # input to them): the layers keep a one-element stand-in of the weight's shape.
-    report.vision_layers = quantized_linear.replace_linears(model, tower, 8, None, stand_in=True)
+    report.vision_layers = quantized_linear.replace_linears(
+        model, tower, 8, None, stand_in=True, dynamic=dynamic
+    )
+    report.vision_int8dq = dynamic
 
 
 def copy_out_of_checkpoint(model: nn.Module) -> int:
@@ -290,6 +304,10 @@ def _torchao(spec: TorchaoSpec, device: str) -> tuple[Any, Any]:
     """torchao's ``quantize_`` and the config for ``spec`` (torchao is imported here only)."""
     from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
+    if spec.dynamic:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+        return quantize_, Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
     if spec.group_size is None:
         return quantize_, Int8WeightOnlyConfig(set_inductor_config=False)
     if device == "cpu":

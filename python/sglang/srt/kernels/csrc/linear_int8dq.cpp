@@ -1,0 +1,230 @@
+// Dynamic int8 linears (SGLang's --torchao-config int8dq) on a CPU: y = x W^T (+ b) with x
+// quantized per row as it arrives and W int8 per output channel, multiplied in integers.
+//
+//   x:  each row r to int8 codes p[r, k] = round_half_even(x[r, k] / sx[r]), sx[r] = max |x[r]|
+//       / 127 (float32 division, as torch computes it);
+//   W:  W[c, k] = sw[c] q[c, k], q in -128..127 (quantized_linear.quantize_int8);
+//   y[r, c] = bfloat16(fma(float(sum_k p[r, k] q[c, k]), sx[r] sw[c], b[c])).
+//
+// The integer sum is exact (int32: |p q| <= 127 * 128, so K up to 131,000 inputs cannot
+// overflow), so the result depends neither on the order of the sum, the batch, the tile nor the
+// thread count, and the portable loop gives the same bits as the vector path.
+//
+// Layout, the operand order of AVX512-VNNI's vpdpbusd: panels of 64 output columns, for each
+// quad of inputs (4 i .. 4 i + 3) the four codes of a column side by side: (panels, quads, 64, 4)
+// int8, zero past the weight's out or in. vpdpbusd multiplies unsigned by signed bytes: the
+// activations travel as p + 128 (0..255), and 128 sum_k q[c, k] (`offset`, int32, made with the
+// panels by quantized_linear.pack_int8_quads) is taken off each sum. A tile keeps 7 rows x 64 columns in 28 int32 registers for the
+// whole K: per quad, 4 weight vectors loaded once and one 32-bit broadcast per row, 28 vpdpbusd
+// (each 64 multiply-adds, twice vdpbf16ps's 32). Tasks are as in gemm_bf16.cpp: (panel, block of
+// rows) from a shared counter; with one block each thread streams one contiguous run of panels.
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gemm_tile.h"
+#include "run_tasks.h"
+
+#if defined(SGLANG_GEMM_TILE) && defined(__AVX512VNNI__)
+#define SGLANG_INT8_TILE 1
+#define SGLANG_COMPILED_ISA "avx512_vnni"
+#else
+#define SGLANG_COMPILED_ISA "portable"
+#endif
+
+namespace {
+
+using gemm_tile::kPanelCols;
+using gemm_tile::kTileRows;
+constexpr int64_t kQuadBytes = 4 * kPanelCols;
+constexpr int64_t kBlockRows = 14 * kTileRows;
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+#ifdef SGLANG_INT8_TILE
+// Up to 16 bfloat16 values (the first `left`) as float32.
+inline __m512 load16(const uint16_t* src, int64_t left) {
+  const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+#endif
+
+// Row r of x as p + 128 (uint8) into out, its scale returned; the same bits on both paths
+// (IEEE division and round-half-even per value).
+float quantize_row(const uint16_t* row, int64_t k, uint8_t* out) {
+#ifdef SGLANG_INT8_TILE
+  __m512 most = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; i += 16) most = _mm512_max_ps(most, _mm512_abs_ps(load16(row + i, k - i)));
+  const float largest = _mm512_reduce_max_ps(most);
+  const float scale = largest > 0.f ? largest / 127.f : 1.f;
+  const __m512 step = _mm512_set1_ps(scale), low = _mm512_set1_ps(-127.f);
+  const __m512 high = _mm512_set1_ps(127.f);
+  const __m512i shift = _mm512_set1_epi32(128);
+  for (int64_t i = 0; i < k; i += 16) {
+    const int64_t left = k - i;
+    const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    __m512 v = _mm512_div_ps(load16(row + i, left), step);
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(v, low), high);
+    const __m512i code = _mm512_add_epi32(_mm512_cvtps_epi32(v), shift);
+    _mm512_mask_cvtepi32_storeu_epi8(out + i, mask, code);
+  }
+#else
+  float largest = 0.f;
+  for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::fabs(bf16_to_float(row[i])));
+  const float scale = largest > 0.f ? largest / 127.f : 1.f;
+  for (int64_t i = 0; i < k; ++i) {
+    const float v = std::nearbyint(bf16_to_float(row[i]) / scale);
+    out[i] = static_cast<uint8_t>(static_cast<int>(std::clamp(v, -127.f, 127.f)) + 128);
+  }
+#endif
+  return largest > 0.f ? scale : 0.f;
+}
+
+// Each row of x (m, k) bfloat16 as p + 128 (uint8, rows of quads * 4 bytes, 128 past k, which
+// the zero codes there ignore) and its scale (0 for a row of zeros).
+void quantize_rows(const uint16_t* x, int64_t m, int64_t k, int64_t quads, uint8_t* codes,
+                   float* scales) {
+  at::parallel_for(0, m, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      uint8_t* out = codes + r * quads * 4;
+      scales[r] = quantize_row(x + r * k, k, out);
+      std::fill(out + k, out + quads * 4, uint8_t{128});
+    }
+  });
+}
+
+struct Panel {
+  const int8_t* codes;    // (quads, 64, 4)
+  const int32_t* offset;  // 64
+  const float* scale;     // 64 weight scales
+  const float* bias;      // 64
+  int64_t quads;
+};
+
+#ifdef SGLANG_INT8_TILE
+template <int R>
+void tile(const uint8_t* a, int64_t lda, const float* row_scale, const Panel& p, uint16_t* out,
+          int64_t ldo, int64_t cols) {
+  __m512i acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_si512();
+  if (p.quads < 1) __builtin_unreachable();  // keeps the accumulators out of stack slots
+  for (int64_t i = 0; i < p.quads; ++i) {
+    __m512i w[4];
+    for (int v = 0; v < 4; ++v) w[v] = _mm512_loadu_si512(p.codes + i * kQuadBytes + 64 * v);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a + r * lda + 4 * i, sizeof(quad));
+      const __m512i x = _mm512_set1_epi32(quad);
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], x, w[v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 sx = _mm512_set1_ps(row_scale[r]);
+    for (int v = 0; v < 4; ++v) {
+      const __m512i exact = _mm512_sub_epi32(acc[r][v], _mm512_loadu_si512(p.offset + 16 * v));
+      const __m512 scale = _mm512_mul_ps(sx, _mm512_loadu_ps(p.scale + 16 * v));
+      const __m512 y =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, _mm512_loadu_ps(p.bias + 16 * v));
+      gemm_tile::store16(y, out + r * ldo + 16 * v, cols - 16 * v);
+    }
+  }
+}
+#endif
+
+// Rows [0, rows) of the quantized x times one panel.
+void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t rows,
+                const Panel& p, uint16_t* out, int64_t ldo, int64_t cols) {
+#ifdef SGLANG_INT8_TILE
+  gemm_tile::row_tiles<kTileRows>(rows, [&](auto tile_rows, int64_t r) {
+    tile<decltype(tile_rows)::value>(a + r * lda, lda, row_scale + r, p, out + r * ldo, ldo,
+                                     cols);
+  });
+#else
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < std::min(kPanelCols, cols); ++c) {
+      int32_t sum = 0;
+      for (int64_t i = 0; i < 4 * p.quads; ++i)
+        sum += static_cast<int32_t>(a[r * lda + i]) * p.codes[(i / 4) * kQuadBytes + 4 * c + i % 4];
+      const float scale = row_scale[r] * p.scale[c];
+      const float y = std::fma(static_cast<float>(sum - p.offset[c]), scale, p.bias[c]);
+      out[r * ldo + c] = c10::BFloat16(y).x;
+    }
+#endif
+}
+
+// x (M, K) bfloat16, codes and offset from pack_int8_quads, scale float32 (panels * 64), bias (N) or
+// None -> (M, N) bfloat16.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& offset,
+                  const at::Tensor& scale, const c10::optional<at::Tensor>& bias, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
+              "x must be contiguous bfloat16 (rows, in)");
+  TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kChar && codes.is_contiguous() &&
+                  codes.size(2) == kPanelCols && codes.size(3) == 4,
+              "codes must be int8 (panels, quads, 64, 4)");
+  const int64_t panels = codes.size(0), quads = codes.size(1), m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k <= 4 * quads && k > 4 * (quads - 1), "x has ", k, " inputs, the codes ",
+              4 * quads);
+  TORCH_CHECK(n > (panels - 1) * kPanelCols && n <= panels * kPanelCols,
+              "n disagrees with the panels");
+  for (const at::Tensor* t : {&offset, &scale})
+    TORCH_CHECK(t->is_contiguous() && t->numel() == panels * kPanelCols,
+                "offset and scale have one value per panel column");
+  TORCH_CHECK(offset.scalar_type() == at::kInt && scale.scalar_type() == at::kFloat,
+              "offset is int32, scale float32");
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  std::vector<float> biases(panels * kPanelCols, 0.f);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
+    const auto b = bias->to(at::kFloat).contiguous();
+    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
+  }
+  const int64_t lda = 4 * quads;
+  std::vector<uint8_t> a(m * lda);
+  std::vector<float> row_scales(m);
+  quantize_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, k, quads,
+                a.data(), row_scales.data());
+  const int8_t* w = codes.data_ptr<int8_t>();
+  auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
+  auto task = [&](int64_t t) {
+    const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows, c0 = j * kPanelCols;
+    const Panel panel{w + j * quads * kQuadBytes, offset.data_ptr<int32_t>() + c0,
+                      scale.data_ptr<float>() + c0, biases.data() + c0, quads};
+    panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, std::min(kBlockRows, m - r0),
+               panel, y + r0 * n + c0, n, n - c0);
+  };
+  if (blocks == 1) {  // decode-sized: each thread streams one contiguous run of panels
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) task(t);
+    });
+  } else {
+    run_tasks(panels * blocks, [&](int64_t t, int64_t) { task(t); });
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
+  m.def("linear", &linear,
+        "x quantized per row times W int8 per channel, in integers; plus bias -> (M, N)",
+        py::arg("x"), py::arg("codes"), py::arg("offset"), py::arg("scale"), py::arg("bias"),
+        py::arg("n"));
+}
