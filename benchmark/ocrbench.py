@@ -7,10 +7,11 @@ HME100k (handwritten math), which is case-sensitive with every space removed fro
 ``python -m benchmark.ocrbench_synth`` writes a small synthetic set in the same format.
 
 ``--configs`` runs our server once per named configuration (``CONFIGS``: float32, bfloat16,
-fp8 KV cache, int8wo, int4wo, a chunk size that cuts through images) and cache mode; every report
-gives the accuracy with its 95% (Wilson) interval, and the run writes JSON, a markdown table and a
-plot. The trained reader (``benchmark/models/ocr-reader``, ``benchmark.train_reader``) on the
-synthetic set is the run that measures what a mode costs in accuracy.
+fp8 KV cache, int8wo, int4wo, int8dq (tower too), a chunk size that cuts through images) and
+cache mode; every report gives the accuracy with its 95% (Wilson) interval, and the run writes
+JSON, a markdown table and a plot. The trained reader (``benchmark/models/ocr-reader``,
+``benchmark.train_reader``) on the synthetic set is the run that measures what a mode costs in
+accuracy.
 
     python -m benchmark.ocrbench --data DIR --modes per-image,combined,off
     python -m benchmark.ocrbench --data DIR --model-path benchmark/models/ocr-reader \\
@@ -67,6 +68,7 @@ CONFIGS = {
     "fp8-kv": ("bfloat16", ["--kv-cache-dtype", "fp8_e4m3"]),
     "int8wo": ("bfloat16", ["--torchao-config", "int8wo"]),
     "int4wo": ("bfloat16", ["--torchao-config", "int4wo-128"]),
+    "int8dq": ("bfloat16", ["--torchao-config", "int8dq", "--vision-int8dq"]),
     "chunk-16": ("float32", ["--chunked-prefill-size", "16"]),
 }
 

@@ -1,4 +1,5 @@
-"""Weight-only quantization of the language model (SGLang's ``--torchao-config``) and the check on
+"""Quantization of the language model (SGLang's ``--torchao-config``: weight-only int8wo /
+int4wo-<group>, and int8dq, int8 activations times int8 weights) and the check on
 ``--quantization`` (prequantized checkpoints are refused by ``get_adapter``).
 
 On a CPU the linears become ``layers.quantized_linear.QuantizedLinear`` (the native kernel's own
