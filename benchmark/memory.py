@@ -130,6 +130,7 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "bfloat16": ("bfloat16", []),
     "int8wo": ("bfloat16", ["--torchao-config", "int8wo"]),
     "int4wo-128": ("bfloat16", ["--torchao-config", "int4wo-128"]),
+    "int8dq": ("bfloat16", ["--torchao-config", "int8dq", "--vision-int8dq"]),
     "bfloat16-plain": ("bfloat16", ["--cpu-packed-lm-weights", "off"]),  # no native GEMM
     "float32": ("float32", []),
 }
