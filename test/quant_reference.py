@@ -80,13 +80,8 @@ def exact_embedding(embedding: torch.nn.Module) -> torch.Tensor:
 
 def int8_quad_codes(panels: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """Codes (out, in) of int8dq's layout: panel j, quad i, column c, t holds the code of output
-    64 j + c for input 4 i + t."""
-    codes = torch.zeros(out_features, in_features, dtype=torch.int64)
-    for j in range(panels.shape[0]):
-        for c in range(64):
-            if 64 * j + c < out_features:
-                codes[64 * j + c] = panels[j, :, c, :].reshape(-1)[:in_features].long()
-    return codes
+    64 j + c for input 4 i + t (read as ``int8_codes`` reads pairs: a column's inputs in turn)."""
+    return int8_codes(panels, out_features, in_features)
 
 
 def dynamic_int8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -118,6 +118,24 @@ struct Panel {
 };
 
 #ifdef SGLANG_INT8_TILE
+// Rows [0, R) of a panel's integer sums to bfloat16: the offset taken off, then
+// fma(sum, sx[r] * sw[c], b[c]).
+template <int R>
+inline void store_rows(const __m512i (*acc)[4], const float* row_scale, const Panel& p,
+                       uint16_t* out, int64_t ldo, int64_t cols) {
+  for (int r = 0; r < R; ++r) {
+    const __m512 sx = _mm512_set1_ps(row_scale[r]);
+    for (int v = 0; v < 4; ++v) {
+      const __m512i exact = _mm512_sub_epi32(acc[r][v], _mm512_loadu_si512(p.offset + 16 * v));
+      const __m512 scale = _mm512_mul_ps(sx, _mm512_loadu_ps(p.scale + 16 * v));
+      const __m512 y =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, _mm512_loadu_ps(p.bias + 16 * v));
+      gemm_tile::store16(y, out + r * ldo + 16 * v, cols - 16 * v);
+    }
+  }
+}
+
+// Up to 3 rows (12 accumulators: few enough for the intrinsic, see tile6).
 template <int R>
 void tile(const uint8_t* a, int64_t lda, const float* row_scale, const Panel& p, uint16_t* out,
           int64_t ldo, int64_t cols) {
@@ -135,20 +153,9 @@ void tile(const uint8_t* a, int64_t lda, const float* row_scale, const Panel& p,
       for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], x, w[v]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const __m512 sx = _mm512_set1_ps(row_scale[r]);
-    for (int v = 0; v < 4; ++v) {
-      const __m512i exact = _mm512_sub_epi32(acc[r][v], _mm512_loadu_si512(p.offset + 16 * v));
-      const __m512 scale = _mm512_mul_ps(sx, _mm512_loadu_ps(p.scale + 16 * v));
-      const __m512 y =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, _mm512_loadu_ps(p.bias + 16 * v));
-      gemm_tile::store16(y, out + r * ldo + 16 * v, cols - 16 * v);
-    }
-  }
+  store_rows<R>(acc, row_scale, p, out, ldo, cols);
 }
-#endif
 
-#ifdef SGLANG_INT8_TILE
 // Six rows at once with the accumulators as named variables and each product an in-place
 // vpdpbusd: GCC's intrinsic copies every accumulator before and after each product once 16 or
 // more are live (half the issue slots go to register moves).
@@ -164,36 +171,26 @@ void tile(const uint8_t* a, int64_t lda, const float* row_scale, const Panel& p,
     SGLANG_DPBUSD(c##r##2, x, w2);                                           \
     SGLANG_DPBUSD(c##r##3, x, w3);                                           \
   }
-#define SGLANG_ROW_SAVE(r) \
-  acc[r][0] = c##r##0, acc[r][1] = c##r##1, acc[r][2] = c##r##2, acc[r][3] = c##r##3
 
 void tile6(const uint8_t* a, int64_t lda, const float* row_scale, const Panel& p, uint16_t* out,
            int64_t ldo, int64_t cols) {
   const __m512i zero = _mm512_setzero_si512();
   SGLANG_ROW_ACC(0); SGLANG_ROW_ACC(1); SGLANG_ROW_ACC(2);
   SGLANG_ROW_ACC(3); SGLANG_ROW_ACC(4); SGLANG_ROW_ACC(5);
-  const int8_t* codes = p.codes;
   for (int64_t i = 0; i < p.quads; ++i) {
-    const int8_t* q = codes + i * kQuadBytes;
+    const int8_t* q = p.codes + i * kQuadBytes;
     const __m512i w0 = _mm512_loadu_si512(q), w1 = _mm512_loadu_si512(q + 64);
     const __m512i w2 = _mm512_loadu_si512(q + 128), w3 = _mm512_loadu_si512(q + 192);
     SGLANG_ROW_STEP(0) SGLANG_ROW_STEP(1) SGLANG_ROW_STEP(2)
     SGLANG_ROW_STEP(3) SGLANG_ROW_STEP(4) SGLANG_ROW_STEP(5)
   }
-  __m512i acc[6][4];
-  SGLANG_ROW_SAVE(0); SGLANG_ROW_SAVE(1); SGLANG_ROW_SAVE(2);
-  SGLANG_ROW_SAVE(3); SGLANG_ROW_SAVE(4); SGLANG_ROW_SAVE(5);
-  for (int r = 0; r < 6; ++r) {
-    const __m512 sx = _mm512_set1_ps(row_scale[r]);
-    for (int v = 0; v < 4; ++v) {
-      const __m512i exact = _mm512_sub_epi32(acc[r][v], _mm512_loadu_si512(p.offset + 16 * v));
-      const __m512 scale = _mm512_mul_ps(sx, _mm512_loadu_ps(p.scale + 16 * v));
-      const __m512 y =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, _mm512_loadu_ps(p.bias + 16 * v));
-      gemm_tile::store16(y, out + r * ldo + 16 * v, cols - 16 * v);
-    }
-  }
+  const __m512i acc[6][4] = {{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23},
+                             {c30, c31, c32, c33}, {c40, c41, c42, c43}, {c50, c51, c52, c53}};
+  store_rows<6>(acc, row_scale, p, out, ldo, cols);
 }
+#undef SGLANG_ROW_STEP
+#undef SGLANG_ROW_ACC
+#undef SGLANG_DPBUSD
 #endif
 
 // Rows [0, rows) of the quantized x times one panel.
