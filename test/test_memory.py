@@ -37,28 +37,36 @@ def test_estimate_matches_loaded_bytes(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize(
-    "config, head",
-    [("int8wo", "int8"), ("int4wo-128", "int8"), ("int4wo-64", "int4"), ("int8wo", "bfloat16")],
+    "config, head, vision",
+    [
+        ("int8wo", "int8", False),
+        ("int4wo-128", "int8", False),
+        ("int4wo-64", "int4", False),
+        ("int8wo", "bfloat16", False),
+        ("int8dq", "int8", False),
+        ("int8dq", "int8", True),
+    ],
 )
-def test_quantized_estimate_matches_loaded_bytes(config: str, head: str) -> None:
+def test_quantized_estimate_matches_loaded_bytes(config: str, head: str, vision: bool) -> None:
     """--torchao-config quantizes the language model's linear layers (and the head as
-    --cpu-lm-head-dtype says); the estimate from the float32 checkpoint's headers matches the
-    bytes of the engine's quantized tensors."""
+    --cpu-lm-head-dtype says, the tower with --vision-int8dq); the estimate from the float32
+    checkpoint's headers matches the bytes of the engine's quantized tensors."""
     pytest.importorskip("torchao")
     eng = sglang.Engine(
         model_path=model_dir(FAMILY),
         torchao_config=config,
         max_total_tokens=64,
         cpu_lm_head_dtype=head,
+        vision_int8dq=vision,
     )
     info = eng.get_server_info()["memory"]
     assert (info["dtype"], info["quantization"]) == ("bfloat16", config)
     plain = memory.estimate_weight_bytes(model_dir(FAMILY), torch.bfloat16)
     assert plain is not None and info["weights_bytes"] < plain
     assert info["weights_estimate_bytes"] == pytest.approx(info["weights_bytes"], rel=0.01)
-    if head != "int8":  # the head's width shows in the estimate
-        int8_head = memory.estimate_weight_bytes(model_dir(FAMILY), torch.bfloat16, config)
-        assert int8_head != pytest.approx(info["weights_bytes"], rel=0.01)
+    if head != "int8" or vision:  # the head's width and the tower's show in the estimate
+        other = memory.estimate_weight_bytes(model_dir(FAMILY), torch.bfloat16, config)
+        assert other != pytest.approx(info["weights_bytes"], rel=0.01)
     eng.shutdown()
 
 
@@ -68,7 +76,7 @@ def _int4_bytes(name: str, shape: tuple[int, int], untied_head: bool = False) ->
 
 
 def test_int4_estimate_halves_divisible_linears() -> None:
-    assert memory.Quantization.parse("int4wo-128") == memory.Quantization(4, 128)
+    assert memory.Quantization.parse("int4wo-128") == memory.Quantization(4, 128, tower_int8=True)
     # half a byte per element + a bfloat16 scale and min per group of 128 columns, any rows
     assert _int4_bytes("model.layers.0.mlp.up_proj.weight", (256, 512)) == 128 * 512 + 4096
     assert _int4_bytes("model.layers.0.self_attn.k_proj.weight", (8, 128)) == 8 * 64 + 8 * 4

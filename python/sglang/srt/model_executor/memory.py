@@ -66,19 +66,24 @@ class Quantization:
     group_size: int | None  # int4: columns sharing one scale and zero point
     head_bits: int = 8  # an untied LM head: 8, 4 (in the groups) or 0 (dense)
     dynamic: bool = False  # int8dq: each linear also keeps its column sums (int32)
+    tower_int8: bool = False  # the vision tower's linears in int8 (int4wo; int8dq + vision)
 
     @classmethod
-    def parse(cls, spec: str | None, lm_head_dtype: str = "int8") -> Quantization | None:
-        """``int8wo`` / ``int8dq`` / ``int4wo-<group>`` (torchao config names) and
-        ``--cpu-lm-head-dtype``; None or an unknown spec: unquantized."""
+    def parse(
+        cls, spec: str | None, lm_head_dtype: str = "int8", vision_int8dq: bool = False
+    ) -> Quantization | None:
+        """``int8wo`` / ``int8dq`` / ``int4wo-<group>`` (torchao config names),
+        ``--cpu-lm-head-dtype`` and ``--vision-int8dq``; None or an unknown spec: unquantized."""
         if not spec:
             return None
         head_bits = {"int8": 8, "int4": 4, "bfloat16": 0}.get(lm_head_dtype, 8)
         if spec.startswith("int8"):
-            return cls(8, None, 8 if head_bits == 4 else head_bits, spec == "int8dq")
+            dynamic = spec == "int8dq"
+            head = 8 if head_bits == 4 else head_bits
+            return cls(8, None, head, dynamic, tower_int8=dynamic and vision_int8dq)
         if spec.startswith("int4wo"):
             group = spec.rpartition("-")[2]
-            return cls(4, int(group) if group.isdigit() else 128, head_bits)
+            return cls(4, int(group) if group.isdigit() else 128, head_bits, tower_int8=True)
         return None
 
 
@@ -140,7 +145,8 @@ def tensor_bytes_as(
     the run dtype) per group of ``group_size`` columns (weights whose width is not a multiple
     of the group and of 64 stay unquantized); an untied LM head (its own tensor) and then the
     token embeddings in int8 (``quantize_head_and_embeddings``); with int4, the vision tower's
-    linear weights in int8 (``quantize_vision_tower``)."""
+    linear weights in int8 (``quantize_vision_tower``; with int8dq and ``vision_int8dq`` too, plus
+    int8dq's column sums)."""
     numel = 1
     for dim in shape:
         numel *= dim
@@ -151,8 +157,8 @@ def tensor_bytes_as(
         return _head_bytes(shape, elem, quant)
     if quant is not None and untied_head and name.endswith("embed_tokens.weight"):
         return numel + shape[0] * 4  # int8 per row
-    if quant is not None and quant.bits == 4 and _is_tower_linear(name, shape):
-        return numel + shape[0] * 4  # int8 per output channel
+    if quant is not None and quant.tower_int8 and _is_tower_linear(name, shape):
+        return numel + shape[0] * (8 if quant.dynamic else 4)  # int8 per output channel
     if quant is None or not _is_lm_linear(name, shape):
         return numel * elem
     rows, cols = shape
@@ -169,13 +175,14 @@ def estimate_weight_bytes(
     run_dtype: torch.dtype,
     quantization: str | None = None,
     lm_head_dtype: str = "int8",
+    vision_int8dq: bool = False,
 ) -> int | None:
     """The weights' bytes once loaded in ``run_dtype`` with ``quantization`` (a torchao config
     name such as ``int8wo`` or ``int4wo-128``), from the safetensors headers alone."""
     headers = safetensors_headers(model_path)
     if headers is None:
         return None
-    quant = Quantization.parse(quantization, lm_head_dtype)
+    quant = Quantization.parse(quantization, lm_head_dtype, vision_int8dq)
     untied_head = any(name.endswith("lm_head.weight") for name in headers)
     return sum(
         tensor_bytes_as(name, dtype, shape, run_dtype, quant, untied_head)
@@ -234,11 +241,12 @@ class FitInputs:
     device: str = "cpu"
     mem_fraction_static: float | None = None
     lm_head_dtype: str = "int8"  # --cpu-lm-head-dtype
+    vision_int8dq: bool = False  # --vision-int8dq
 
     def plan(self, **changes: Any) -> FitPlan | None:
         inp = _replace(self, **changes)
         weights = estimate_weight_bytes(
-            inp.model_path, inp.dtype, inp.quantization, inp.lm_head_dtype
+            inp.model_path, inp.dtype, inp.quantization, inp.lm_head_dtype, inp.vision_int8dq
         )
         if weights is None:
             return None
@@ -348,6 +356,7 @@ def fit_inputs(
         device=args.resolved_device,
         mem_fraction_static=args.mem_fraction_static,
         lm_head_dtype=args.cpu_lm_head_dtype,
+        vision_int8dq=args.vision_int8dq,
     )
 
 
