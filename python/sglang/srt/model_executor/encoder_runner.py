@@ -17,19 +17,22 @@ from transformers import AutoConfig
 
 from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.core.perf_counters import PerfCounters
-from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding, MultimodalEmbeddingCache
+from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.host_memory import module_bytes
-from sglang.srt.model_executor.mm_fingerprint import shared_store, worker_fingerprint
-from sglang.srt.model_executor.model_runner import install_encoder_kernels, load_model
+from sglang.srt.model_executor.mm_fingerprint import worker_fingerprint
+from sglang.srt.model_executor.model_runner import (
+    build_embedder,
+    install_encoder_kernels,
+    load_model,
+)
 from sglang.srt.model_executor.quantization import (
     QuantizationReport,
     parse_torchao_config,
     quantize_vision_tower,
 )
 from sglang.srt.models.adapters import get_adapter
-from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.image_io import load_image
 from sglang.srt.multimodal.processor import MultimodalProcessor
@@ -93,14 +96,9 @@ class EncoderRunner:
         self.fingerprint = worker_fingerprint(
             args, model_path, preprocessor, self.dtype, self.quantization
         )
-        self.embedder = MultimodalEmbedder(
-            self.adapter,
-            preprocessor,
-            MultimodalEmbeddingCache(args.mm_cache_bytes),
-            self.device,
-            self.dtype,
-            args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
-            store=shared_store(args, self.fingerprint),  # keyed by pixels (remote_encoder)
+        # An encoder's store entries are keyed by pixels (remote_encoder), not by prompt items.
+        self.embedder = build_embedder(
+            args, self.adapter, preprocessor, self.dtype, self.fingerprint
         )
         self.weights_bytes = module_bytes(self.model)
         self.language_model_bytes = module_bytes(self.adapter.language_model)

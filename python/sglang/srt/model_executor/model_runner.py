@@ -138,23 +138,18 @@ class ModelRunner:
         preprocessor = ImagePreprocessor(
             self.hf_processor, self.adapter, VideoSettings.from_model_dir(model_path)
         )
-        shares = args.enable_mm_global_cache or args.encoder_urls
         fingerprint = ""
-        if shares:
+        if self.is_multimodal and (args.enable_mm_global_cache or args.encoder_urls):
             fingerprint = worker_fingerprint(
                 args, model_path, preprocessor, self.dtype, self.quantization
             )
-        self.embedder = MultimodalEmbedder(
+        self.embedder = build_embedder(
+            args,
             self.adapter,
             preprocessor,
-            MultimodalEmbeddingCache(args.mm_cache_bytes),
-            self.device,
             self.dtype,
-            args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
-            args.mm_cache_mode,
-            video_groups=args.mm_video_cache == "per-group",
-            store=shared_store(args, fingerprint) if self.is_multimodal else None,
-            remote=self._remote_encoders(fingerprint),
+            fingerprint,
+            self._remote_encoders(fingerprint),
         )
 
     def _remote_encoders(self, fingerprint: str) -> RemoteEncoders | None:
@@ -387,6 +382,30 @@ class ModelRunner:
             top if req.top_logprobs_num else None,
             by_id if req.token_ids_logprob else None,
         )
+
+
+def build_embedder(
+    args: EngineConfig,
+    adapter: Any,
+    preprocessor: ImagePreprocessor,
+    dtype: torch.dtype,
+    fingerprint: str,
+    remote: RemoteEncoders | None = None,
+) -> MultimodalEmbedder:
+    """A worker's embedder (language or encoder-only): its per-image cache, and the fleet's
+    store under ``fingerprint`` when one is shared (empty: none)."""
+    return MultimodalEmbedder(
+        adapter,
+        preprocessor,
+        MultimodalEmbeddingCache(args.mm_cache_bytes),
+        args.resolved_device,
+        dtype,
+        args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
+        args.mm_cache_mode,
+        video_groups=args.mm_video_cache == "per-group",
+        store=shared_store(args, fingerprint) if fingerprint else None,
+        remote=remote,
+    )
 
 
 def load_model(
