@@ -18,10 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,29 +37,9 @@ from benchmark.common import (
     write_results,
 )
 from benchmark.multiturn_image import FIRST_TEXT, NEXT_TEXT, SPECIAL, default_model
-from benchmark.servers import free_port, launch, launch_router
+from benchmark.servers import launch, launch_router, redis_server
 
 LAYOUTS = ("local", "store", "epd", "epd+store")
-
-
-@contextlib.contextmanager
-def redis(max_memory: str = "1gb") -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is missing: apt-get install redis-server")
-    port = free_port()
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    cmd += ["--maxmemory", max_memory, "--maxmemory-policy", "allkeys-lru"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        for _ in range(200):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @contextlib.contextmanager
@@ -72,7 +48,8 @@ def fleet(layout: str, model_path: str, dtype: str, extra: list[str]) -> Iterato
     with contextlib.ExitStack() as stack:
         flags = ["--chunked-prefill-size", "2048", *extra]
         if "store" in layout:
-            store = stack.enter_context(redis())
+            limits = ("--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru")
+            store, _ = stack.enter_context(redis_server(*limits))
             flags += ["--enable-mm-global-cache", "--mm-global-cache-url", store]
         encoders = []
         if layout.startswith("epd"):

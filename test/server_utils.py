@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import httpx
 
 from benchmark.servers import (
     healthy_workers,  # noqa: F401 (the router tests' helper)
+    redis_server,  # noqa: F401 (the shared store's tests' helper)
     stop_process,
 )
 from benchmark.servers import launch_router as _launch_router
@@ -77,28 +77,6 @@ def server_process(
     finally:
         stop_process(proc, timeout=20)
         log.close()
-
-
-@contextlib.contextmanager
-def redis_server(*flags: str, timeout: float = 20) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Yield (redis:// URL, process) of a fresh Debian ``redis-server`` on loopback with no
-    persistence; stopped afterwards. ``.ci/run`` installs it."""
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is missing: apt-get install redis-server (.ci/run does)"
-    port = free_port()
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + timeout
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"redis-server did not start ({cmd})")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0", proc
-    finally:
-        stop_process(proc, timeout=10)
 
 
 def wait_until(
