@@ -3,10 +3,12 @@
 #   1. test/test_cuda.py: greedy parity with HF on the GPU (float32, token for token), bfloat16
 #      within HF's own half-precision noise (chunked, cached, a dropped image caught), pinned
 #      non-blocking feature moves timed with CUDA events, flash vision attention, sampling;
-#   2. multiturn_image at 1280x720, 8 rounds, per-image and combined cache modes, on a
+#   2. test/test_kv_fp8.py and test/test_video.py unchanged: their engines take the GPU (the
+#      default device where torch sees one), HF's references stay on the CPU;
+#   3. multiturn_image at 1280x720, 8 rounds, per-image and combined cache modes, on a
 #      Qwen2.5-VL-7B-shaped checkpoint (random bfloat16 weights drawn on the GPU).
 # Results go to OUT_DIR (default out/gpu_check): gpu_check.json (the summary), cuda_tests.json
-# (the tests' measurements), cuda_tests.xml, multiturn_image_gpu.{json,md,png}, gpu_check.log.
+# (the tests' measurements), cuda_tests.xml, gpu_suites.xml, multiturn_image_gpu.{json,md,png}, gpu_check.log.
 #
 #     scripts/gpu_check.sh [OUT_DIR]
 #
@@ -41,6 +43,12 @@ tests_rc=$?
 tests_s=$((SECONDS - started))
 
 started=$SECONDS
+timeout "${SUITES_TIMEOUT:-150}" $PY -m pytest -q -rs test/test_kv_fp8.py test/test_video.py \
+  -p no:cacheprovider --junitxml="$OUT/gpu_suites.xml"
+suites_rc=$?
+suites_s=$((SECONDS - started))
+
+started=$SECONDS
 checkpoint=$(timeout "${BUILD_TIMEOUT:-100}" $PY -m benchmark.memory --shape 7b --build-only | tail -1)
 timeout "${BENCH_TIMEOUT:-200}" $PY -m benchmark.multiturn_image --model-path "$checkpoint" \
   --resolutions 1280x720 --rounds 8 --dtype bfloat16 --modes per-image,combined --no-probe \
@@ -49,5 +57,6 @@ bench_rc=$?
 bench_s=$((SECONDS - started))
 
 $PY scripts/gpu_summary.py "$OUT" --tests-rc $tests_rc --tests-s $tests_s \
+  --suites-rc $suites_rc --suites-s $suites_s \
   --bench-rc $bench_rc --bench-s $bench_s
-[ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+[ $tests_rc -eq 0 ] && [ $suites_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -1,6 +1,7 @@
 """The summary of a ``scripts/gpu_check.sh`` run: ``OUT/gpu_check.json``.
 
-It names the GPU and the software, lists every CUDA test with its outcome, carries the tests'
+It names the GPU and the software, lists every CUDA test with its outcome (and those of the fp8
+KV and video modules, run with their engines on the GPU), carries the tests'
 measurements (``cuda_tests.json``) and, from the multiturn_image run, TTFT and encoder work per
 round per cache mode with the round-7 ratio per-image / combined beside the published H200 one
 (Qwen3-VL-8B at 720p: 516 ms after the per-image cache, 685 ms before).
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("out", type=Path)
     p.add_argument("--tests-rc", type=int, required=True)
     p.add_argument("--tests-s", type=float, required=True)
+    p.add_argument("--suites-rc", type=int, required=True)
+    p.add_argument("--suites-s", type=float, required=True)
     p.add_argument("--bench-rc", type=int, required=True)
     p.add_argument("--bench-s", type=float, required=True)
     args = p.parse_args(argv)
@@ -88,6 +91,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **test_outcomes(args.out / "cuda_tests.xml"),
             "measurements": json.loads(report.read_text()) if report.is_file() else None,
         },
+        "engine_on_gpu_suites": {
+            "modules": ["test/test_kv_fp8.py", "test/test_video.py"],
+            "exit_code": args.suites_rc,
+            "seconds": args.suites_s,
+            **test_outcomes(args.out / "gpu_suites.xml"),
+        },
         "multiturn_image_720p_7b": {
             "exit_code": args.bench_rc,
             "seconds": args.bench_s,
@@ -96,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: summary[k] for k in ("gpu",)}, indent=2))
-    print("tests:", summary["tests"].get("counts"), "| benchmark ratio:",
+    print("tests:", summary["tests"].get("counts"),
+          "| suites:", summary["engine_on_gpu_suites"].get("counts"), "| benchmark ratio:",
           summary["multiturn_image_720p_7b"].get("per_image_over_combined"))  # fmt: skip
     return summary
 

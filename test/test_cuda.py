@@ -150,6 +150,15 @@ def test_float32_greedy_equals_hf_on_the_gpu(family: str) -> None:
     REPORT.setdefault("float32_greedy", {})[family] = {"tokens": MAX_NEW, "equal": True}
 
 
+def test_float32_engine_turns_tf32_off(monkeypatch) -> None:
+    """cuDNN convolutions default to TF32, which moved Qwen3.5's video logprobs 3e-4 off HF's
+    float32 on the CPU; the float32 engine asks for full float32."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    _engine("qwen2_5_vl", "float32", -1).shutdown()
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+
+
 # bfloat16: within HF's own noise -----------------------------------------------------------------
 @functools.cache
 def _hf_prompt_logprobs(family: str, dtype: torch.dtype) -> torch.Tensor:

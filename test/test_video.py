@@ -235,6 +235,11 @@ def test_qwen3_sampling_and_resize_rules() -> None:
     assert resized_size(4, 10, 20, s) == (32, 64)  # smaller than a block: scaled up first
 
 
+def _on_device(features: dict[str, np.ndarray], device: str) -> dict[str, torch.Tensor]:
+    """The move ``_move_items_to_device`` makes before the tower runs (model code moves none)."""
+    return {k: torch.from_numpy(v).to(device) for k, v in features.items()}
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_group_encoding_equals_whole(family: str) -> None:
     """The vision tower's output for a frame group alone equals its rows of the whole video."""
@@ -243,15 +248,12 @@ def test_group_encoding_equals_whole(family: str) -> None:
     settings = runner.embedder.preprocess.video_settings
     frames = load_video(clip(3, 8, 60, 60), settings).frames
     whole = preprocess_frames(frames, settings)
-    to_torch = {k: torch.from_numpy(v) for k, v in whole.items()}
     rows = int(np.prod(whole["video_grid_thw"])) // settings.merge_size**2
-    (full,) = runner.adapter.encode_videos([to_torch], [rows])
+    (full,) = runner.adapter.encode_videos([_on_device(whole, runner.device)], [rows])
     per_group = rows // int(whole["video_grid_thw"][0, 0])
     for g in range(4):
         part = preprocess_frames(frames[2 * g : 2 * g + 2], settings)
-        (one,) = runner.adapter.encode_videos(
-            [{k: torch.from_numpy(v) for k, v in part.items()}], [per_group]
-        )
+        (one,) = runner.adapter.encode_videos([_on_device(part, runner.device)], [per_group])
         torch.testing.assert_close(
             one.embedding, full.embedding[g * per_group : (g + 1) * per_group], atol=1e-5, rtol=0
         )

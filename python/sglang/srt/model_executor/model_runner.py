@@ -85,6 +85,10 @@ class ModelRunner:
         (logger.warning if choice.fell_back else logger.info)(
             "dtype %s (%s)", dtype_name(self.dtype), choice.reason
         )
+        if self.device.startswith("cuda") and self.dtype == torch.float32:
+            # float32 is the exact mode; cuDNN's convolutions (patch embeddings) default to TF32.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         # Refuse a launch that cannot fit before any weight loads (not after an OOM kill).
         self.fit_plan = memory.check_fits(
             memory.fit_inputs(args, model_path, self.config, self.dtype, self.kv_cache_dtype)
