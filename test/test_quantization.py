@@ -1,6 +1,7 @@
 """``--torchao-config``: the language model's linear layers quantized at load time; prompt
 logprobs match HF's own model quantized the same way; bad ``--torchao-config`` and
-``--quantization`` values and prequantized checkpoints fail at start-up with one-line errors."""
+``--quantization`` values and quantized checkpoints in formats not supported fail at start-up
+with one-line errors (supported ones: ``test_prequantized.py``)."""
 
 from __future__ import annotations
 
@@ -287,7 +288,7 @@ def test_supported_torchao_values_parse(value: str) -> None:
         (["--torchao-config", "int4wo"], "not a known value"),
         (["--torchao-config", "int4wo-64", "--dtype", "float32"], "--dtype bfloat16"),
         (["--torchao-config", "int8wo", "--dtype", "float16"], "--dtype bfloat16"),
-        (["--quantization", "awq"], "'awq' is an SGLang method"),
+        (["--quantization", "fp8"], "'fp8' is an SGLang method not implemented here"),
         (["--quantization", "bogus"], "'bogus' is not a known method"),
         (["--torchao-config", "int8wo", "--cpu-lm-head-dtype", "int4"], "needs --torchao-config"),
         (["--torchao-config", "int4wo-64", "--cpu-lm-head-dtype", "fp8"], "must be one of"),
@@ -302,18 +303,20 @@ def test_bad_quantization_flags_are_refused(flags: list[str], message: str) -> N
         assert "supported: int8wo, int8dq, int4wo-<group>" in text
 
 
-def test_prequantized_checkpoint_is_refused_before_loading(tmp_path: Path) -> None:
-    folder = tmp_path / "awq-model"
+def test_unsupported_quantized_checkpoint_is_refused_before_loading(tmp_path: Path) -> None:
+    folder = tmp_path / "awq-gemv-model"
     shutil.copytree(model_dir("qwen2_5_vl"), folder)
     config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    config["quantization_config"] = {
+        "quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"
+    }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     for weights in folder.glob("*.safetensors"):
         weights.write_bytes(b"not weights")  # loading them would fail differently
-    with pytest.raises(UnsupportedModelError, match="stored quantized \\(awq") as info:
+    with pytest.raises(UnsupportedModelError, match="cannot load this awq checkpoint") as info:
         check_model(str(folder))
-    assert "\n" not in str(info.value) and "--torchao-config" in str(info.value)
-    with pytest.raises(UnsupportedModelError, match="stored quantized"):
+    assert "\n" not in str(info.value) and "'gemv'" in str(info.value)
+    with pytest.raises(UnsupportedModelError, match="cannot load this awq"):
         sglang.Engine(model_path=str(folder))
 
 

@@ -67,13 +67,22 @@ def _random_int8(rows: int, out_features: int, in_features: int, seed: int):
     return x, q, scale
 
 
-def _random_int4(rows: int, out_features: int, in_features: int, group: int, seed: int):
+def _random_int4(
+    rows: int, out_features: int, in_features: int, group: int, seed: int, published: bool = False
+):
+    """x, codes, scale and min: bfloat16 scales and mins as quantized here, or (``published``)
+    float32 ones that hold a published checkpoint's float16 scale and integer zero point
+    exactly (min = -scale zero)."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, in_features, generator=generator).bfloat16()
     codes = torch.randint(0, 16, (out_features, in_features), generator=generator)
     groups = (out_features, in_features // group)
-    scale = (torch.rand(groups, generator=generator) * 0.02).bfloat16()
-    low = (torch.randn(groups, generator=generator) * 0.1).bfloat16()
+    if published:
+        scale = (torch.rand(groups, generator=generator) * 0.02).half().float()
+        low = -scale * torch.randint(0, 16, groups, generator=generator)
+    else:
+        scale = (torch.rand(groups, generator=generator) * 0.02).bfloat16()
+        low = (torch.randn(groups, generator=generator) * 0.1).bfloat16()
     return x, codes.to(torch.uint8), scale, low
 
 
@@ -123,9 +132,10 @@ def test_int8_matches_float64(rows, out_features, in_features, bias, seed) -> No
     group=st.sampled_from(GROUPS),
     bias=st.booleans(),
     seed=st.integers(0, 2**16),
+    published=st.booleans(),
 )
-def test_int4_matches_float64(rows, out_features, groups, group, bias, seed) -> None:
-    x, codes, scale, low = _random_int4(rows, out_features, group * groups, group, seed)
+def test_int4_matches_float64(rows, out_features, groups, group, bias, seed, published) -> None:
+    x, codes, scale, low = _random_int4(rows, out_features, group * groups, group, seed, published)
     b = torch.randn(out_features).bfloat16() if bias else None
     got = _int4_product(KERNEL, x, codes, scale, low, group, b)
     weight = weight_int4(codes, scale, low, group)
@@ -146,7 +156,8 @@ def test_the_portable_path_matches_float64_too(bits, group) -> None:
             got = _int8_product(portable, x, q, scale, b)
             _assert_within_rounding(got, x, weight_int8(q, scale), b)
         else:
-            x, codes, scale, low = _random_int4(rows, out_features, 512, group, seed)
+            published = rows == 5  # float32 scales and mins
+            x, codes, scale, low = _random_int4(rows, out_features, 512, group, seed, published)
             got = _int4_product(portable, x, codes, scale, low, group, b)
             terms = _int4_terms(codes, scale, low, group)
             _assert_within_rounding(got, x, weight_int4(codes, scale, low, group), b, terms)

@@ -194,19 +194,40 @@ class QuantizedLinear(nn.Module):
     def from_linear(
         cls, linear: nn.Linear, bits: int, group: int | None, dynamic: bool = False
     ) -> QuantizedLinear:
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        if bits == 8:
+            return cls.from_codes(*quantize_int8(linear.weight), bias, 8, dynamic=dynamic)
+        assert group is not None and int4_skip_reason(linear.in_features, group) is None
+        codes, scale, low = quantize_int4(linear.weight, group)
+        return cls.from_codes(codes, scale, bias, 4, group, low)
+
+    @classmethod
+    def from_codes(
+        cls,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        bits: int,
+        group: int | None = None,
+        low: torch.Tensor | None = None,
+        dynamic: bool = False,
+    ) -> QuantizedLinear:
+        """The layer of codes (out, in) and their scales: int8 with a float32 scale per row;
+        int4 with a scale and min per row and group (bfloat16, or float32 for a published
+        checkpoint's exact values)."""
+        out_features, in_features = codes.shape
         if dynamic:
             assert bits == 8, "dynamic activations are int8 x int8"
-            q, offset, scale = pack_int8_quads(*quantize_int8(linear.weight))
-            tensors = {"qweight": q, "scale": scale, "offset": offset}
+            q, offset, scales = pack_int8_quads(codes, scale)
+            tensors = {"qweight": q, "scale": scales, "offset": offset}
         elif bits == 8:
-            q, scale = pack_int8(*quantize_int8(linear.weight))
-            tensors = {"qweight": q, "scale": scale}
+            q, scales = pack_int8(codes, scale)
+            tensors = {"qweight": q, "scale": scales}
         else:
-            assert group is not None and int4_skip_reason(linear.in_features, group) is None
-            q, scale, low = pack_int4(*quantize_int4(linear.weight, group))
-            tensors = {"qweight": q, "scale": scale, "min": low}
-        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-        return cls(linear.in_features, linear.out_features, bits, group, tensors, bias, dynamic)
+            assert group is not None and low is not None and scale.dtype == low.dtype
+            q, scales, mins = pack_int4(codes, scale, low)
+            tensors = {"qweight": q, "scale": scales, "min": mins}
+        return cls(in_features, out_features, bits, group, tensors, bias, dynamic)
 
     def use_kernel(self, kernel: Any) -> None:
         """The compiled ``linear_quant`` (``linear_int8dq`` when dynamic) module, or None for
@@ -304,10 +325,14 @@ def quantize(
     linear: nn.Linear, bits: int, group: int | None, dynamic: bool = False
 ) -> QuantizedLinear:
     """``linear`` quantized, on the native kernel where it builds."""
+    return with_kernel(QuantizedLinear.from_linear(linear, bits, group, dynamic))
+
+
+def with_kernel(layer: QuantizedLinear) -> QuantizedLinear:
+    """``layer`` on the native kernel where it builds."""
     from sglang.srt import kernels
 
-    layer = QuantizedLinear.from_linear(linear, bits, group, dynamic)
-    layer.use_kernel(kernels.load("linear_int8dq" if dynamic else "linear_quant"))
+    layer.use_kernel(kernels.load("linear_int8dq" if layer.dynamic else "linear_quant"))
     return layer
 
 

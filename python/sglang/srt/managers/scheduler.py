@@ -348,7 +348,7 @@ class Scheduler:
             "encoder_workers": runner.embedder.remote.as_dict() if runner.embedder.remote else None,
             "perf": runner.perf.as_dict(),
             "gc": self.gc_monitor.stats() if self.gc_monitor else None,
-            "weight_quantization": runner.quantization.as_dict() if runner.quantization else None,
+            "weight_quantization": runner.weight_quantization(),
             "memory": runner.memory_report.as_dict(),
         }
 

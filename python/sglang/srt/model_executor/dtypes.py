@@ -103,9 +103,13 @@ def resolve_dtype(name: str, config: Any, device: str) -> DtypeChoice:
 
 def resolve_launch_dtypes(args: Any, config: Any) -> tuple[DtypeChoice, torch.dtype]:
     """The model and KV cache dtypes of a launch (``EngineConfig``): quantized weights
-    (``--torchao-config``) run in bfloat16, whatever ``--dtype auto`` would pick."""
+    (``--torchao-config``, or a checkpoint published quantized) run in bfloat16, whatever
+    ``--dtype`` would pick."""
+    from sglang.srt.layers.checkpoint_formats import quantization_config
+
     choice = resolve_dtype(args.dtype, config, args.resolved_device)
-    if args.torchao_config and choice.dtype != torch.bfloat16:
+    quantized = args.torchao_config or quantization_config(config) is not None
+    if quantized and choice.dtype != torch.bfloat16:
         choice = DtypeChoice(torch.bfloat16, "quantized weights run in bfloat16")
     return choice, resolve_kv_cache_dtype(args.kv_cache_dtype, choice.dtype)
 

@@ -17,6 +17,7 @@ from sglang.srt.core.perf_counters import PerfCounters, instrument_vision, wait_
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
 from sglang.srt.layers import decode_linear, native_activation, packed_linear
 from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.layers.checkpoint_formats import PrequantizedFormat, check_method_flag, read_format
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -27,6 +28,7 @@ from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.mm_fingerprint import shared_store, worker_fingerprint
+from sglang.srt.model_executor.prequantized import prequantized_config
 from sglang.srt.model_executor.quantization import (
     apply_torchao_config,
     copy_out_of_checkpoint,
@@ -79,6 +81,18 @@ class ModelRunner:
         )
         self.text_config = self.config.get_text_config()
         get_adapter(None, self.config)  # an unservable model fails here, before its weights load
+        self.prequantized = read_format(self.config)
+        check_method_flag(args.quantization, self.prequantized)
+        if self.prequantized and self.device != "cpu":
+            raise ValueError(
+                f"a checkpoint published quantized ({self.prequantized.label}) loads on the CPU "
+                "only; on CUDA serve its unquantized weights with --torchao-config"
+            )
+        if self.prequantized and args.torchao_config:
+            raise ValueError(
+                f"--torchao-config {args.torchao_config}: the checkpoint is already quantized "
+                f"({self.prequantized.label})"
+            )
         self.is_multimodal = hasattr(self.config, "vision_config")
         choice, self.kv_cache_dtype = resolve_launch_dtypes(args, self.config)
         self.dtype = choice.dtype
@@ -97,7 +111,9 @@ class ModelRunner:
         self._head_rows = 0  # rows the LM head scored in the current forward
         self.lm_packed_copy_bytes = 0
         with host_memory.heap_returned_while_loading():
-            self.model = load_model(model_path, self.config, self.dtype, args, self.perf)
+            self.model = load_model(
+                model_path, self.config, self.dtype, args, self.perf, self.prequantized
+            )
             self.adapter = get_adapter(self.model, self.config)
             self.quantization = apply_torchao_config(
                 self.adapter.language_model, args.torchao_config
@@ -203,6 +219,16 @@ class ModelRunner:
         assert packed_linear.serve_lookups_from_head(embed, head)
         logger.info("tied LM head packed; the input embeddings read its panels")
         return 1
+
+    def weight_quantization(self) -> dict[str, Any] | None:
+        """What ``/server_info`` reports of the weights' quantization."""
+        if self.quantization is not None:
+            return self.quantization.as_dict()
+        if self.prequantized is None:
+            return None
+        layers = [m for m in self.model.modules() if isinstance(m, QuantizedLinear)]
+        return {"method": self.prequantized.method, "format": self.prequantized.label,
+                "quantized_layers": len(layers)}  # fmt: skip
 
     def _count_lm_work(self) -> None:
         """Multiply-adds per token of the LM's dense linears and of the LM head, and the bytes
@@ -418,11 +444,17 @@ def load_model(
     dtype: torch.dtype,
     args: EngineConfig,
     perf: PerfCounters,
+    prequantized: PrequantizedFormat | None = None,
     **kwargs: Any,
 ) -> torch.nn.Module:
     """The HF model on ``args``' device, its language model on the engine's attention and its
-    vision tower on SDPA (and the fast vision paths); ``kwargs`` go to ``from_pretrained``."""
+    vision tower on SDPA (and the fast vision paths); ``kwargs`` go to ``from_pretrained``. A
+    ``prequantized`` checkpoint's linears load straight into the native quantized layouts."""
     multimodal = hasattr(config, "vision_config")
+    if prequantized is not None:
+        kwargs["load_config" if multimodal else "config"] = prequantized_config(
+            config, prequantized, model_path
+        )
     if multimodal:
         load = functools.partial(load_vlm, config=config)
         attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "": "sdpa"}

@@ -1,6 +1,6 @@
 """Quantization of the language model (SGLang's ``--torchao-config``: weight-only int8wo /
 int4wo-<group>, and int8dq, int8 activations times int8 weights) and the check on
-``--quantization`` (prequantized checkpoints are refused by ``get_adapter``).
+``--quantization`` (checkpoints published quantized load through ``prequantized.py``).
 
 On a CPU the linears become ``layers.quantized_linear.QuantizedLinear`` (the native kernel's own
 int8 / int4 layouts: decode reads the quantized bytes only); on CUDA, torchao's tensor types
@@ -41,7 +41,7 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 SUPPORTED_TORCHAO = "int8wo, int8dq, int4wo-<group> (group 32, 64, 128 or 256)"
 # SGLang's other --torchao-config values: recognised, so that the error says they exist.
 SGLANG_ONLY_TORCHAO = re.compile(r"fp8wo|fp8dq-per_(tensor|row)|gemlite-[\w-]+")
-# SGLang's --quantization methods (none is implemented here).
+# SGLang's --quantization methods (prequantized.METHODS and ALIASES are implemented here).
 SGLANG_QUANTIZATION_METHODS = (
     "awq",
     "awq_marlin",
@@ -123,13 +123,17 @@ def check_torchao_dtype(torchao_config: str, dtype: str) -> None:
 
 
 def check_quantization_flag(method: str | None) -> None:
-    if method is None:
+    """``--quantization`` names the format of a checkpoint published quantized
+    (``layers/checkpoint_formats.py``; checked against the checkpoint at load)."""
+    from sglang.srt.layers.checkpoint_formats import ALIASES, METHODS
+
+    if method is None or method in METHODS or method in ALIASES:
         return
     known = "an SGLang method" if method in SGLANG_QUANTIZATION_METHODS else "not a known method"
     raise ValueError(
-        f"--quantization {method!r} is {known}; none is implemented here: leave it unset and use "
-        f"--torchao-config ({SUPPORTED_TORCHAO}) on an unquantized checkpoint "
-        f"(SGLang's methods: {', '.join(SGLANG_QUANTIZATION_METHODS)})"
+        f"--quantization {method!r} is {known} not implemented here; supported: "
+        f"{', '.join([*METHODS, *ALIASES])} (checkpoints published in those formats), or "
+        f"--torchao-config ({SUPPORTED_TORCHAO}) on an unquantized checkpoint"
     )
 
 

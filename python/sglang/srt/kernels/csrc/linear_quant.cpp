@@ -217,7 +217,9 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
 // codes in the bfloat16 pair order, and OR-ing in 0x43004300 makes them the exact bfloat16 of
 // 128 + code (bfloat16 steps by 1 in [128, 256)): one shift and one ternary-logic op per
 // vector, no shuffles. The sums run over x (128 + q), and 128 times the group's input sum is
-// taken off once per group. scale and min bfloat16 (panels, groups, 64). W[c, k] = scale[c, g]
+// taken off once per group. scale and min (panels, groups, 64), both bfloat16 (quantized here)
+// or both float32 (a published checkpoint's float16 scales and integer zero points, exactly:
+// min = -scale * zero). W[c, k] = scale[c, g]
 // * q[c, k] + min[c, g], g = k / group, applied per group to float32 sums: y[c] = sum_g
 // (scale[c, g] * (sum_{k in g} (128 + q[c, k]) x[k] - 128 sum_{k in g} x[k]) + min[c, g] *
 // sum_{k in g} x[k]) + b[c]. Codes, scales and mins past the weight's out are 0.
@@ -231,10 +233,13 @@ void check_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& 
   const int64_t k = 2 * q.size(1);
   TORCH_CHECK(group % 2 == 0 && group > 0 && k % group == 0,
               "int4: in (", k, ") must be a multiple of the group (", group, ")");
+  TORCH_CHECK(scale.scalar_type() == min.scalar_type() &&
+                  (scale.scalar_type() == at::kBFloat16 || scale.scalar_type() == at::kFloat),
+              "scale and min must be both bfloat16 or both float32");
   for (const at::Tensor* t : {&scale, &min})
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 3 &&
-                    t->size(0) == q.size(0) && t->size(1) == k / group && t->size(2) == kPanelCols,
-                "scale and min must be bfloat16 (panels, in / group, 64)");
+    TORCH_CHECK(t->is_contiguous() && t->dim() == 3 && t->size(0) == q.size(0) &&
+                    t->size(1) == k / group && t->size(2) == kPanelCols,
+                "scale and min must be (panels, in / group, 64)");
 }
 
 // Per row of x, the float32 sum of each group's inputs (in order).
@@ -266,18 +271,25 @@ inline void nibble_pair(const uint8_t* src, __m512bh* w) {
                                              kMaskThenOr);
 }
 
+// 16 scales or mins as float32: bfloat16 (uint16_t) widened, or float32 as they are.
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+template <typename Scale>
 struct Int4Panel {
-  const void* codes;     // this panel's codes (uint8), or their bfloat16 in a buffer
-  const uint16_t* scale;  // (groups, 64)
-  const uint16_t* min;
+  const void* codes;  // this panel's codes (uint8), or their bfloat16 in a buffer
+  const Scale* scale;  // (groups, 64)
+  const Scale* min;
   int64_t pairs, group_pairs;
 };
 
 // Rows [0, R) x one panel: per group, the codes' sums in registers, then the group's offset
 // taken off and its scale and min applied to the running totals (kept in `total`, touched once
 // per group).
-template <int R, bool Codes>
-void int4_tile(const uint16_t* a, int64_t lda, const Int4Panel& p, const float* sums,
+template <int R, bool Codes, typename Scale>
+void int4_tile(const uint16_t* a, int64_t lda, const Int4Panel<Scale>& p, const float* sums,
                int64_t groups, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
   alignas(64) float total[R][kPanelCols] = {};
   for (int64_t g = 0; g < groups; ++g) {
@@ -295,10 +307,8 @@ void int4_tile(const uint16_t* a, int64_t lda, const Int4Panel& p, const float* 
       gemm_tile::multiply_pair<R>(acc, a, lda, i, w);
     }
     for (int v = 0; v < 4; ++v) {
-      const auto* sv = reinterpret_cast<const __m256i*>(p.scale + g * kPanelCols + 16 * v);
-      const auto* mv = reinterpret_cast<const __m256i*>(p.min + g * kPanelCols + 16 * v);
-      const __m512 s = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(sv));
-      const __m512 lo = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(mv));
+      const __m512 s = load16(p.scale + g * kPanelCols + 16 * v);
+      const __m512 lo = load16(p.min + g * kPanelCols + 16 * v);
       for (int r = 0; r < R; ++r) {
         const float sum = sums[r * groups + g];
         __m512 t = _mm512_load_ps(total[r] + 16 * v);
@@ -316,8 +326,8 @@ void int4_tile(const uint16_t* a, int64_t lda, const Int4Panel& p, const float* 
     }
 }
 
-template <bool Codes>
-void int4_rows(const uint16_t* x, int64_t lda, int64_t rows, const Int4Panel& p,
+template <bool Codes, typename Scale>
+void int4_rows(const uint16_t* x, int64_t lda, int64_t rows, const Int4Panel<Scale>& p,
                const float* sums, int64_t groups, const float* bias, uint16_t* out, int64_t ldo,
                int64_t cols) {
   gemm_tile::row_tiles<kInt4TileRows>(rows, [&](auto tile_rows, int64_t r) {
@@ -327,22 +337,18 @@ void int4_rows(const uint16_t* x, int64_t lda, int64_t rows, const Int4Panel& p,
 }
 #endif
 
-at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                       const at::Tensor& min, int64_t group,
-                       const c10::optional<at::Tensor>& bias, int64_t n) {
-  check_int4(q, scale, min, group);
-  const int64_t panels = q.size(0), pairs = q.size(1), k = 2 * pairs, groups = k / group;
-  check_x(x, k, n, panels);
-  const int64_t m = x.size(0);
-  auto out = at::empty({m, n}, x.options());
-  if (m == 0) return out;
-  const std::vector<float> biases = padded_bias(bias, n, panels);
-  const auto* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+template <typename Scale>
+inline float scale_at(const Scale* p, int64_t at) {
+  if constexpr (sizeof(Scale) == 2) return bf16_to_float(p[at]);
+  else return p[at];
+}
+
+template <typename Scale>
+void int4_product(const uint16_t* a, int64_t m, int64_t k, const uint8_t* codes,
+                  const Scale* scales, const Scale* mins, int64_t panels, int64_t group,
+                  const std::vector<float>& biases, uint16_t* y, int64_t n) {
+  const int64_t pairs = k / 2, groups = k / group;
   const std::vector<float> sums = group_sums(a, m, k, group);
-  const auto* codes = q.data_ptr<uint8_t>();
-  const auto* scales = reinterpret_cast<const uint16_t*>(scale.data_ptr<c10::BFloat16>());
-  const auto* mins = reinterpret_cast<const uint16_t*>(min.data_ptr<c10::BFloat16>());
-  auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
 #ifdef SGLANG_GEMM_TILE
   auto convert = [&](int64_t j, uint16_t* buffer) {
     convert_panel(codes, j, pairs, kPanelCols, buffer,
@@ -350,8 +356,8 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   };
   run_panels(panels, m, pairs, convert, [&](int64_t j, const uint16_t* buffer) {
     const int64_t c0 = j * kPanelCols;
-    Int4Panel panel{codes + j * pairs * kPanelCols, scales + j * groups * kPanelCols,
-                    mins + j * groups * kPanelCols, pairs, group / 2};
+    Int4Panel<Scale> panel{codes + j * pairs * kPanelCols, scales + j * groups * kPanelCols,
+                           mins + j * groups * kPanelCols, pairs, group / 2};
     const float* b = biases.data() + c0;
     if (buffer == nullptr) {
       int4_rows<true>(a, k, m, panel, sums.data(), groups, b, y + c0, n, n - c0);
@@ -379,14 +385,36 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
               }
             sum -= 128.f * sums[r * groups + g];
             const int64_t at = (j * groups + g) * kPanelCols + c;
-            total = std::fma(sum, bf16_to_float(scales[at]), total);
-            total = std::fma(bf16_to_float(mins[at]), sums[r * groups + g], total);
+            total = std::fma(sum, scale_at(scales, at), total);
+            total = std::fma(scale_at(mins, at), sums[r * groups + g], total);
           }
           y[r * n + col] = c10::BFloat16(total + biases[col]).x;
         }
       }
   });
 #endif
+}
+
+at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                       const at::Tensor& min, int64_t group,
+                       const c10::optional<at::Tensor>& bias, int64_t n) {
+  check_int4(q, scale, min, group);
+  const int64_t panels = q.size(0), k = 2 * q.size(1);
+  check_x(x, k, n, panels);
+  const int64_t m = x.size(0);
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  const std::vector<float> biases = padded_bias(bias, n, panels);
+  const auto* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  const auto* codes = q.data_ptr<uint8_t>();
+  auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  if (scale.scalar_type() == at::kFloat) {
+    int4_product(a, m, k, codes, scale.data_ptr<float>(), min.data_ptr<float>(), panels, group,
+                 biases, y, n);
+  } else {
+    int4_product(a, m, k, codes, reinterpret_cast<const uint16_t*>(scale.data_ptr()),
+                 reinterpret_cast<const uint16_t*>(min.data_ptr()), panels, group, biases, y, n);
+  }
   return out;
 }
 

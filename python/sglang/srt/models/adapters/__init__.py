@@ -203,7 +203,7 @@ def supported_families() -> list[str]:
 
 
 def get_adapter(model: nn.Module | None, config: Any) -> ModelAdapter:
-    _check_not_prequantized(config)
+    _check_quantized_format(config)
     if not hasattr(config, "vision_config"):
         return TextAdapter(model, config)
     cls = FAMILY_ADAPTERS.get(config.model_type)
@@ -242,20 +242,16 @@ def load_vlm(model_path: str, config: Any, load_config: Any = None, **kwargs: An
     return model
 
 
-def _check_not_prequantized(config: Any) -> None:
-    """Checkpoints stored quantized (config.json ``quantization_config``: AWQ, GPTQ,
-    compressed-tensors, ...) load through transformers' quantizers, which need packages and
-    kernels this engine does not have on CPU; refused before their weights load."""
-    quant = getattr(config, "quantization_config", None)
-    if quant is None:
-        return
-    get = quant.get if isinstance(quant, dict) else lambda key: getattr(quant, key, None)
-    method = get("quant_method") or get("format") or "unknown"
-    raise UnsupportedModelError(
-        f"cannot serve a checkpoint stored quantized ({method}, config.json "
-        "quantization_config): load its unquantized weights and quantize them at start-up "
-        "with --torchao-config int8wo or int4wo-<group>"
-    )
+def _check_quantized_format(config: Any) -> None:
+    """A checkpoint stored quantized (config.json ``quantization_config``) in a format or with
+    options the engine cannot load (``layers/checkpoint_formats.py``) is refused before its
+    weights load."""
+    from sglang.srt.layers.checkpoint_formats import UnsupportedQuantizedCheckpoint, read_format
+
+    try:
+        read_format(config)
+    except UnsupportedQuantizedCheckpoint as exc:
+        raise UnsupportedModelError(str(exc)) from None
 
 
 def check_model(model_path: str, trust_remote_code: bool = False) -> None:

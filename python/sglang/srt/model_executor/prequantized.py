@@ -1,0 +1,160 @@
+"""Checkpoints published quantized (``layers/checkpoint_formats.py``), loaded straight into
+the native int4 / int8 layouts through transformers' ``from_pretrained``, with a quantizer of
+this module in place of the format's own (which needs CUDA packages): before any weight loads,
+each linear whose quantized tensors the checkpoint holds (its key names, renamed as transformers
+renames them for the family) becomes a ``CheckpointLinear`` with buffers of the format's names,
+shapes and dtypes; transformers fills them like any weight; then each becomes a
+``QuantizedLinear``. Nothing is dequantized on the way: the load peaks at about the
+checkpoint's size. Everything the checkpoint stores unquantized (embeddings, head, vision tower,
+norms) loads as usual, in bfloat16.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from sglang.srt.layers.checkpoint_formats import (
+    CheckpointLinear,
+    PrequantizedFormat,
+    refuse,
+)
+
+logger = logging.getLogger(__name__)
+
+QUANT_METHOD = "sglang-prequantized"  # the transformers quantizer registered here
+
+
+def checkpoint_keys(model_path: str | Path) -> list[str]:
+    """Every tensor name in the folder's safetensors files (headers only)."""
+    names = []
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            names.extend(k for k in json.loads(f.read(size)) if k != "__metadata__")
+    return names
+
+
+def _renamed_modules(model: nn.Module, prefixes: list[str]) -> set[str]:
+    """Checkpoint module names as transformers renames them for ``model`` (the family's
+    mappings; the name of each module's ``weight`` is renamed, which the model has)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    state = model.state_dict()
+    prefix = getattr(model, "base_model_prefix", None)
+    out = set()
+    for name in prefixes:
+        key = name + ".weight"
+        renamed, _ = rename_source_key(key, renamings, converters, prefix, state)
+        out.add((key if renamed not in state and key in state else renamed).removesuffix(".weight"))
+    return out
+
+
+def _quantizer_classes() -> None:
+    """Register this module's config and quantizer with transformers (once)."""
+    from transformers.quantizers.auto import (
+        AUTO_QUANTIZATION_CONFIG_MAPPING,
+        AUTO_QUANTIZER_MAPPING,
+    )
+    from transformers.quantizers.base import HfQuantizer
+    from transformers.utils.quantization_config import QuantizationConfigMixin
+
+    if QUANT_METHOD in AUTO_QUANTIZER_MAPPING:
+        return
+
+    class PrequantizedConfig(QuantizationConfigMixin):
+        def __init__(self, format: dict, checkpoint: str, **_: Any) -> None:
+            self.quant_method = QUANT_METHOD
+            self.format, self.checkpoint = format, checkpoint
+
+        def to_dict(self) -> dict:
+            return {
+                "quant_method": QUANT_METHOD,
+                "format": self.format,
+                "checkpoint": self.checkpoint,
+            }
+
+    class PrequantizedQuantizer(HfQuantizer):
+        requires_calibration = True
+
+        def _process_model_before_weight_loading(self, model: nn.Module, **_: Any) -> None:
+            config = self.quantization_config
+            fmt = PrequantizedFormat(**config.format)
+            self.replaced = install_checkpoint_linears(model, fmt, config.checkpoint)
+
+        def _process_model_after_weight_loading(self, model: nn.Module, **_: Any) -> None:
+            convert_checkpoint_linears(model)
+
+        def is_serializable(self, safe_serialization: Any = None) -> bool:
+            return False
+
+        @property
+        def is_trainable(self) -> bool:
+            return False
+
+    AUTO_QUANTIZATION_CONFIG_MAPPING[QUANT_METHOD] = PrequantizedConfig
+    AUTO_QUANTIZER_MAPPING[QUANT_METHOD] = PrequantizedQuantizer
+
+
+def install_checkpoint_linears(model: nn.Module, fmt: PrequantizedFormat, path: str) -> int:
+    """Swap every ``nn.Linear`` whose quantized tensors the checkpoint holds for a
+    ``CheckpointLinear``; returns how many. A quantized tensor with no linear to take it (a
+    fused or renamed layer) is refused."""
+    keys = checkpoint_keys(path)
+    suffix = "." + fmt.marker
+    marked = [k for k in keys if k.endswith(suffix)]
+    if fmt.layout == "ct-int8":  # weight_scale also marks the scheme's other tensors' layers
+        marked = [k for k in marked if k.removesuffix(suffix) + ".weight" in set(keys)]
+    targets = _renamed_modules(model, [k.removesuffix(suffix) for k in marked])
+    g_idx = _renamed_modules(
+        model, [k.removesuffix(".g_idx") for k in keys if k.endswith(".g_idx")]
+    )
+    modules = dict(model.named_modules())
+    missing = sorted(t for t in targets if not isinstance(modules.get(t), nn.Linear))
+    if missing:
+        raise refuse(
+            fmt.method, f"quantized tensors with no linear layer to take them ({missing[0]})"
+        )
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = modules[parent_name] if parent_name else model
+        setattr(parent, child, CheckpointLinear(modules[name], fmt, name in g_idx))
+    logger.info("%s: %d linear layers load quantized", fmt.label, len(targets))
+    return len(targets)
+
+
+def convert_checkpoint_linears(model: nn.Module) -> int:
+    """Each ``CheckpointLinear`` to its ``QuantizedLinear``, freeing the format's tensors."""
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, CheckpointLinear):
+                setattr(parent, name, child.to_quantized())
+                count += 1
+    return count
+
+
+def prequantized_config(config: Any, fmt: PrequantizedFormat, model_path: str) -> Any:
+    """A copy of ``config`` whose quantization_config names this module's quantizer."""
+    import copy
+
+    _quantizer_classes()
+    patched = copy.deepcopy(config)
+    text = patched.get_text_config()
+    if text is not patched and hasattr(text, "quantization_config"):
+        del text.quantization_config
+    patched.quantization_config = {
+        "quant_method": QUANT_METHOD,
+        "format": asdict(fmt),
+        "checkpoint": str(model_path),
+    }
+    return patched

@@ -1,0 +1,293 @@
+"""Checkpoints published quantized (``layers/checkpoint_formats.py``,
+``model_executor/prequantized.py``): AWQ, GPTQ and compressed-tensors W4A16 / W8A8 checkpoints,
+written from each format's definition (``sglang.testing.quantized_checkpoints``), load straight
+into the native layouts and serve what the same weights dequantized serve in HF; misread
+layouts, a wrong image and shifted positions fall outside the bound; formats and options not
+supported, and flags that contradict the checkpoint, are refused before loading with one
+line."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from conftest import hf_inputs, load_hf_model, make_image, model_dir, placeholder
+from PIL import Image
+from quant_reference import dynamic_int8
+from safetensors import safe_open
+from torch import nn
+
+import sglang
+from sglang.srt.layers import checkpoint_formats
+from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.model_executor import prequantized
+from sglang.srt.models.adapters import UnsupportedModelError, check_model
+from sglang.srt.multimodal.hf_processor import load_hf_processor
+from sglang.testing.quantized_checkpoints import write_quantized
+
+GROUP = 32
+MAX_NEW = 8
+CASES = [
+    ("qwen2_5_vl", "awq"),
+    ("qwen2_5_vl", "gptq"),
+    ("qwen2_5_vl", "ct-w4a16"),
+    ("qwen2_5_vl", "ct-w8a8"),
+    ("llava", "awq"),
+    ("gemma3", "gptq"),  # LM head tied to the embeddings
+]
+METHOD = {
+    "awq": "awq",
+    "gptq": "gptq",
+    "ct-w4a16": "compressed-tensors",
+    "ct-w8a8": "compressed-tensors",
+}
+
+
+@functools.cache
+def _folders(family: str, fmt: str, root: Path) -> tuple[Path, Path]:
+    """(the checkpoint in ``fmt``, HF's checkpoint of its weights dequantized)."""
+    quantized, reference = root / f"{family}-{fmt}", root / f"{family}-{fmt}-ref"
+    write_quantized(model_dir(family), quantized, fmt, GROUP, reference=reference)
+    return quantized, reference
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("prequantized")
+
+
+class DynamicInt8(nn.Module):
+    """W8A8's product from its definition: the row quantized to int8 per token, integer sums
+    with the checkpoint's codes, both scales applied (``quant_reference.dynamic_int8``)."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.codes, self.scale, self.bias = codes, scale.double().reshape(-1), bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = dynamic_int8(x.reshape(-1, x.shape[-1]), self.codes, self.scale)
+        if self.bias is not None:
+            y = y + self.bias.double()
+        return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def _hf(reference: Path, quantized: Path, fmt: str, dtype: torch.dtype) -> nn.Module:
+    model = load_hf_model(transformers.AutoModelForImageTextToText, str(reference), dtype)
+    if fmt == "ct-w8a8":  # int8 activations too: each quantized linear on its definition
+        modules = dict(model.named_modules())
+        for file in quantized.glob("*.safetensors"):
+            with safe_open(file, "pt") as f:
+                for key in [k for k in f.keys() if k.endswith(".weight_scale")]:
+                    prefix = key.removesuffix(".weight_scale")
+                    (name,) = [n for n in modules if n.endswith(prefix.removeprefix("model."))]
+                    parent, _, child = name.rpartition(".")
+                    bias = modules[name].bias
+                    layer = DynamicInt8(f.get_tensor(prefix + ".weight"), f.get_tensor(key), bias)
+                    setattr(modules[parent], child, layer)
+    return model
+
+
+def _prompt_logprobs(model: nn.Module, path: Path, prompt: str, image) -> tuple[list, torch.Tensor]:
+    inputs = hf_inputs(load_hf_processor(str(path)), prompt, [image])
+    inputs = {k: v.to(model.dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    with torch.no_grad():
+        logits = model(**inputs).logits[0].float()
+    ids = inputs["input_ids"][0]
+    return ids.tolist(), torch.log_softmax(logits, -1)[:-1].gather(1, ids[1:, None])[:, 0]
+
+
+def _engine_logprobs(engine: sglang.Engine, prompt: str, image) -> tuple[list, torch.Tensor]:
+    out = engine.generate(
+        prompt,
+        {"temperature": 0, "max_new_tokens": 1},
+        image_data=[image],
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    rows = out["meta_info"]["input_token_logprobs"]
+    return [t for _, t, _ in rows], torch.tensor([lp for lp, _, _ in rows[1:]])
+
+
+@pytest.mark.parametrize("family, fmt", CASES)
+def test_published_checkpoint_serves_its_dequantized_weights(
+    family: str, fmt: str, root: Path, monkeypatch
+) -> None:
+    """The engine (bfloat16, 5-token chunks cutting through the image) against HF float32 on
+    the dequantized weights (exact) and HF bfloat16 on them: within twice the gap between the
+    two, as for ``--torchao-config``. The unquantized source model (int4), a white image and
+    positions shifted by one fall outside; greedy tokens equal HF bfloat16's, or part only
+    where HF's own margin between the two tokens lies within the bound."""
+    quantized, reference = _folders(family, fmt, root)
+    prompt, image = f"Look at {placeholder(family)} and say what you see.", make_image(2, 96, 64)
+    ids, exact = _prompt_logprobs(
+        _hf(reference, quantized, fmt, torch.float32), reference, prompt, image
+    )
+    bf16 = _hf(reference, quantized, fmt, torch.bfloat16)
+    _, rounded = _prompt_logprobs(bf16, reference, prompt, image)
+    bound = 2 * (rounded - exact).abs().max()
+    source = load_hf_model(
+        transformers.AutoModelForImageTextToText, model_dir(family), torch.float32
+    )
+    _, unquantized = _prompt_logprobs(source, reference, prompt, image)
+    _, white = _prompt_logprobs(bf16, reference, prompt, Image.new("RGB", image.size, "white"))
+
+    engine = sglang.Engine(
+        model_path=str(quantized), quantization=METHOD[fmt], chunked_prefill_size=5
+    )
+    try:
+        got_ids, got = _engine_logprobs(engine, prompt, image)
+        assert got_ids == ids
+        gap = (got - exact).abs().max()
+        assert gap <= bound, (gap, bound)
+        assert (got - white).abs().max() > bound
+        if fmt != "ct-w8a8":  # int8 moves logprobs by about the bfloat16 noise only
+            assert (got - unquantized).abs().max() > bound
+        assert (got[1:] - exact[:-1]).abs().max() > bound
+        _check_greedy(engine, bf16, reference, prompt, image, float(bound))
+        _check_layers(engine, fmt)
+        engine.scheduler.check_integrity()
+    finally:
+        engine.shutdown()
+
+
+def _check_greedy(engine, hf: nn.Module, path: Path, prompt: str, image, bound: float) -> None:
+    params = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    mine = engine.generate(prompt, params, image_data=[image])["output_ids"]
+    inputs = hf_inputs(load_hf_processor(str(path)), prompt, [image])
+    inputs = {k: v.to(hf.dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    with torch.no_grad():
+        out = hf.generate(
+            **inputs,
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    theirs = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    for n, (a, b) in enumerate(zip(mine, theirs)):
+        if a != b:
+            step = torch.log_softmax(out.logits[n][0].float(), -1)
+            assert float(step[b] - step[a]) <= bound, f"token {n}: {a} against HF's {b}"
+            return
+    assert len(mine) == len(theirs) == MAX_NEW
+
+
+def _check_layers(engine: sglang.Engine, fmt: str) -> None:
+    """Every quantized linear of the checkpoint became a native layer, nothing else did; int4
+    keeps the format's float16 scales and zero points exactly (float32 scale and min)."""
+    model, runner = engine.runner.model, engine.runner
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    in_lm = {id(m) for m in runner.adapter.language_model.modules()}
+    assert layers and all(id(m) in in_lm for m in layers)
+    marker = runner.prequantized.marker
+    stored = [k for k in prequantized.checkpoint_keys(runner.model_path) if k.endswith(marker)]
+    assert len(layers) == len(stored)
+    report = engine.get_server_info()["weight_quantization"]
+    assert report["method"] == METHOD[fmt] and report["quantized_layers"] == len(layers)
+    for layer in layers:
+        assert layer.dynamic == (fmt == "ct-w8a8")
+        if layer.bits == 4:
+            assert layer.scale.dtype == layer.min.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "fmt, constant, misread",
+    [("awq", "AWQ_ORDER", tuple(range(8))), ("gptq", None, 0)],
+)
+def test_a_misread_format_falls_outside_the_bound(fmt, constant, misread, root, monkeypatch):
+    """AWQ's columns read in GPTQ's sequential order, or GPTQ v1's zero points read without
+    their offset of one, move the logprobs far beyond the bound the right reading meets."""
+    quantized, reference = _folders("qwen2_5_vl", fmt, root)
+    prompt, image = f"Look at {placeholder('qwen2_5_vl')} and say.", make_image(2, 96, 64)
+    _, exact = _prompt_logprobs(
+        _hf(reference, quantized, fmt, torch.float32), reference, prompt, image
+    )
+    _, rounded = _prompt_logprobs(
+        _hf(reference, quantized, fmt, torch.bfloat16), reference, prompt, image
+    )
+    bound = 2 * (rounded - exact).abs().max()
+    if constant:
+        monkeypatch.setattr(checkpoint_formats, constant, misread)
+    else:
+        original = checkpoint_formats.PrequantizedFormat
+
+        def without_offset(*args, **kwargs):
+            return original(*args, **{**kwargs, "gptq_zero_offset": 0})
+
+        monkeypatch.setattr(checkpoint_formats, "PrequantizedFormat", without_offset)
+    engine = sglang.Engine(model_path=str(quantized))
+    try:
+        assert (_engine_logprobs(engine, prompt, image)[1] - exact).abs().max() > bound
+    finally:
+        engine.shutdown()
+
+
+def _with_quantization_config(tmp_path: Path, quant: dict) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(model_dir("qwen2_5_vl"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = quant
+    (folder / "config.json").write_text(json.dumps(config))
+    for weights in folder.glob("*.safetensors"):
+        weights.write_bytes(b"not weights")  # loading them would fail differently
+    return folder
+
+
+def _ct(weights: dict, fmt: str = "pack-quantized", inputs: dict | None = None, groups: int = 1):
+    scheme = {"targets": ["Linear"], "weights": weights, "input_activations": inputs}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "config_groups": {f"group_{i}": scheme for i in range(groups)},
+    }
+
+
+W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}
+
+
+@pytest.mark.parametrize(
+    "quant, reason",
+    [
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "'gemv'"),
+        ({"quant_method": "awq", "bits": 8, "group_size": 128}, "8-bit"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}, "desc_act"),
+        ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "3-bit"),
+        (
+            {"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"},
+            "'marlin'",
+        ),
+        ({"quant_method": "bitnet"}, "quant_method"),
+        (_ct({**W4, "symmetric": False}), "asymmetric"),
+        (_ct({"num_bits": 8, "type": "float", "strategy": "tensor"}, "float-quantized"), "float"),
+        (_ct(W4, groups=2), "2 quantization schemes"),
+        (_ct({**W4, "strategy": "tensor"}), "strategy 'tensor'"),
+        (
+            _ct(
+                {"num_bits": 8, "type": "int", "strategy": "channel"},
+                "int-quantized",
+                {"num_bits": 8, "type": "int", "dynamic": False, "strategy": "tensor"},
+            ),
+            "activations",
+        ),
+    ],
+)
+def test_unsupported_formats_are_refused_before_loading(tmp_path, quant, reason) -> None:
+    folder = _with_quantization_config(tmp_path, quant)
+    with pytest.raises(UnsupportedModelError, match="cannot load this") as info:
+        check_model(str(folder))
+    assert reason in str(info.value) and "\n" not in str(info.value)
+
+
+def test_flags_that_contradict_the_checkpoint_are_refused(root: Path) -> None:
+    quantized, _ = _folders("qwen2_5_vl", "awq", root)
+    with pytest.raises(ValueError, match="quantized with awq"):
+        sglang.Engine(model_path=str(quantized), quantization="gptq")
+    with pytest.raises(ValueError, match="already quantized"):
+        sglang.Engine(model_path=str(quantized), torchao_config="int4wo-32")
+    with pytest.raises(ValueError, match="not quantized"):
+        sglang.Engine(model_path=model_dir("qwen2_5_vl"), quantization="awq")
