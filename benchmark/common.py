@@ -317,8 +317,18 @@ def matmul_peak_gflops(
     """The machine's matrix-multiply rate in ``dtype`` with torch's default threads: the best of
     repeated size^3 products over about ``seconds`` (best, because other load only slows it).
     In bfloat16, where the engine's own GEMM serves the packed linears (``packed_linear``), the
-    faster of torch's product and it (both rates are reported)."""
+    faster of torch's product and it (both rates are reported). ``int8``: the rate of
+    ``vpdpbusd`` itself on every thread (``linear_int8dq.peak_ops``), the peak int8dq's MFU is
+    counted against."""
     import torch
+
+    if dtype == "int8":
+        from sglang.srt import kernels
+
+        int8 = kernels.load("linear_int8dq")
+        rate = int8.peak_ops(seconds) / 1e9 if int8 is not None else 0.0
+        return {"gflop_per_s": rate, "instruction": "vpdpbusd", "size": None,
+                "threads": torch.get_num_threads(), "dtype": dtype}  # fmt: skip
 
     from sglang.srt.layers import packed_linear
 

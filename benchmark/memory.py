@@ -6,7 +6,8 @@ on the meta device and each tensor is created in bfloat16 and written shard by s
 tokenizer and processor are the tiny models' (a small BPE, Qwen's image processor with its real
 pixel range). Then, per setting (bfloat16, and int8wo / int4wo-128 where the server has
 ``--torchao-config``; on request bfloat16-plain, the language model's plain weights as served
-on CPUs without the native GEMM, and float32), it launches the server and records the peak RSS
+on CPUs without the native GEMM, float32, and awq / gptq: a twin of the checkpoint in that
+published format, built beside it), it launches the server and records the peak RSS
 of its processes once ready and after one chat request with two 448x448 JPEGs, that request's
 TTFT and decode tokens/s.
 A float32 launch shows the fit check: refused before loading, with its peak RSS.
@@ -133,7 +134,11 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "int8dq": ("bfloat16", ["--torchao-config", "int8dq", "--vision-int8dq"]),
     "bfloat16-plain": ("bfloat16", ["--cpu-packed-lm-weights", "off"]),  # no native GEMM
     "float32": ("float32", []),
+    # the same weights' shapes published quantized (random codes, group 128), loaded as they are
+    "awq": ("bfloat16", ["--quantization", "awq"]),
+    "gptq": ("bfloat16", ["--quantization", "gptq"]),
 }
+PUBLISHED = ("awq", "gptq")  # settings that serve a quantized twin of the checkpoint
 DEFAULT_SETTINGS = ("bfloat16", "int8wo", "int4wo-128")
 BUILD_VERSION = 3  # bump when the checkpoint recipe changes
 
@@ -311,6 +316,29 @@ def cached_checkpoint(dims: dict[str, Any], shape: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def published_twin(model: Path, fmt: str) -> Path:
+    """``model``'s shapes in a published quantized format (``awq`` or ``gptq``, group 128):
+    the decoder linears as random codes, zeros and scales, everything else in float16, as
+    AutoAWQ and AutoGPTQ store it; built beside ``model`` on first use."""
+    from sglang.testing.quantized_checkpoints import write_quantized
+
+    final = model.with_name(f"{model.name}-{fmt}")
+    if (final / "config.json").is_file():
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    shutil.rmtree(tmp)
+    try:
+        write_quantized(model, tmp, fmt, 128, random_seed=0)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def checkpoint_bytes(model: Path) -> int:
+    return sum(f.stat().st_size for f in model.glob("*.safetensors"))
 
 
 # Measurements ----------------------------------------------------------------------------------
@@ -510,12 +538,14 @@ def markdown(result: dict[str, Any]) -> str:
         after = r["rss_after_request"]
         read = r.get("decode_read") or {}
         rows.append([
-            r["setting"], weights / GIB, kv / GIB, r["rss_at_start"]["peak_mb"] / 1024,
+            r["setting"], r.get("checkpoint_bytes", 0) / GIB, weights / GIB, kv / GIB,
+            r["rss_at_start"]["peak_mb"] / 1024, r.get("load_peak_over_checkpoint"),
             after["peak_mb"] / 1024, after["rss_mb"] / 1024, after["file_mb"] / 1024,
             req["ttft_s"], warm["ttft_s"], warm["decode_tok_per_s"], read.get("gb_per_s"),
             read.get("copy_gb_per_s"), read.get("of_bandwidth"), r["startup_s"],
         ])  # fmt: skip
-    head = ["setting", "weights GiB", "KV pool GiB", "peak RSS at start GiB",
+    head = ["setting", "checkpoint GiB", "weights GiB", "KV pool GiB", "peak RSS at start GiB",
+            "loading process peak / checkpoint",
             "peak RSS after requests GiB", "RSS after requests GiB", "of it file pages GiB",
             "TTFT s (cold)", "TTFT s (warm)", "decode tok/s (warm)", "decode reads GB/s",
             "copy probe GB/s", "of the probe", "start-up s"]  # fmt: skip
@@ -602,7 +632,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-memory-logs-"))
     for setting in tqdm(settings, desc="memory"):
         dtype, flags = SETTINGS[setting]
-        result["runs"].append(run_setting(model, setting, dtype, flags, args, log_dir))
+        path = published_twin(model, setting) if setting in PUBLISHED else model
+        run = run_setting(path, setting, dtype, flags, args, log_dir)
+        run["checkpoint_bytes"] = checkpoint_bytes(path)
+        # the loading process's own peak (the scheduler's; the API process loads no weights)
+        loading_peak = run["rss_at_start"]["max_process_peak_mb"] * 2**20
+        run["load_peak_over_checkpoint"] = loading_peak / run["checkpoint_bytes"]
+        result["runs"].append(run)
         write_json(out.with_suffix(".partial.json"), result)
     write_json(out.with_suffix(".json"), result)
     out.with_suffix(".partial.json").unlink(missing_ok=True)

@@ -468,7 +468,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model_path = args.model_path or (
         None if args.base_url else default_model(args.model_size or preset["size"], args.family)
     )
-    probe_dtype = compute_dtype(args.dtype)
+    # int8dq's linears multiply int8: its MFU is counted against vpdpbusd's own rate
+    probe_dtype = "int8" if "int8dq" in args.server_args else compute_dtype(args.dtype)
     peak = None if args.no_probe else matmul_peak_gflops(dtype=probe_dtype)
     bandwidth = None if args.no_probe else memory_bandwidth_gbs()
     extra = think_mode_body(args.think_mode)
@@ -540,7 +541,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if peak and bandwidth:
         md = (
             f"matmul peak (probe): {peak['gflop_per_s']:.1f} GFLOP/s "
-            f"({peak['dtype']}, {peak['size']}^3, {peak['threads']} threads"
+            f"({peak['dtype']}, "
+            + (f"{peak['size']}^3" if peak["size"] else peak.get("instruction", ""))
+            + f", {peak['threads']} threads"
             + (
                 f"; torch {peak['torch_gflop_per_s']:.1f}, native {peak['native_gflop_per_s']:.1f}"
                 if "native_gflop_per_s" in peak

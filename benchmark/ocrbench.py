@@ -7,9 +7,10 @@ HME100k (handwritten math), which is case-sensitive with every space removed fro
 ``python -m benchmark.ocrbench_synth`` writes a small synthetic set in the same format.
 
 ``--configs`` runs our server once per named configuration (``CONFIGS``: float32, bfloat16,
-fp8 KV cache, int8wo, int4wo, int8dq (tower too), a chunk size that cuts through images) and
-cache mode; every report gives the accuracy with its 95% (Wilson) interval, and the run writes
-JSON, a markdown table and a plot. The trained reader (``benchmark/models/ocr-reader``,
+fp8 KV cache, int8wo, int4wo, int8dq (tower too), a chunk size that cuts through images, and
+the model written as AWQ, GPTQ or compressed-tensors W4A16 / W8A8 checkpoints) and cache mode;
+every report gives the accuracy with its 95% (Wilson) interval, and the run writes JSON, a
+markdown table and a plot. The trained reader (``benchmark/models/ocr-reader``,
 ``benchmark.train_reader``) on the synthetic set is the run that measures what a mode costs in
 accuracy.
 
@@ -27,6 +28,7 @@ import base64
 import json
 import math
 import mimetypes
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,21 @@ CONFIGS = {
     "int4wo": ("bfloat16", ["--torchao-config", "int4wo-128"]),
     "int8dq": ("bfloat16", ["--torchao-config", "int8dq", "--vision-int8dq"]),
     "chunk-16": ("float32", ["--chunked-prefill-size", "16"]),
+    # the model's language-model linears written in a published format (round to nearest,
+    # group 128; sglang.testing.quantized_checkpoints) and served from that checkpoint
+    "awq": ("bfloat16", ["--quantization", "awq"]),
+    "gptq": ("bfloat16", ["--quantization", "gptq"]),
+    "w4a16": ("bfloat16", ["--quantization", "compressed-tensors"]),
+    "w8a8": ("bfloat16", ["--quantization", "compressed-tensors"]),
 }
+PUBLISHED = {"awq": "awq", "gptq": "gptq", "w4a16": "ct-w4a16", "w8a8": "ct-w8a8"}
+
+
+def published_copy(model_path: str, config: str, root: Path) -> str:
+    """``model_path`` written in ``config``'s published format under ``root``."""
+    from sglang.testing.quantized_checkpoints import write_quantized
+
+    return str(write_quantized(model_path, root / config, PUBLISHED[config], 128))
 
 
 def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
@@ -240,9 +256,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if name not in CONFIGS:
                 p.error(f"unknown config {name!r}; expected one of {', '.join(CONFIGS)}")
             dtype, flags = CONFIGS[name]
+            model = args.model_path
+            if name in PUBLISHED:
+                model = published_copy(args.model_path, name, Path(tempfile.mkdtemp()))
             for mode in args.modes.split(","):
                 extra = flags + args.server_args.split()
-                with launch("ours", args.model_path, mode, extra, dtype=dtype) as server:
+                with launch("ours", model, mode, extra, dtype=dtype) as server:
                     if name != "default":
                         server.label = f"ours:{name}:{mode}"
                     reports.append(evaluate(server, entries, args))

@@ -135,6 +135,8 @@ def launch(
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if engine == "ours":
         extra = ["--dtype", dtype, *(extra or [])]
+        # a native kernel that fails to build stops the server instead of timing torch's path
+        env.setdefault("SGLANG_REQUIRE_CPU_KERNELS", "1")
         cmd, model, label = our_command(model_path, port, mode, extra), "default", f"ours:{mode}"
     elif engine == "vllm":
         assert model_path, "vLLM needs --model-path"

@@ -24,6 +24,7 @@ from benchmark.train_reader import DEFAULT_OUT
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
+from sglang.testing.quantized_checkpoints import write_quantized
 
 READER = str(DEFAULT_OUT)
 SET_SIZE = 300  # 30 per category: a second or two per engine
@@ -145,6 +146,23 @@ def test_reduced_precision_reads_within_distance_of_float32(kwargs: dict) -> Non
     same = sum(a == b for a, b in zip(answers, reference)) / len(reference)
     mode = kwargs.get("torchao_config") or kwargs.get("kv_cache_dtype") or kwargs["dtype"]
     assert same >= MIN_SAME_ANSWERS[mode]
+    assert _accuracy(answers) >= _accuracy(reference) - MAX_ACCURACY_DROP
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "ct-w8a8"])
+def test_published_formats_read_within_distance_of_float32(fmt: str, tmp_path) -> None:
+    """The reader written as AWQ / GPTQ (int4, round to nearest, group 128) and as
+    compressed-tensors W8A8 checkpoints, served from those: as close to float32 as int4wo and
+    int8dq are."""
+    folder = write_quantized(READER, tmp_path / fmt, fmt, 128)
+    engine = sglang.Engine(model_path=str(folder))
+    try:
+        answers = _read(engine)
+    finally:
+        engine.shutdown()
+    reference = _float32()
+    same = sum(a == b for a, b in zip(answers, reference)) / len(reference)
+    assert same >= MIN_SAME_ANSWERS["int8dq" if fmt == "ct-w8a8" else "int4wo-128"]
     assert _accuracy(answers) >= _accuracy(reference) - MAX_ACCURACY_DROP
 
 

@@ -18,7 +18,7 @@ import torch
 import transformers
 from conftest import hf_inputs, load_hf_model, make_image, model_dir, placeholder
 from PIL import Image
-from quant_reference import dynamic_int8
+from quant_reference import dynamic_int8, exact_weight
 from safetensors import safe_open
 from torch import nn
 
@@ -150,6 +150,7 @@ def test_published_checkpoint_serves_its_dequantized_weights(
         assert (got[1:] - exact[:-1]).abs().max() > bound
         _check_greedy(engine, bf16, reference, prompt, image, float(bound))
         _check_layers(engine, fmt)
+        _check_exact_weights(engine, reference)
         engine.scheduler.check_integrity()
     finally:
         engine.shutdown()
@@ -175,6 +176,24 @@ def _check_greedy(engine, hf: nn.Module, path: Path, prompt: str, image, bound: 
             assert float(step[b] - step[a]) <= bound, f"token {n}: {a} against HF's {b}"
             return
     assert len(mine) == len(theirs) == MAX_NEW
+
+
+def _check_exact_weights(engine: sglang.Engine, reference: Path) -> None:
+    """Each loaded layer stands for exactly the weight its format defines: read from the
+    native layout's definition in float64 (``quant_reference``), it equals the writer's
+    dequantized weight (float64 rounded once to float32)."""
+    marker = "." + engine.runner.prequantized.marker
+    stored = prequantized.checkpoint_keys(engine.runner.model_path)
+    quantized = {k.removesuffix(marker) for k in stored if k.endswith(marker)}
+    dense = {}
+    for file in reference.glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            names = [k for k in quantized if k + ".weight" in f.keys()]
+            dense |= {k: f.get_tensor(k + ".weight") for k in names}
+    for name, layer in engine.runner.model.named_modules():
+        if isinstance(layer, QuantizedLinear):
+            (key,) = [k for k in dense if name.endswith(k.split("layers.", 1)[1])]
+            assert torch.equal(exact_weight(layer).float(), dense[key]), name
 
 
 def _check_layers(engine: sglang.Engine, fmt: str) -> None:
@@ -291,3 +310,29 @@ def test_flags_that_contradict_the_checkpoint_are_refused(root: Path) -> None:
         sglang.Engine(model_path=str(quantized), torchao_config="int4wo-32")
     with pytest.raises(ValueError, match="not quantized"):
         sglang.Engine(model_path=model_dir("qwen2_5_vl"), quantization="awq")
+
+
+def _resident_file_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no RssFile")
+
+
+def test_released_checkpoint_pages_leave_the_resident_set_and_read_back(tmp_path: Path) -> None:
+    """A converted layer's checkpoint tensors drop their file pages from the process (what keeps
+    the load near the quantized size); the values read back unchanged from the file; memory
+    that is not a read-only safetensors mapping is never touched."""
+    from safetensors.torch import load_file, save_file
+
+    values = torch.arange(64 * 2**20 // 4, dtype=torch.int32)
+    save_file({"w": values}, tmp_path / "w.safetensors")
+    mapped = load_file(tmp_path / "w.safetensors")["w"]  # a view of the file's mapping
+    assert int(mapped.sum()) == int(values.sum())  # every page read
+    before = _resident_file_mb()
+    assert checkpoint_formats.release_file_pages(mapped)
+    assert before - _resident_file_mb() > 48
+    assert torch.equal(mapped, values)
+    anonymous = values.clone()
+    assert not checkpoint_formats.release_file_pages(anonymous)
+    assert torch.equal(anonymous, values)

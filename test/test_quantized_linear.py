@@ -352,6 +352,9 @@ def test_int8dq_portable_path_and_torch_fallback_agree_with_the_kernel() -> None
     kernel, torch's simulation is within rounding of the definition."""
     portable = kernels.load_portable("linear_int8dq")
     assert portable is not None and portable.isa() == "portable"
+    assert portable.peak_ops(0.01) == 0  # no instruction to measure
+    # the vector build's probe: 128 operations per vpdpbusd, ~1 per cycle or more per thread
+    assert DQ_KERNEL.peak_ops(0.02) > 1e10 * torch.get_num_threads()
     layer = _dynamic_layer(130, 301, True, seed=3)
     x = torch.randn(37, 301).bfloat16()
     x[5] = 0  # a row of zeros gives the bias alone

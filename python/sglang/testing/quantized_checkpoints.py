@@ -185,19 +185,26 @@ def write_quantized(
     fmt: str,
     group: int = 128,
     reference: str | Path | None = None,
+    random_seed: int | None = None,
 ) -> Path:
-    """``src`` (an unquantized checkpoint folder) written in ``fmt``; see the module docstring."""
+    """``src`` (an unquantized checkpoint folder) written in ``fmt``; see the module docstring.
+    With ``random_seed`` the quantized tensors are ``random_codes`` instead (AWQ and GPTQ)."""
     src, out = Path(src), Path(out)
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors*"))
     if reference is not None:
         shutil.copytree(src, reference, ignore=shutil.ignore_patterns("*.safetensors*"))
     dense_dtype = torch.float16 if fmt in ("awq", "gptq") else None
+    gen = None if random_seed is None else torch.Generator().manual_seed(random_seed)
     for file in sorted(src.glob("*.safetensors")):
         stored, exact = {}, {}
         with safe_open(file, "pt") as f:
             for name in f.keys():
+                shape = tuple(f.get_slice(name).get_shape())
+                if gen is not None and quantizable(name, shape, group):
+                    stored |= random_codes(name, shape, fmt, group, gen)
+                    continue
                 tensor = f.get_tensor(name)
-                if quantizable(name, tuple(tensor.shape), group):
+                if quantizable(name, shape, group):
                     tensors, dense = quantize_tensor(name, tensor, fmt, group)
                     stored |= tensors
                     exact[name] = dense.float()

@@ -12,6 +12,8 @@ int4's ``W = scale (q - zero)`` becomes the layout's ``scale q + min`` with floa
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers import quantized_linear
+from sglang.srt.layers.packed_linear import stand_in
 
 METHODS = ("awq", "gptq", "compressed-tensors")
 # SGLang's --quantization names for the same formats.
@@ -170,8 +173,12 @@ def check_method_flag(flag: str | None, fmt: PrequantizedFormat | None) -> None:
 
 
 class CheckpointLinear(nn.Module):
-    """A linear's tensors as the format stores them, filled by transformers' loader, then
-    converted by ``to_quantized``."""
+    """A linear's tensors as the format stores them, filled by transformers' loader. Once the
+    last of them (and the bias) arrives, the layer converts itself (``converted``, a
+    ``QuantizedLinear`` kept outside the module tree, which the loader's bookkeeping never
+    sees) and lets go of the format's tensors: their checkpoint pages leave the process's
+    resident set at once instead of when the loader unmaps the file, so the load peaks at about
+    the quantized size."""
 
     def __init__(self, linear: nn.Linear, fmt: PrequantizedFormat, has_g_idx: bool) -> None:
         super().__init__()
@@ -180,6 +187,8 @@ class CheckpointLinear(nn.Module):
             linear.out_features,
             fmt,
         )
+        self.formats_tensors: tuple[str, ...] = ()
+        self.converted: quantized_linear.QuantizedLinear | None = None
         out, cols = linear.out_features, linear.in_features
         if fmt.layout != "ct-int8" and (out % 8 or cols % 8):
             raise refuse(fmt.method, f"a {cols} x {out} linear (not whole 32-bit words)")
@@ -188,32 +197,51 @@ class CheckpointLinear(nn.Module):
             raise refuse(fmt.method, f"in_features {cols} not a multiple of the group {group}")
         groups = cols // group
         meta = {"device": "meta"}
+        # float32, stated: the model is built under its own default dtype
+        scales = {"device": "meta", "dtype": torch.float32}
         buffers = {
             "awq": {
                 "qweight": torch.empty(cols, out // 8, dtype=torch.int32, **meta),
                 "qzeros": torch.empty(groups, out // 8, dtype=torch.int32, **meta),
-                "scales": torch.empty(groups, out, **meta),
+                "scales": torch.empty(groups, out, **scales),
             },
             "gptq": {
                 "qweight": torch.empty(cols // 8, out, dtype=torch.int32, **meta),
                 "qzeros": torch.empty(groups, out // 8, dtype=torch.int32, **meta),
-                "scales": torch.empty(groups, out, **meta),
+                "scales": torch.empty(groups, out, **scales),
             },
             "ct-pack": {
                 "weight_packed": torch.empty(out, cols // 8, dtype=torch.int32, **meta),
-                "weight_scale": torch.empty(out, groups, **meta),
+                "weight_scale": torch.empty(out, groups, **scales),
                 "weight_shape": torch.empty(2, dtype=torch.int64, **meta),
             },
             "ct-int8": {
                 "weight": torch.empty(out, cols, dtype=torch.int8, **meta),
-                "weight_scale": torch.empty(out, 1, **meta),
+                "weight_scale": torch.empty(out, 1, **scales),
             },
         }[fmt.layout]
         if fmt.layout == "gptq" and has_g_idx:
             buffers["g_idx"] = torch.empty(cols, dtype=torch.int32, **meta)
-        for name, tensor in buffers.items():  # float32: float16 scales load exactly
+        for name, tensor in buffers.items():
             self.register_buffer(name, tensor)
         self.bias = linear.bias
+        self.formats_tensors = tuple(buffers)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in getattr(self, "formats_tensors", ()) or name == "bias":
+            self._convert_when_loaded()
+
+    def _convert_when_loaded(self) -> None:
+        tensors = [self._buffers[n] for n in self.formats_tensors]
+        if not tensors or self.converted is not None or any(t.is_meta for t in tensors):
+            return
+        if self.bias is not None and self.bias.is_meta:
+            return
+        object.__setattr__(self, "converted", self.to_quantized())
+        for name, tensor in zip(self.formats_tensors, tensors):
+            self._buffers[name] = stand_in(tensor)
+            release_file_pages(tensor)
 
     def to_quantized(self) -> quantized_linear.QuantizedLinear:
         fmt = self.format
@@ -282,3 +310,34 @@ def unpack_awq(words: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(nibbles)
     out[..., list(AWQ_ORDER)] = nibbles
     return out.reshape(words.shape[0], -1)
+
+
+MADV_DONTNEED = 4
+
+
+def release_file_pages(tensor: torch.Tensor) -> bool:
+    """Drop from this process's resident set the whole pages ``tensor`` views in a private
+    mapping of a safetensors file (safetensors maps files copy-on-write and nothing writes a
+    checkpoint's tensors, so a later read faults the same bytes in from the file); returns
+    whether it did. Memory of any other kind is left alone."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return False
+    start = tensor.data_ptr()
+    end = start + tensor.untyped_storage().nbytes() - tensor.storage_offset() * tensor.itemsize
+    end = min(end, start + tensor.numel() * tensor.itemsize)
+    low, high = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+    if high <= low or not _in_checkpoint_mapping(start, end):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED) == 0
+
+
+def _in_checkpoint_mapping(start: int, end: int) -> bool:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            low, high = (int(v, 16) for v in fields[0].split("-"))
+            if low <= start and end <= high:
+                path = fields[5] if len(fields) > 5 else ""
+                return fields[1].endswith("p") and path.endswith(".safetensors")
+    return False

@@ -17,12 +17,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from sglang.srt.layers.checkpoint_formats import (
     CheckpointLinear,
     PrequantizedFormat,
     refuse,
+    release_file_pages,
 )
 
 logger = logging.getLogger(__name__)
@@ -90,9 +92,14 @@ def _quantizer_classes() -> None:
             config = self.quantization_config
             fmt = PrequantizedFormat(**config.format)
             self.replaced = install_checkpoint_linears(model, fmt, config.checkpoint)
+            self.declared = {k: t.dtype for k, t in model.state_dict(keep_vars=True).items()}
+
+        def get_new_dtype(self, converter: Any, param: Any, dtype: Any) -> None:
+            return None  # loaded as stored, then cast tensor by tensor (cast_as_declared)
 
         def _process_model_after_weight_loading(self, model: nn.Module, **_: Any) -> None:
             convert_checkpoint_linears(model)
+            cast_as_declared(model, self.declared)
 
         def is_serializable(self, safe_serialization: Any = None) -> bool:
             return False
@@ -133,13 +140,34 @@ def install_checkpoint_linears(model: nn.Module, fmt: PrequantizedFormat, path: 
 
 
 def convert_checkpoint_linears(model: nn.Module) -> int:
-    """Each ``CheckpointLinear`` to its ``QuantizedLinear``, freeing the format's tensors."""
+    """Each ``CheckpointLinear`` replaced by its ``QuantizedLinear`` (converted as its tensors
+    arrived)."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, CheckpointLinear):
-                setattr(parent, name, child.to_quantized())
+                child._convert_when_loaded()
+                if child.converted is None:
+                    raise refuse(child.format.method, f"{name}: its tensors did not all load")
+                setattr(parent, name, child.converted)
                 count += 1
+    return count
+
+
+def cast_as_declared(model: nn.Module, declared: dict[str, torch.dtype]) -> int:
+    """Give each floating tensor the dtype the model declared for it (the checkpoint's float16
+    embeddings, head and tower to bfloat16), one at a time, each source's checkpoint pages
+    released as soon as it is copied: the load never holds a whole second copy of them.
+    Returns how many were cast."""
+    count = 0
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        want = declared.get(name)
+        if want is None or not tensor.is_floating_point() or tensor.dtype == want:
+            continue
+        source = tensor.data
+        tensor.data = source.to(want)
+        release_file_pages(source)
+        count += 1
     return count
 
 

@@ -26,6 +26,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -270,9 +271,57 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
   return out;
 }
 
+// The instruction's own rate, the int8 peak that MFU is counted against: on every thread,
+// kPeakChains independent vpdpbusd chains in registers (no product waits for another) for about
+// `seconds`; operations per second over all threads, a multiply-add counted as two (128 per
+// instruction). 0 where this build has no VNNI path.
+constexpr int kPeakChains = 12;
+
+double peak_ops(double seconds) {
+#ifdef SGLANG_INT8_TILE
+  const int threads = at::get_num_threads();
+  std::vector<double> rates(threads, 0.0);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      __m512i acc[kPeakChains];
+      for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_setzero_si512();
+      const __m512i x = _mm512_set1_epi8(1), w = _mm512_set1_epi8(2);
+      const auto start = std::chrono::steady_clock::now();
+      int64_t rounds = 0;
+      double elapsed = 0.0;
+      do {
+        for (int i = 0; i < 4096; ++i) {
+#pragma GCC unroll 12
+          for (int c = 0; c < kPeakChains; ++c)
+            asm volatile("vpdpbusd %2, %1, %0" : "+v"(acc[c]) : "v"(x), "v"(w));
+        }
+        rounds += 4096;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } while (elapsed < seconds);
+      int32_t sink[16];
+      __m512i total = acc[0];
+      for (int c = 1; c < kPeakChains; ++c) total = _mm512_add_epi32(total, acc[c]);
+      _mm512_storeu_si512(sink, total);
+      volatile int32_t keep = sink[0];
+      (void)keep;
+      rates[t] = static_cast<double>(rounds) * kPeakChains * 128 / elapsed;
+    }
+  });
+  double total = 0.0;
+  for (double rate : rates) total += rate;
+  return total;
+#else
+  (void)seconds;
+  return 0.0;
+#endif
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("peak_ops", &peak_ops,
+        "vpdpbusd's rate on every thread (int8 operations per second; 0 without VNNI)",
+        py::arg("seconds") = 0.5);
   m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("linear", &linear,
         "x quantized per row times W int8 per channel, in integers; plus bias -> (M, N)",
