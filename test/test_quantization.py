@@ -248,6 +248,20 @@ def _assert_weights_quantized(
     )
 
 
+def test_a_quantized_tower_counts_the_same_flops() -> None:
+    """The tower's FLOP counters follow its linears into their int8 layouts (int4wo, and
+    int8dq with --vision-int8dq): an image counts as many FLOPs as in bfloat16 (MFU's
+    numerator)."""
+    flops = []
+    for kwargs in ({}, {"torchao_config": "int4wo-32"},
+                   {"torchao_config": "int8dq", "vision_int8dq": True}):  # fmt: skip
+        engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"), dtype="bfloat16", **kwargs)
+        engine.generate(_prompt("qwen2_5_vl"), ONE_TOKEN, image_data=[make_image(2, 96, 64)])
+        flops.append(engine.runner.perf.vision_flops)
+        engine.shutdown()
+    assert flops[0] > 0 and flops == [flops[0]] * 3
+
+
 def test_int4_skips_layers_the_kernel_cannot_take() -> None:
     """int4 needs in_features divisible by the group size; other layers stay dense and are
     reported as skipped."""

@@ -352,6 +352,9 @@ def replace_linears(
         for name, child in list(parent.named_children()):
             if child in targets:
                 layer = quantize(child, bits, group, dynamic)
+                # hooks on the layer (the towers' FLOP counters) stay with it
+                layer._forward_pre_hooks.update(child._forward_pre_hooks)
+                layer._forward_hooks.update(child._forward_hooks)
                 if stand_in:
                     weight = packed_linear.stand_in(child.weight)
                     layer.register_buffer("weight", weight, persistent=False)
