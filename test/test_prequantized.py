@@ -336,3 +336,22 @@ def test_released_checkpoint_pages_leave_the_resident_set_and_read_back(tmp_path
     anonymous = values.clone()
     assert not checkpoint_formats.release_file_pages(anonymous)
     assert torch.equal(anonymous, values)
+
+
+def test_an_encoder_worker_loads_a_published_checkpoints_tower(root: Path) -> None:
+    """``--encoder-only`` on an AWQ checkpoint: the tower loads (as stored: unquantized) without
+    the quantized decoder, equal to the language worker's tower."""
+    from sglang.srt.model_executor.encoder_runner import EncoderRunner
+    from sglang.srt.model_executor.engine_config import EngineConfig
+
+    quantized, _ = _folders("qwen2_5_vl", "awq", root)
+    runner = EncoderRunner(EngineConfig(model_path=str(quantized)), str(quantized))
+    engine = sglang.Engine(model_path=str(quantized))
+    try:
+        tower = dict(runner.model.model.visual.state_dict())
+        want = engine.runner.model.model.visual.state_dict()
+        assert tower.keys() == want.keys()
+        assert all(torch.equal(tower[k], want[k]) for k in want)
+        assert not any(isinstance(m, QuantizedLinear) for m in runner.model.modules())
+    finally:
+        engine.shutdown()

@@ -17,6 +17,7 @@ from transformers import AutoConfig
 
 from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.core.perf_counters import PerfCounters
+from sglang.srt.layers.checkpoint_formats import read_format
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
@@ -27,6 +28,7 @@ from sglang.srt.model_executor.model_runner import (
     install_encoder_kernels,
     load_model,
 )
+from sglang.srt.model_executor.prequantized import prequantized_config
 from sglang.srt.model_executor.quantization import (
     QuantizationReport,
     parse_torchao_config,
@@ -65,6 +67,10 @@ class EncoderRunner:
         get_adapter(None, self.config)
         self.dtype = resolve_launch_dtypes(args, self.config)[0].dtype
         self.perf = PerfCounters()
+        load_config = tower_only_config(self.config)
+        published = read_format(self.config)
+        if published is not None:  # its tower's quantized linears (if any) load as published
+            load_config = prequantized_config(load_config, published, model_path, tower_only=True)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # the decoder's tensors are left unread
         try:
@@ -74,7 +80,7 @@ class EncoderRunner:
                 self.dtype,
                 args,
                 self.perf,
-                load_config=tower_only_config(self.config),
+                load_config=load_config,
                 ignore_mismatched_sizes=True,
             )
         finally:

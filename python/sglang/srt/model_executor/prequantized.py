@@ -74,15 +74,18 @@ def _quantizer_classes() -> None:
         return
 
     class PrequantizedConfig(QuantizationConfigMixin):
-        def __init__(self, format: dict, checkpoint: str, **_: Any) -> None:
+        def __init__(
+            self, format: dict, checkpoint: str, tower_only: bool = False, **_: Any
+        ) -> None:
             self.quant_method = QUANT_METHOD
-            self.format, self.checkpoint = format, checkpoint
+            self.format, self.checkpoint, self.tower_only = format, checkpoint, tower_only
 
         def to_dict(self) -> dict:
             return {
                 "quant_method": QUANT_METHOD,
                 "format": self.format,
                 "checkpoint": self.checkpoint,
+                "tower_only": self.tower_only,
             }
 
     class PrequantizedQuantizer(HfQuantizer):
@@ -91,7 +94,9 @@ def _quantizer_classes() -> None:
         def _process_model_before_weight_loading(self, model: nn.Module, **_: Any) -> None:
             config = self.quantization_config
             fmt = PrequantizedFormat(**config.format)
-            self.replaced = install_checkpoint_linears(model, fmt, config.checkpoint)
+            self.replaced = install_checkpoint_linears(
+                model, fmt, config.checkpoint, config.tower_only
+            )
             self.declared = {k: t.dtype for k, t in model.state_dict(keep_vars=True).items()}
 
         def get_new_dtype(self, converter: Any, param: Any, dtype: Any) -> None:
@@ -112,10 +117,13 @@ def _quantizer_classes() -> None:
     AUTO_QUANTIZER_MAPPING[QUANT_METHOD] = PrequantizedQuantizer
 
 
-def install_checkpoint_linears(model: nn.Module, fmt: PrequantizedFormat, path: str) -> int:
+def install_checkpoint_linears(
+    model: nn.Module, fmt: PrequantizedFormat, path: str, tower_only: bool = False
+) -> int:
     """Swap every ``nn.Linear`` whose quantized tensors the checkpoint holds for a
     ``CheckpointLinear``; returns how many. A quantized tensor with no linear to take it (a
-    fused or renamed layer) is refused."""
+    fused or renamed layer) is refused, except in a ``tower_only`` model (an encoder-only
+    worker's), which builds no decoder layers for the checkpoint's quantized ones."""
     keys = checkpoint_keys(path)
     suffix = "." + fmt.marker
     marked = [k for k in keys if k.endswith(suffix)]
@@ -126,6 +134,8 @@ def install_checkpoint_linears(model: nn.Module, fmt: PrequantizedFormat, path: 
         model, [k.removesuffix(".g_idx") for k in keys if k.endswith(".g_idx")]
     )
     modules = dict(model.named_modules())
+    if tower_only:
+        targets = {t for t in targets if t in modules}
     missing = sorted(t for t in targets if not isinstance(modules.get(t), nn.Linear))
     if missing:
         raise refuse(
@@ -171,8 +181,11 @@ def cast_as_declared(model: nn.Module, declared: dict[str, torch.dtype]) -> int:
     return count
 
 
-def prequantized_config(config: Any, fmt: PrequantizedFormat, model_path: str) -> Any:
-    """A copy of ``config`` whose quantization_config names this module's quantizer."""
+def prequantized_config(
+    config: Any, fmt: PrequantizedFormat, model_path: str, tower_only: bool = False
+) -> Any:
+    """A copy of ``config`` whose quantization_config names this module's quantizer
+    (``tower_only``: for a config whose language model has no layers)."""
     import copy
 
     _quantizer_classes()
@@ -184,5 +197,6 @@ def prequantized_config(config: Any, fmt: PrequantizedFormat, model_path: str) -
         "quant_method": QUANT_METHOD,
         "format": asdict(fmt),
         "checkpoint": str(model_path),
+        "tower_only": tower_only,
     }
     return patched
