@@ -291,25 +291,29 @@ class CheckpointLinear(nn.Module):
             raise refuse("gptq", "a g_idx other than input // group (act-order)")
 
 
+def _nibbles(words: torch.Tensor) -> torch.Tensor:
+    """int32 (..., m) -> uint8 (..., m, 8): nibble i of each word (bits 4 i .. 4 i + 3), read
+    byte by byte (little-endian: byte b holds nibbles 2 b and 2 b + 1)."""
+    data = words.contiguous().view(torch.uint8).reshape(*words.shape, 4)
+    return torch.stack((data & 0xF, data >> 4), dim=-1).reshape(*words.shape, 8)
+
+
 def unpack_columns(words: torch.Tensor) -> torch.Tensor:
     """int32 (rows, n / 8) -> uint8 (rows, n): nibble i of word w is column 8 w + i."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    nibbles = (words[..., None] >> shifts) & 0xF
-    return nibbles.reshape(words.shape[0], -1).to(torch.uint8)
+    return _nibbles(words).reshape(words.shape[0], -1)
 
 
 def unpack_rows(words: torch.Tensor) -> torch.Tensor:
     """int32 (n / 8, cols) -> uint8 (n, cols): nibble i of row r's word is row 8 r + i."""
-    return unpack_columns(words.T.contiguous()).T.contiguous()
+    rows, cols = words.shape
+    return _nibbles(words).permute(0, 2, 1).reshape(8 * rows, cols)
 
 
 def unpack_awq(words: torch.Tensor) -> torch.Tensor:
     """AWQ's int32 (rows, n / 8) -> uint8 (rows, n): nibble i of word w is column
     8 w + AWQ_ORDER[i]."""
-    nibbles = unpack_columns(words).reshape(words.shape[0], -1, 8)
-    out = torch.empty_like(nibbles)
-    out[..., list(AWQ_ORDER)] = nibbles
-    return out.reshape(words.shape[0], -1)
+    nibble_of_column = sorted(range(8), key=lambda i: AWQ_ORDER[i])
+    return _nibbles(words)[..., nibble_of_column].reshape(words.shape[0], -1)
 
 
 MADV_DONTNEED = 4

@@ -138,13 +138,14 @@ def pack_int4(
     word l holds column 16 v + l's code of input 2 pair in bits 4 v .. 4 v + 3 and of input
     2 pair + 1 in bits 16 + 4 v .. (v = 0..3: one shift and mask per panel vector); scale and
     min (panels, groups, 64)."""
-    panels = _panels(codes)  # (panels, pairs, 64, 2): column 16 v + l, input t
-    count, pairs = panels.shape[:2]
-    by_word = panels.reshape(count, pairs, 4, 16, 2).permute(0, 1, 3, 4, 2)  # (.., l, t, v)
-    nibbles = by_word.reshape(count, pairs, 16, 2, 2, 2)  # v = 2 b + high
-    packed = nibbles[..., 0] | (nibbles[..., 1] << 4)  # byte 4 l + 2 t + b
+    out_features, in_features = codes.shape
+    count, pairs = -(-out_features // PANEL_COLS), -(-in_features // 2)
+    padded = codes.new_zeros(count * PANEL_COLS, 2 * pairs)
+    padded[:out_features, :in_features] = codes
+    by_vector = padded.view(count, 4, 16, pairs, 2)  # column 64 j + 16 v + l, input 2 p + t
+    packed = by_vector[:, 0::2] | (by_vector[:, 1::2] << 4)  # (j, b, l, p, t): v = 2 b + high
     return (
-        packed.reshape(count, pairs, PANEL_COLS).contiguous(),
+        packed.permute(0, 3, 2, 4, 1).reshape(count, pairs, PANEL_COLS),  # byte 4 l + 2 t + b
         _per_column(scale),
         _per_column(low),
     )
