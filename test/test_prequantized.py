@@ -208,6 +208,8 @@ def _check_layers(engine: sglang.Engine, fmt: str) -> None:
     assert len(layers) == len(stored)
     report = engine.get_server_info()["weight_quantization"]
     assert report["method"] == METHOD[fmt] and report["quantized_layers"] == len(layers)
+    memory = engine.get_server_info()["memory"]  # the fit check's estimate from the headers
+    assert memory["weights_estimate_bytes"] == pytest.approx(memory["weights_bytes"], rel=0.005)
     for layer in layers:
         assert layer.dynamic == (fmt == "ct-w8a8")
         if layer.bits == 4:

@@ -30,6 +30,11 @@ from typing import Any
 import torch
 
 from sglang.srt.layers import quantized_linear
+from sglang.srt.layers.checkpoint_formats import (
+    PrequantizedFormat,
+    UnsupportedQuantizedCheckpoint,
+    read_format,
+)
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.model_executor.host_memory import (
     device_memory_available,
@@ -131,6 +136,19 @@ def _head_bytes(shape: tuple[int, ...], elem: int, quant: Quantization) -> int:
     return rows * cols + rows * 4  # int8 per output channel
 
 
+def _published_bytes(name: str, numel: int, fmt: PrequantizedFormat) -> int | None:
+    """A published checkpoint's format tensor as loaded (``layers/checkpoint_formats.py``), or
+    None for an ordinary tensor (the codes keep their bytes as they are stored)."""
+    suffix = name.rpartition(".")[2]
+    if suffix in ("qzeros", "g_idx", "weight_shape"):
+        return 0  # folded into the mins, or only checked
+    if suffix == "scales" or (suffix == "weight_scale" and fmt.bits == 4):
+        return numel * 8  # a float32 scale and min per group
+    if suffix == "weight_scale":
+        return numel * (8 if fmt.dynamic else 4)  # float32 scale (+ int8dq's column sums)
+    return None
+
+
 def tensor_bytes_as(
     name: str,
     dtype: str,
@@ -138,6 +156,7 @@ def tensor_bytes_as(
     run_dtype: torch.dtype,
     quant: Quantization | None,
     untied_head: bool = False,
+    published: PrequantizedFormat | None = None,
 ) -> int:
     """Bytes one checkpoint tensor takes once loaded in ``run_dtype`` (floating tensors) and,
     for the language model's linear weights, quantized as they are stored: int8 = 1 byte per
@@ -150,6 +169,10 @@ def tensor_bytes_as(
     numel = 1
     for dim in shape:
         numel *= dim
+    if published is not None:
+        size = _published_bytes(name, numel, published)
+        if size is not None:
+            return size
     if dtype not in _FLOAT_TYPES:
         return numel * _SAFETENSORS_BYTES.get(dtype, 4)
     elem = torch.empty(0, dtype=run_dtype).element_size()
@@ -176,16 +199,18 @@ def estimate_weight_bytes(
     quantization: str | None = None,
     lm_head_dtype: str = "int8",
     vision_int8dq: bool = False,
+    published: PrequantizedFormat | None = None,
 ) -> int | None:
     """The weights' bytes once loaded in ``run_dtype`` with ``quantization`` (a torchao config
-    name such as ``int8wo`` or ``int4wo-128``), from the safetensors headers alone."""
+    name such as ``int8wo`` or ``int4wo-128``) or as a ``published`` quantized checkpoint, from
+    the safetensors headers alone."""
     headers = safetensors_headers(model_path)
     if headers is None:
         return None
     quant = Quantization.parse(quantization, lm_head_dtype, vision_int8dq)
     untied_head = any(name.endswith("lm_head.weight") for name in headers)
     return sum(
-        tensor_bytes_as(name, dtype, shape, run_dtype, quant, untied_head)
+        tensor_bytes_as(name, dtype, shape, run_dtype, quant, untied_head, published)
         for name, (dtype, shape) in headers.items()
     )
 
@@ -242,11 +267,17 @@ class FitInputs:
     mem_fraction_static: float | None = None
     lm_head_dtype: str = "int8"  # --cpu-lm-head-dtype
     vision_int8dq: bool = False  # --vision-int8dq
+    published: PrequantizedFormat | None = None  # a checkpoint published quantized
 
     def plan(self, **changes: Any) -> FitPlan | None:
         inp = _replace(self, **changes)
         weights = estimate_weight_bytes(
-            inp.model_path, inp.dtype, inp.quantization, inp.lm_head_dtype, inp.vision_int8dq
+            inp.model_path,
+            inp.dtype,
+            inp.quantization,
+            inp.lm_head_dtype,
+            inp.vision_int8dq,
+            inp.published,
         )
         if weights is None:
             return None
@@ -357,7 +388,15 @@ def fit_inputs(
         mem_fraction_static=args.mem_fraction_static,
         lm_head_dtype=args.cpu_lm_head_dtype,
         vision_int8dq=args.vision_int8dq,
+        published=_published_format(config),
     )
+
+
+def _published_format(config: Any) -> PrequantizedFormat | None:
+    try:
+        return read_format(config)
+    except UnsupportedQuantizedCheckpoint:
+        return None  # refused with its reason where the model is checked
 
 
 def check_launch(args: Any, model_path: str) -> FitPlan | None:
