@@ -32,7 +32,9 @@ from sglang.srt.layers.quantized_linear import (
     pack_int8,
     pack_int8_quads,
     quantize_int4,
+    quantize_int4_torch,
     quantize_int8,
+    quantize_int8_torch,
     unpack_int4,
     unpack_int8,
 )
@@ -251,6 +253,33 @@ def test_rows_are_the_same_bits_alone_or_in_any_batch(
         assert torch.equal(layer(x[row : row + 1])[0], whole[row])
     wider = torch.cat([x, torch.randn(30, in_features).bfloat16()])  # past the decode rows
     assert torch.equal(layer(wider)[:rows], whole)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    out_features=st.integers(1, 70),
+    groups=st.integers(1, 5),
+    group=st.sampled_from(GROUPS),
+    dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+    magnitude=st.sampled_from([1e-30, 1e-3, 1.0, 1e4]),
+    seed=st.integers(0, 2**16),
+)
+def test_native_quantizers_give_the_torch_definitions_codes(
+    out_features, groups, group, dtype, magnitude, seed
+) -> None:
+    """The kernel's quantizers (what loading runs) against the torch definitions, bit for bit:
+    codes, scales and mins, with zero rows, constant groups and scales near float32's
+    smallest normal."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, groups * group, generator=generator) * magnitude
+    weight[0] = 0
+    weight[-1, :group] = magnitude
+    weight = weight.to(dtype)
+    assert KERNEL is not None
+    for got, want in zip(KERNEL.quantize_int8(weight), quantize_int8_torch(weight)):
+        assert torch.equal(got, want)
+    for got, want in zip(KERNEL.quantize_int4(weight, group), quantize_int4_torch(weight, group)):
+        assert torch.equal(got, want)
 
 
 @settings(max_examples=examples(25), deadline=None)

@@ -36,9 +36,28 @@ from sglang.srt.layers import packed_linear
 PANEL_COLS = 64  # output columns per panel of the native GEMM's layout (gemm_tile.h)
 
 
+def _native_quantizer(weight: torch.Tensor) -> Any:
+    """The native kernel's quantizers, where they build and take ``weight``; else None."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    from sglang.srt import kernels
+
+    return kernels.load("linear_quant")
+
+
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q int8 (out, in), scale float32 (out)) of a weight (out, in). One float32 copy of the
-    weight, worked in place (loading a 7B model quantizes 6.5 B weights)."""
+    """(q int8 (out, in), scale float32 (out)) of a weight (out, in): ``quantize_int8_torch``'s
+    codes, from the native kernel where it builds (rows in parallel, no float32 copy)."""
+    native = _native_quantizer(weight)
+    if native is None:
+        return quantize_int8_torch(weight)
+    q, scale = native.quantize_int8(weight.detach().contiguous())
+    return q, scale
+
+
+def quantize_int8_torch(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition: symmetric per row, ``scale = max |W[j]| / 127``, codes rounded half to
+    even. One float32 copy of the weight, worked in place."""
     low, high = torch.aminmax(weight.detach(), dim=1)
     largest = torch.maximum(high.float().abs(), low.float().abs())
     scale = (largest / 127).clamp(min=torch.finfo(torch.float32).tiny)
@@ -115,6 +134,18 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_int4(
+    weight: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``quantize_int4_torch``'s codes, scales and mins, from the native kernel where it
+    builds."""
+    native = _native_quantizer(weight)
+    if native is None:
+        return quantize_int4_torch(weight, group)
+    codes, scale, low = native.quantize_int4(weight.detach().contiguous(), group)
+    return codes, scale, low
+
+
+def quantize_int4_torch(
     weight: torch.Tensor, group: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes uint8 (out, in) in 0..15, scale bf16 (out, in / group), min bf16 (out, in / group)).
