@@ -17,7 +17,9 @@ Per width and row count it prints ms per layer, the weight bytes read per second
 
 ``--rows`` above 16 (e.g. 512) time prompt chunks: there ``of_bandwidth`` means little, and
 ``tflops`` (2 x rows x weights / time) is the figure to read. The widths alternate within each
-repeat; each cell is the best of ``--repeats``.
+repeat; each cell is the best of ``--repeats``. Each timed step runs the next of several copies
+of the layer (``--stream-mb`` of weights in all), so that no weight comes back from the
+last-level cache, as in a server's decode step.
 
     python -m benchmark.quant_linear --rows 1,2,4,8,16 --repeats 5
 """
@@ -25,6 +27,7 @@ repeat; each cell is the best of ``--repeats``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -110,10 +113,34 @@ def _time(step: Callable[[], Any], seconds: float) -> float:
     return best
 
 
+def _copies(shape: str, width: str, stream_bytes: int) -> list[list[nn.Module]]:
+    """Enough copies of the layer that cycling through them streams ``stream_bytes`` or more:
+    a decode step reads each weight once, so none may come back from the last-level cache
+    (an int4 7B layer is 118 MB; the L3 of a server part is 32-256 MB)."""
+    first = _layers(shape, width)
+    count = -(-stream_bytes // _weight_bytes(first))
+    return [first] + [_layers(shape, width) for _ in range(count - 1)]
+
+
+def _stepper(
+    sets: list[list[nn.Module]], inputs: dict[tuple[int, int], torch.Tensor], rows: int
+) -> Callable[[], None]:
+    """One layer's linears for ``rows`` rows, each call on the next copy (its weights cold)."""
+    order = itertools.cycle(sets)
+
+    def step() -> None:
+        for layer in next(order):
+            layer(inputs[(rows, layer.in_features)])
+
+    return step
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rows_list = [int(r) for r in args.rows.split(",")]
     widths = args.widths.split(",")
-    layers = {width: _layers(args.shape, width) for width in widths}
+    stream = args.stream_mb * 2**20
+    copies = {width: _copies(args.shape, width, stream) for width in widths}
+    layers = {width: sets[0] for width, sets in copies.items()}
     widths_in = {k for _, k in SHAPES[args.shape]}
     inputs = {(r, k): torch.randn(r, k).bfloat16() for r in rows_list for k in widths_in}
     best: dict[tuple[str, int], dict[str, float]] = {}
@@ -122,14 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.repeats):
             for width, rows in cells:
                 bandwidth = memory_bandwidth_gbs(seconds=0.3)["gb_per_s"]
-                net = layers[width]
-
-                def step(net: list[nn.Module] = net, rows: int = rows) -> None:
-                    for layer in net:
-                        layer(inputs[(rows, layer.in_features)])
-
-                seconds = _time(step, args.seconds)
-                floor = _weight_bytes(net) / (bandwidth * 1e9)
+                seconds = _time(_stepper(copies[width], inputs, rows), args.seconds)
+                floor = _weight_bytes(layers[width]) / (bandwidth * 1e9)
                 cell = {"ms": seconds * 1e3, "bandwidth_gbs": bandwidth, "floor_ms": floor * 1e3}
                 if (width, rows) not in best or seconds * 1e3 < best[(width, rows)]["ms"]:
                     best[(width, rows)] = cell
@@ -193,6 +214,9 @@ def main() -> None:
     p.add_argument("--widths", default=",".join(WIDTHS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seconds", type=float, default=1.0, help="timing window per cell")
+    p.add_argument(
+        "--stream-mb", type=int, default=512, help="cycle through copies holding this many MiB"
+    )
     p.add_argument("--out", default="benchmark/results/quant_linear")
     run_and_write(p.parse_args(), run, markdown, plot)
 
