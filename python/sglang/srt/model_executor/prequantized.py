@@ -11,7 +11,6 @@ norms) loads as usual, in bfloat16.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
@@ -26,6 +25,7 @@ from sglang.srt.layers.checkpoint_formats import (
     refuse,
     release_file_pages,
 )
+from sglang.srt.model_executor.memory import safetensors_headers
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +34,7 @@ QUANT_METHOD = "sglang-prequantized"  # the transformers quantizer registered he
 
 def checkpoint_keys(model_path: str | Path) -> list[str]:
     """Every tensor name in the folder's safetensors files (headers only)."""
-    names = []
-    for file in sorted(Path(model_path).glob("*.safetensors")):
-        with open(file, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            names.extend(k for k in json.loads(f.read(size)) if k != "__metadata__")
-    return names
+    return list(safetensors_headers(model_path) or {})
 
 
 def _renamed_modules(model: nn.Module, prefixes: list[str]) -> set[str]:
@@ -128,7 +123,8 @@ def install_checkpoint_linears(
     suffix = "." + fmt.marker
     marked = [k for k in keys if k.endswith(suffix)]
     if fmt.layout == "ct-int8":  # weight_scale also marks the scheme's other tensors' layers
-        marked = [k for k in marked if k.removesuffix(suffix) + ".weight" in set(keys)]
+        stored = set(keys)
+        marked = [k for k in marked if k.removesuffix(suffix) + ".weight" in stored]
     targets = _renamed_modules(model, [k.removesuffix(suffix) for k in marked])
     g_idx = _renamed_modules(
         model, [k.removesuffix(".g_idx") for k in keys if k.endswith(".g_idx")]
