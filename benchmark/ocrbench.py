@@ -256,15 +256,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if name not in CONFIGS:
                 p.error(f"unknown config {name!r}; expected one of {', '.join(CONFIGS)}")
             dtype, flags = CONFIGS[name]
-            model = args.model_path
-            if name in PUBLISHED:
-                model = published_copy(args.model_path, name, Path(tempfile.mkdtemp()))
-            for mode in args.modes.split(","):
-                extra = flags + args.server_args.split()
-                with launch("ours", model, mode, extra, dtype=dtype) as server:
-                    if name != "default":
-                        server.label = f"ours:{name}:{mode}"
-                    reports.append(evaluate(server, entries, args))
+            with tempfile.TemporaryDirectory() as tmp:
+                model = args.model_path
+                if name in PUBLISHED:
+                    model = published_copy(args.model_path, name, Path(tmp))
+                for mode in args.modes.split(","):
+                    extra = flags + args.server_args.split()
+                    with launch("ours", model, mode, extra, dtype=dtype) as server:
+                        if name != "default":
+                            server.label = f"ours:{name}:{mode}"
+                        reports.append(evaluate(server, entries, args))
     result = {
         "benchmark": "ocrbench",
         "config": {"data": str(args.data), "questions": len(entries),

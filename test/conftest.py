@@ -140,6 +140,23 @@ def hf_inputs(processor, prompt: str, images: list[Image.Image]) -> transformers
     return inputs
 
 
+def greedy_agreement(
+    got: list[int], want: list[int], steps: list[torch.Tensor], bound: float
+) -> int:
+    """Tokens ``got`` shares with the reference's greedy ``want``. Where they part, the
+    reference's own log-probabilities of the two tokens at that step (``steps``) must lie within
+    ``bound`` of each other: only a near-tie that rounding can flip may change a greedy choice."""
+    for n, (mine, theirs, step) in enumerate(zip(got, want, steps)):
+        if mine != theirs:
+            margin = float(step[theirs] - step[mine])
+            assert margin <= bound, (
+                f"token {n}: {mine}, margin {margin:.4f} to the reference's {theirs}"
+            )
+            return n
+    assert len(got) == len(want)
+    return len(got)
+
+
 def hf_greedy(
     family: str, prompt: str, images: list[Image.Image], max_new_tokens: int
 ) -> tuple[list[int], list[float]]:

@@ -21,7 +21,14 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import hf_inputs, load_hf_model, make_image, model_dir, placeholder
+from conftest import (
+    greedy_agreement,
+    hf_inputs,
+    load_hf_model,
+    make_image,
+    model_dir,
+    placeholder,
+)
 
 import sglang
 from sglang.srt.models import fast_vision
@@ -192,19 +199,10 @@ def _gap(family: str, out: dict, start: int = 1) -> float:
 
 
 def _greedy_agreement(family: str, got: list[int]) -> int:
-    """Tokens the engine's greedy output shares with HF's bfloat16 ``generate``. Where they part,
-    HF's own log-probabilities of the two tokens must lie within the bound of each other: only a
-    near-tie that bfloat16 noise can flip may change the greedy choice."""
+    """Tokens the engine's greedy output shares with HF's bfloat16 ``generate``; where they part,
+    only at a near-tie within the bound (``conftest.greedy_agreement``)."""
     ids, steps = _hf_greedy(family, torch.bfloat16, 1)
-    for n, (mine, theirs, step) in enumerate(zip(got, ids, steps)):
-        if mine != theirs:
-            margin = float(step[theirs] - step[mine])
-            assert margin <= MAX_FACTOR * float(_noise(family).max()), (
-                f"token {n}: the engine chose {mine} with HF's margin {margin:.4f} to {theirs}"
-            )
-            return n
-    assert len(got) == len(ids)
-    return len(got)
+    return greedy_agreement(got, ids, steps, MAX_FACTOR * float(_noise(family).max()))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -324,11 +324,10 @@ def release_file_pages(tensor: torch.Tensor) -> bool:
     mapping of a safetensors file (safetensors maps files copy-on-write and nothing writes a
     checkpoint's tensors, so a later read faults the same bytes in from the file); returns
     whether it did. Memory of any other kind is left alone."""
-    if tensor.device.type != "cpu" or tensor.numel() == 0:
+    if tensor.device.type != "cpu" or tensor.numel() == 0 or not tensor.is_contiguous():
         return False
     start = tensor.data_ptr()
-    end = start + tensor.untyped_storage().nbytes() - tensor.storage_offset() * tensor.itemsize
-    end = min(end, start + tensor.numel() * tensor.itemsize)
+    end = start + tensor.numel() * tensor.itemsize
     low, high = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
     if high <= low or not _in_checkpoint_mapping(start, end):
         return False

@@ -37,9 +37,9 @@ def checkpoint_keys(model_path: str | Path) -> list[str]:
     return list(safetensors_headers(model_path) or {})
 
 
-def _renamed_modules(model: nn.Module, prefixes: list[str]) -> set[str]:
-    """Checkpoint module names as transformers renames them for ``model`` (the family's
-    mappings; the name of each module's ``weight`` is renamed, which the model has)."""
+def _renamed_modules(model: nn.Module, prefixes: list[str]) -> dict[str, str]:
+    """Checkpoint module names -> the model's, as transformers renames them for ``model`` (the
+    family's mappings; the name of each module's ``weight`` is renamed, which the model has)."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
@@ -48,11 +48,12 @@ def _renamed_modules(model: nn.Module, prefixes: list[str]) -> set[str]:
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     state = model.state_dict()
     prefix = getattr(model, "base_model_prefix", None)
-    out = set()
+    out = {}
     for name in prefixes:
         key = name + ".weight"
         renamed, _ = rename_source_key(key, renamings, converters, prefix, state)
-        out.add((key if renamed not in state and key in state else renamed).removesuffix(".weight"))
+        renamed = key if renamed not in state and key in state else renamed
+        out[name] = renamed.removesuffix(".weight")
     return out
 
 
@@ -125,10 +126,11 @@ def install_checkpoint_linears(
     if fmt.layout == "ct-int8":  # weight_scale also marks the scheme's other tensors' layers
         stored = set(keys)
         marked = [k for k in marked if k.removesuffix(suffix) + ".weight" in stored]
-    targets = _renamed_modules(model, [k.removesuffix(suffix) for k in marked])
-    g_idx = _renamed_modules(
-        model, [k.removesuffix(".g_idx") for k in keys if k.endswith(".g_idx")]
-    )
+    quantized = [k.removesuffix(suffix) for k in marked]
+    with_g_idx = [k.removesuffix(".g_idx") for k in keys if k.endswith(".g_idx")]
+    renamed = _renamed_modules(model, quantized + with_g_idx)  # one pass over the mappings
+    targets = {renamed[k] for k in quantized}
+    g_idx = {renamed[k] for k in with_g_idx}
     modules = dict(model.named_modules())
     if tower_only:
         targets = {t for t in targets if t in modules}
