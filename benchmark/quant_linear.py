@@ -4,7 +4,11 @@ linears (Qwen2.5-VL-7B's shapes by default, random weights) for a few rows of in
 A decode step reads every weight once, so its floor is the weights' bytes over the bandwidth
 (a copy probe, bytes read plus written, taken before each width: a shared machine drifts).
 Per width and row count it prints ms per layer, the weight bytes read per second, and
-``of_bandwidth`` = floor / time (1.0 at the limit), for:
+``of_bandwidth`` = floor / time (1.0 at the limit), and ``of_roofline``: the roofline's time
+(the larger of that floor and the FLOPs over the width's compute peak, probed once in the same
+run: the bfloat16 GEMM's for bf16 / int8 / int4, whose products are bfloat16 dot products, and
+``vpdpbusd``'s for int8dq) over the time: with many rows the products, not the bytes, set the
+limit. For:
 
 - bf16: as the server holds it: each weight once, packed for the native GEMM, which serves
   every row count (CPUs without it: ``linear_bf16`` over the plain weights, torch for prompts);
@@ -41,6 +45,7 @@ from benchmark.common import (
     cpu_info,
     cpu_line,
     markdown_table,
+    matmul_peak_gflops,
     memory_bandwidth_gbs,
     pyplot,
     run_and_write,
@@ -135,6 +140,14 @@ def _stepper(
     return step
 
 
+def _compute_peaks(widths: list[str]) -> dict[str, float]:
+    """GFLOP/s each width's products can reach on this machine (see the module's docstring)."""
+    probes = {"bf16": matmul_peak_gflops(dtype="bfloat16")["gflop_per_s"]}
+    if "int8dq" in widths:
+        probes["int8"] = matmul_peak_gflops(dtype="int8")["gflop_per_s"]
+    return {w: probes["int8"] if w == "int8dq" else probes["bf16"] for w in widths}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rows_list = [int(r) for r in args.rows.split(",")]
     widths = args.widths.split(",")
@@ -143,6 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     layers = {width: sets[0] for width, sets in copies.items()}
     widths_in = {k for _, k in SHAPES[args.shape]}
     inputs = {(r, k): torch.randn(r, k).bfloat16() for r in rows_list for k in widths_in}
+    peaks = _compute_peaks(widths)
     best: dict[tuple[str, int], dict[str, float]] = {}
     cells = [(width, rows) for width in widths for rows in rows_list]
     with torch.no_grad(), tqdm(total=args.repeats * len(cells), desc="quant_linear") as bar:
@@ -159,6 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for width, rows in cells:
         cell = best[(width, rows)]
         nbytes = _weight_bytes(layers[width])
+        flops = 2 * rows * _weights(args.shape)
+        roofline_ms = max(cell["floor_ms"], flops / peaks[width] / 1e6)
         results.append(
             {
                 "width": width,
@@ -168,7 +184,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "weight_gb_per_s": nbytes / cell["ms"] / 1e6,
                 "copy_bandwidth_gbs": cell["bandwidth_gbs"],
                 "of_bandwidth": cell["floor_ms"] / cell["ms"],
-                "tflops": 2 * rows * _weights(args.shape) / cell["ms"] / 1e9,
+                "tflops": flops / cell["ms"] / 1e9,
+                "compute_peak_tflops": peaks[width] / 1e3,
+                "of_roofline": roofline_ms / cell["ms"],
             }
         )
     return {
@@ -182,11 +200,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     rows = [
         [r["width"], r["rows"], r["ms_per_layer"], r["weight_bytes"] / 2**20,
-         r["weight_gb_per_s"], r["of_bandwidth"], r["tflops"]]
+         r["weight_gb_per_s"], r["of_bandwidth"], r["tflops"], r.get("of_roofline")]
         for r in result["results"]
     ]  # fmt: skip
     headers = ["width", "rows", "ms / layer", "weights MiB", "weight GB/s", "of bandwidth",
-               "TFLOP/s"]  # fmt: skip
+               "TFLOP/s", "of roofline"]  # fmt: skip
     title = f"{result['shape']}-shaped decoder layer, {cpu_line(result['cpu'])}"
     return f"{title}, {result['threads']} threads\n\n" + markdown_table(headers, rows)
 
@@ -196,12 +214,12 @@ def plot(result: dict[str, Any], png: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for width in dict.fromkeys(r["width"] for r in result["results"]):
         points = [r for r in result["results"] if r["width"] == width]
-        ax.plot([r["rows"] for r in points], [r["of_bandwidth"] for r in points], "o-", label=width)
+        ax.plot([r["rows"] for r in points], [r["of_roofline"] for r in points], "o-", label=width)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rows (requests in the decode batch)")
-    ax.set_ylabel("weight bytes / bandwidth / time")
-    ax.set_title(f"{result['shape']}-shaped layer's linears: fraction of memory bandwidth")
+    ax.set_ylabel("roofline time / time")
+    ax.set_title(f"{result['shape']}-shaped layer's linears: fraction of the roofline")
     ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=120)

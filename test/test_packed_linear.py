@@ -232,6 +232,8 @@ def test_native_gemm_rows_do_not_depend_on_the_batch() -> None:
     for row in (0, 6, 7, 97, 98, 149):
         alone = GEMM.linear(x[row : row + 1], packed, None, 200)
         assert torch.equal(alone[0], whole[row])
+    for rows in (8, 20, 98):  # decode batches: several tiles over the panel block by block
+        assert torch.equal(GEMM.linear(x[:rows], packed, None, 200), whole[:rows])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
