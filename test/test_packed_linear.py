@@ -223,11 +223,12 @@ def test_native_gemm_is_the_product_within_bfloat16_rounding(
 
 @needs_native_gemm
 def test_native_gemm_rows_do_not_depend_on_the_batch() -> None:
-    """A row's output is the same bits alone, in any block position and at any thread count."""
+    """A row's output is the same bits alone, in any block position and at any thread count;
+    1,100 inputs are three of the spans a decode batch takes a panel by."""
     torch.manual_seed(0)
-    weight = torch.randn(200, 384).to(torch.bfloat16)
+    weight = torch.randn(200, 1100).to(torch.bfloat16)
     packed = GEMM.pack(weight)
-    x = torch.randn(150, 384).to(torch.bfloat16)
+    x = torch.randn(150, 1100).to(torch.bfloat16)
     whole = GEMM.linear(x, packed, None, 200)
     for row in (0, 6, 7, 97, 98, 149):
         alone = GEMM.linear(x[row : row + 1], packed, None, 200)

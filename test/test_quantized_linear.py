@@ -375,6 +375,19 @@ def test_int8dq_is_its_definition_and_the_same_bits_in_any_batch(
         assert torch.equal(layer(x[row : row + 1])[0], whole[row])
 
 
+def test_int8dq_spans_of_a_long_input_keep_the_sums_exact() -> None:
+    """2,100 inputs are three of the spans each panel is taken by: decode batches of one to
+    several tiles and a prompt block still give the definition's sums, a row the same bits in
+    any of them."""
+    layer = _dynamic_layer(70, 2100, True, seed=5)
+    layer.use_kernel(DQ_KERNEL)
+    x = torch.randn(110, 2100).bfloat16()
+    whole = layer(x)
+    _assert_dynamic_exact(whole, x, layer)
+    for rows in (1, 5, 7, 13, 16, 99):
+        assert torch.equal(layer(x[:rows]), whole[:rows])
+
+
 @needs_compiler
 def test_int8dq_portable_path_and_torch_fallback_agree_with_the_kernel() -> None:
     """The plain C++ loop (CPUs without AVX512-VNNI) gives the vector path's bits; without any
