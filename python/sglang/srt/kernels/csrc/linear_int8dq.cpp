@@ -17,7 +17,8 @@
 // panels by quantized_linear.pack_int8_quads) is taken off each sum. A tile keeps 6 rows x 64
 // columns in 24 int32 registers over a span of K (see panel_rows): per quad, 4 weight vectors
 // loaded once and one 32-bit broadcast per row, 4 vpdpbusd per row (each 64 multiply-adds,
-// twice vdpbf16ps's 32); 0.89 of vpdpbusd's peak on one Zen 4 core (948 of 1,070 GOPS, cache-resident).
+// twice vdpbf16ps's 32); 0.89 of vpdpbusd's peak on one Zen 4 core (948 of 1,070 GOPS,
+// cache-resident).
 // Tasks are as in gemm_bf16.cpp: (panel, block of rows) from a shared counter; with one block
 // each thread streams one contiguous run of panels.
 
