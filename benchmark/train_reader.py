@@ -21,6 +21,7 @@ import json
 import math
 import random
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +259,55 @@ def _accumulate(
     return total, total_aux
 
 
+def batched_vision_attention(
+    self: Any,
+    hidden_states: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Qwen2-VL's vision attention as HF defines it (each image attends to itself only), in one
+    padded SDPA call for all the images of a batch. HF's path without flash-attention calls the
+    attention once per image: 200 calls a training step, whose backward passes took a third of
+    the step on a CPU. Installed on the tower's blocks by ``train`` (training only)."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+    seq = hidden_states.shape[0]
+    q, k, v = self.qkv(hidden_states).reshape(seq, 3, self.num_heads, -1).permute(1, 0, 2, 3)
+    cos, sin = position_embeddings
+    q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    padded = [  # (images, heads, longest, head dim)
+        torch.nn.utils.rnn.pad_sequence(t.split(lengths), batch_first=True).transpose(1, 2)
+        for t in (q, k, v)
+    ]
+    valid = torch.arange(max(lengths)) < torch.tensor(lengths)[:, None]  # (images, longest)
+    scores = (padded[0] @ padded[1].transpose(-1, -2)) * self.scaling
+    scores = scores.float().masked_fill(~valid[:, None, None, :], float("-inf"))
+    out = (scores.softmax(-1).to(padded[2].dtype) @ padded[2]).transpose(1, 2)
+    out = torch.cat([o[:n] for o, n in zip(out, lengths)]).reshape(seq, -1)
+    return self.proj(out)
+
+
+def patch_embedding_as_matmul(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Qwen2-VL's patch embedding (a Conv3d whose kernel is its stride, over flattened patches)
+    as the matrix product it is: the convolution's backward took ~4% of a training step."""
+    weight = self.proj.weight.view(self.embed_dim, -1)
+    return hidden_states.to(weight.dtype) @ weight.t()
+
+
+def install_training_paths(model: Any) -> None:
+    """The same functions as HF's, on paths that train faster on a CPU: the tower's attention in
+    one call per layer, its patch embedding as a product (both above); the language model's
+    attention is HF's eager one (built with ``attn_implementation="eager"``), whose matmuls
+    backpropagate several times faster than the CPU flash-attention kernel's backward with a
+    padding mask. 0.30 -> 0.22 s per batch of 48 (forward and backward, 2 cores)."""
+    visual = model.model.visual
+    visual.patch_embed.forward = types.MethodType(patch_embedding_as_matmul, visual.patch_embed)
+    for block in visual.blocks:
+        block.attn.forward = types.MethodType(batched_vision_attention, block.attn)
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoImageProcessor, GenerationConfig, Qwen2VLForConditionalGeneration
 
@@ -269,8 +319,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     write_json(out / "preprocessor_config.json", preprocessor_config())
     image_processor = AutoImageProcessor.from_pretrained(out)
     with torch_seed(args.seed):
-        model = Qwen2VLForConditionalGeneration(config).float()
+        model = Qwen2VLForConditionalGeneration._from_config(config, attn_implementation="eager")
+    model.float()
     model.config.use_cache = False
+    install_training_paths(model)
     with torch_seed(args.seed + 1):
         aux_head = torch.nn.Linear(config.text_config.hidden_size, SLOTS * (len(STRING_CHARS) + 1))
     tower_out: list[torch.Tensor] = []
@@ -323,7 +375,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(DEFAULT_OUT))
-    p.add_argument("--steps", type=int, default=3600)
+    p.add_argument("--steps", type=int, default=3750)
     p.add_argument("--batch-size", type=int, default=48)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)

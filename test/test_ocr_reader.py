@@ -31,20 +31,21 @@ SET_SIZE = 300  # 30 per category: a second or two per engine
 MAX_TOKENS = 16
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_TOKENS}
 # What the checkpoint must score in float32 on this set, about 0.1 below what it measures
-# (docs/ocr_reader.md: 0.43 overall, 0.48 text recognition, 0.83 digit strings).
-MIN_ACCURACY = 0.33
-MIN_RECOGNITION = 0.38  # the six text-recognition categories
-MIN_DIGITS = 0.7
+# (docs/ocr_reader.md: 0.467 overall, 0.517 text recognition, 0.90 digit strings).
+MIN_ACCURACY = 0.37
+MIN_RECOGNITION = 0.42  # the six text-recognition categories
+MIN_DIGITS = 0.8
 # bfloat16, fp8 KV and the quantized modes: accuracy at most MAX_ACCURACY_DROP below float32's,
 # and the same answer as float32 on at least this share of the questions. The shares follow each
-# mode's rounding: bfloat16 and int8 (2^-8 and 2^-7 of a channel's range) flip a few near-tied
-# answers, an fp8 KV cache (2^-4) and int4 weights (1/15 of a group's range) more (measured
-# 0.99, 0.99, 0.92, 0.84).
+# mode's rounding: bfloat16 and int8 weights (2^-8 and 2^-7 of a channel's range) flip a few
+# near-tied answers, int8 activations (2^-7 of a row's range) a few more, an fp8 KV cache
+# (2^-4) and int4 weights (1/15 of a group's range) more again (measured 0.97, 0.96, 0.96 /
+# 0.93, 0.92, 0.85; AWQ / GPTQ 0.83, W8A8 0.95).
 MAX_ACCURACY_DROP = 0.05
 MIN_SAME_ANSWERS = {
-    "bfloat16": 0.95,
-    "int8wo": 0.95,
-    "int8dq": 0.95,  # measured 0.98 (language model), 0.98 (and the tower)
+    "bfloat16": 0.93,
+    "int8wo": 0.93,
+    "int8dq": 0.9,  # the language model; with the tower too
     "fp8_e4m3": 0.85,
     "int4wo-128": 0.75,
 }
@@ -250,6 +251,39 @@ def test_heldout_split_uses_other_fonts_and_sizes() -> None:
     rng = random.Random(0)
     assert {_pick_font(rng, "train").size % 2 for _ in range(50)} == {0}
     assert {_pick_font(rng, "heldout").size % 2 for _ in range(50)} == {1}
+
+
+def test_training_paths_compute_hfs_loss_and_gradients() -> None:
+    """The tower's one-call attention and matmul patch embedding, and the eager language-model
+    attention, that training runs on: the same loss and gradients as HF's own paths (float32),
+    on a batch of images of different sizes; an image attending across its neighbour would not
+    be."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from benchmark.train_reader import Batcher, draw_samples, install_training_paths
+
+    config = transformers.AutoConfig.from_pretrained(READER)
+    batch = Batcher(_tokenizer(), load_hf_processor(READER).image_processor)(
+        draw_samples(3, 6, "train")
+    )
+    batch.pop("slot_targets")
+    results = []
+    for implementation, patched in (("sdpa", False), ("eager", True)):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = Qwen2VLForConditionalGeneration._from_config(
+                config, attn_implementation=implementation
+            ).float()
+        if patched:
+            install_training_paths(model)
+        loss = model(**batch).loss
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    (want, want_grads), (got, got_grads) = results
+    assert len(set(batch["image_grid_thw"][:, 2].tolist())) > 1  # images of several widths
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6 * float(w.abs().max()) + 1e-9)
 
 
 def test_training_run_writes_a_servable_checkpoint(tmp_path) -> None:
