@@ -266,10 +266,11 @@ def batched_vision_attention(
     position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Qwen2-VL's vision attention as HF defines it (each image attends to itself only), in one
-    padded SDPA call for all the images of a batch. HF's path without flash-attention calls the
-    attention once per image: 200 calls a training step, whose backward passes took a third of
-    the step on a CPU. Installed on the tower's blocks by ``train`` (training only)."""
+    """Qwen2-VL's vision attention as HF defines it (each image attends to itself only), as one
+    padded product-softmax-product for all the images of a batch. HF's path without
+    flash-attention calls SDPA once per image, 200 calls a training step, whose backward passes
+    took a third of the step on a CPU; one padded SDPA call with a mask was slower still (its CPU
+    flash backward with a mask). Installed by ``install_training_paths`` (training only)."""
     from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
     seq = hidden_states.shape[0]
