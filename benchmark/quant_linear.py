@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     rows = [
         [r["width"], r["rows"], r["ms_per_layer"], r["weight_bytes"] / 2**20,
-         r["weight_gb_per_s"], r["of_bandwidth"], r["tflops"], r.get("of_roofline")]
+         r["weight_gb_per_s"], r["of_bandwidth"], r["tflops"], r["of_roofline"]]
         for r in result["results"]
     ]  # fmt: skip
     headers = ["width", "rows", "ms / layer", "weights MiB", "weight GB/s", "of bandwidth",

@@ -13,6 +13,7 @@ int4's ``W = scale (q - zero)`` becomes the layout's ``scale q + min`` with floa
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 from dataclasses import dataclass
 from typing import Any
@@ -331,8 +332,12 @@ def release_file_pages(tensor: torch.Tensor) -> bool:
     low, high = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
     if high <= low or not _in_checkpoint_mapping(start, end):
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED) == 0
+    return _libc().madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED) == 0
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _in_checkpoint_mapping(start: int, end: int) -> bool:
