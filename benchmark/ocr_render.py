@@ -66,6 +66,7 @@ KEYS = ("TOTAL", "DATE", "SHOP", "TAX", "CASH", "ITEM", "TIME", "TEL")
 _DARK = ((0, 0, 0), (20, 20, 80), (90, 10, 10), (10, 70, 20), (60, 60, 60))
 _MAX_SIDE = 336
 STRING_CHARS = string.ascii_letters + string.digits
+GLYPH_CHARS = STRING_CHARS + ".:/"  # the characters whose positions a sample records
 CELL = 28  # the pixels of one image token: a 14-px patch merged 2 x 2
 
 
@@ -75,7 +76,9 @@ class Sample:
     question: str
     answer: str
     category: str
-    char_centres: list[float] | None = None  # render_string: each character's centre, x pixels
+    # Where each character of the image is drawn: (x, y, character), the centre of its advance
+    # box in the image's pixels (None where the text is rotated or sheared).
+    glyphs: list[tuple[float, float, str]] | None = None
 
 
 @functools.cache
@@ -115,36 +118,45 @@ def _light(rng: random.Random) -> tuple[int, int, int]:
     return tuple(rng.randint(190, 255) for _ in range(3))  # type: ignore[return-value]
 
 
+def _glyphs(text: str, font: Any, x: float, y: float) -> list[tuple[float, float, str]]:
+    """The centres of ``text``'s characters drawn by ``font`` from ``x`` on a line centred at
+    ``y`` (spaces and characters outside ``GLYPH_CHARS`` are left out)."""
+    return [(x + font.getlength(text[:i]) + font.getlength(c) / 2, y, c)
+            for i, c in enumerate(text) if c in GLYPH_CHARS]  # fmt: skip
+
+
 def _text_image(
     text: str, font: Any, rng: random.Random, fg=None, bg=None, stroke: int = 0
-) -> Image.Image:
+) -> tuple[Image.Image, list[tuple[float, float, str]]]:
     """``text`` on a plain background: one row of ``CELL`` pixels (more if the glyphs are taller),
-    the text at a random horizontal offset and a little off centre vertically."""
+    the text at a random horizontal offset and a little off centre vertically; and its glyphs."""
     left, top, right, bottom = font.getbbox(text, stroke_width=stroke)
     height = _cells(bottom - top + 2)
     img = Image.new("RGB", (right - left + rng.randint(4, 20), height), bg or _light(rng))
     y = (height - (bottom - top)) // 2 + rng.randint(-1, 1)
+    x = rng.randint(1, img.width - (right - left) - 1) - left
     ImageDraw.Draw(img).text(
-        (rng.randint(1, img.width - (right - left) - 1) - left, y - top), text, font=font,
-        fill=fg or rng.choice(_DARK), stroke_width=stroke,
+        (x, y - top), text, font=font, fill=fg or rng.choice(_DARK), stroke_width=stroke,
         stroke_fill=(255, 255, 255) if stroke else None,
     )  # fmt: skip
-    return img
+    return img, _glyphs(text, font, x, height / 2)
 
 
 def _lines_image(
     lines: list[str], fonts_: list[Any], rng: random.Random, indent: bool = False
-) -> Image.Image:
-    """One line per row of ``CELL`` pixels."""
+) -> tuple[Image.Image, list[tuple[float, float, str]]]:
+    """One line per row of ``CELL`` pixels; and the lines' glyphs."""
     boxes = [f.getbbox(line) for line, f in zip(lines, fonts_)]
     width = max(b[2] - b[0] for b in boxes) + 2 * rng.randint(3, 10)
     img = Image.new("RGB", (width, CELL * len(lines)), _light(rng))
     draw, fg = ImageDraw.Draw(img), rng.choice(_DARK)
+    glyphs = []
     for row, (line, f, b) in enumerate(zip(lines, fonts_, boxes)):
         x = (width - (b[2] - b[0])) // 2 if not indent else rng.randint(2, 6)
         y = row * CELL + (CELL - (b[3] - b[1])) // 2
         draw.text((x - b[0], y - b[1]), line, font=f, fill=fg)
-    return img
+        glyphs += _glyphs(line, f, x - b[0], row * CELL + CELL / 2)
+    return img, glyphs
 
 
 def _noise(img: Image.Image, rng: random.Random, amount: float) -> Image.Image:
@@ -163,30 +175,35 @@ def _cells(pixels: int) -> int:
     return max(1, -(-pixels // CELL)) * CELL
 
 
-def _fit(img: Image.Image) -> Image.Image:
-    """Scaled down to at most ``_MAX_SIDE`` x 4 rows, then padded with its corner's colour to
-    whole ``CELL`` x ``CELL`` cells (at least two across), so the processor resizes nothing and
-    every image token covers one cell of the rendering."""
+def _fit(sample: Sample) -> Sample:
+    """The image scaled down to at most ``_MAX_SIDE`` x 4 rows, then padded with its corner's
+    colour to whole ``CELL`` x ``CELL`` cells (at least two across), so the processor resizes
+    nothing and every image token covers one cell of the rendering; the glyphs moved with it."""
+    img = sample.image.convert("RGB")
     scale = min(1.0, _MAX_SIDE / img.width, 4 * CELL / img.height)
     if scale < 1.0:
         img = img.resize((max(1, int(img.width * scale)), max(1, int(img.height * scale))))
     width, height = max(2 * CELL, _cells(img.width)), _cells(img.height)
-    if (width, height) == img.size:
-        return img
-    canvas = Image.new("RGB", (width, height), img.getpixel((0, 0)))
-    canvas.paste(img, ((width - img.width) // 2, (height - img.height) // 2))
-    return canvas
+    left, top = (width - img.width) // 2, (height - img.height) // 2
+    if (width, height) != img.size:
+        canvas = Image.new("RGB", (width, height), img.getpixel((0, 0)))
+        canvas.paste(img, (left, top))
+        img = canvas
+    sample.image = img
+    if sample.glyphs is not None:
+        sample.glyphs = [(x * scale + left, y * scale + top, c) for x, y, c in sample.glyphs]
+    return sample
 
 
 def _regular(rng: random.Random, split: str) -> Sample:
     text = _word(rng) if rng.random() < 0.7 else f"{_word(rng)} {_word(rng)}"
-    img = _text_image(text, _pick_font(rng, split), rng)
-    return Sample(img, RECOGNITION_QUESTION, text, CATEGORIES[0])
+    img, glyphs = _text_image(text, _pick_font(rng, split), rng)
+    return Sample(img, RECOGNITION_QUESTION, text, CATEGORIES[0], glyphs)
 
 
 def _irregular(rng: random.Random, split: str) -> Sample:
     text = _word(rng)
-    img = _text_image(text, _pick_font(rng, split, 19, 23), rng)
+    img, _ = _text_image(text, _pick_font(rng, split, 19, 23), rng)
     bg = img.getpixel((0, 0))
     img = img.rotate(rng.uniform(-12, 12), resample=Image.BICUBIC, expand=True, fillcolor=bg)
     shear = rng.uniform(-0.3, 0.3)
@@ -204,8 +221,9 @@ def _artistic(rng: random.Random, split: str) -> Sample:
     lum = 0.3 * bg[0] + 0.6 * bg[1] + 0.1 * bg[2]
     fg = tuple(rng.randint(0, 90) for _ in range(3)) if lum > 128 else _light(rng)
     stroke = 1 if rng.random() < 0.3 else 0
-    img = _text_image(text, _pick_font(rng, split, 20, 24), rng, fg=fg, bg=bg, stroke=stroke)
-    return Sample(img, RECOGNITION_QUESTION, text, CATEGORIES[2])
+    img, glyphs = _text_image(text, _pick_font(rng, split, 20, 24), rng, fg=fg, bg=bg,
+                              stroke=stroke)  # fmt: skip
+    return Sample(img, RECOGNITION_QUESTION, text, CATEGORIES[2], glyphs)
 
 
 def _handwriting(rng: random.Random, split: str) -> Sample:
@@ -217,29 +235,31 @@ def _handwriting(rng: random.Random, split: str) -> Sample:
     width = sum(int(f.getlength(c)) + rng.randint(0, 2) for c, f in glyphs) + 16
     img = Image.new("RGB", (width, CELL), _light(rng))
     draw, x, fg = ImageDraw.Draw(img), 8, rng.choice(_DARK)
+    centres = []
     for c, f in glyphs:
         draw.text((x, (CELL - size) // 2 - 2 + rng.randint(-2, 2)), c, font=f, fill=fg)
+        centres.append((x + f.getlength(c) / 2, CELL / 2, c))
         x += int(f.getlength(c)) + rng.randint(0, 2)
-    return Sample(_noise(img, rng, 0.3), RECOGNITION_QUESTION, text, CATEGORIES[3])
+    return Sample(_noise(img, rng, 0.3), RECOGNITION_QUESTION, text, CATEGORIES[3], centres)
 
 
 def _digits(rng: random.Random, split: str) -> Sample:
     text = "".join(rng.choice(string.digits) for _ in range(rng.randint(3, 9)))
-    img = _noise(_text_image(text, _pick_font(rng, split), rng), rng, 0.3)
-    return Sample(img, RECOGNITION_QUESTION, text, CATEGORIES[4])
+    img, glyphs = _text_image(text, _pick_font(rng, split), rng)
+    return Sample(_noise(img, rng, 0.3), RECOGNITION_QUESTION, text, CATEGORIES[4], glyphs)
 
 
 def _non_semantic(rng: random.Random, split: str) -> Sample:
     text = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 7)))
-    img = _text_image(text, _pick_font(rng, split), rng)
-    return Sample(img, RECOGNITION_QUESTION, text, CATEGORIES[5])
+    img, glyphs = _text_image(text, _pick_font(rng, split), rng)
+    return Sample(img, RECOGNITION_QUESTION, text, CATEGORIES[5], glyphs)
 
 
 def _scene(rng: random.Random, split: str) -> Sample:
     """A word on a coloured sign over a noisy, gradient "scene"."""
     text = _word(rng).upper() if rng.random() < 0.5 else _word(rng)
     font = _pick_font(rng, split, 19, 23)
-    sign = _text_image(text, font, rng, fg=(255, 255, 255), bg=rng.choice(_DARK[1:]))
+    sign, glyphs = _text_image(text, font, rng, fg=(255, 255, 255), bg=rng.choice(_DARK[1:]))
     width, height = sign.width + rng.randint(20, 60), sign.height + CELL
     top, bottom = _light(rng), tuple(rng.randint(60, 200) for _ in range(3))
     scene = Image.linear_gradient("L").resize((width, height)).convert("RGB")
@@ -248,7 +268,8 @@ def _scene(rng: random.Random, split: str) -> Sample:
     x, y = rng.randint(0, width - sign.width), rng.choice((0, CELL))
     scene.paste(sign, (x, y))
     question = "What is written on the sign?"
-    return Sample(_noise(scene, rng, 0.6), question, text, CATEGORIES[6])
+    glyphs = [(gx + x, gy + y, c) for gx, gy, c in glyphs]
+    return Sample(_noise(scene, rng, 0.6), question, text, CATEGORIES[6], glyphs)
 
 
 def _document(rng: random.Random, split: str) -> Sample:
@@ -258,13 +279,13 @@ def _document(rng: random.Random, split: str) -> Sample:
     ]
     body = _pick_font(rng, split, 18, 21)
     title = _font(body.path, body.size + 2)
-    img = _lines_image(lines, [title, body, body], rng)
+    img, glyphs = _lines_image(lines, [title, body, body], rng)
     index = rng.randrange(3)
     if index == 0:
         question, answer = "What is the title of this document?", lines[0]
     else:
         question, answer = f"What is written on line {index + 1}?", lines[index]
-    return Sample(img, question, answer, CATEGORIES[7])
+    return Sample(img, question, answer, CATEGORIES[7], glyphs)
 
 
 def _receipt(rng: random.Random, split: str) -> Sample:
@@ -282,9 +303,9 @@ def _receipt(rng: random.Random, split: str) -> Sample:
     }
     pairs = [(k, values[k]()) for k in keys]
     font = _pick_font(rng, split, 18, 21)
-    img = _lines_image([f"{k}: {v}" for k, v in pairs], [font] * 3, rng, indent=True)
+    img, glyphs = _lines_image([f"{k}: {v}" for k, v in pairs], [font] * 3, rng, indent=True)
     key, value = rng.choice(pairs)
-    return Sample(img, f"What is the {key.lower()}?", value, CATEGORIES[8])
+    return Sample(img, f"What is the {key.lower()}?", value, CATEGORIES[8], glyphs)
 
 
 def _expression(rng: random.Random, split: str) -> Sample:
@@ -319,14 +340,10 @@ def render_string(rng: random.Random, length: int, split: str = "train") -> Samp
     x = rng.randint(1, img.width - (right - left) - 1) - left
     y = (CELL - (bottom - top)) // 2 + rng.randint(-1, 1) - top
     ImageDraw.Draw(img).text((x, y), text, font=font, fill=rng.choice(_DARK))
-    fitted = _fit(_noise(img, rng, 0.2))
-    x += (fitted.width - img.width) // 2
-    centres = [x + font.getlength(text[:i]) + font.getlength(c) / 2 for i, c in enumerate(text)]
-    return Sample(fitted, RECOGNITION_QUESTION, text, "chars", centres)
+    glyphs = _glyphs(text, font, x, CELL / 2)
+    return _fit(Sample(_noise(img, rng, 0.2), RECOGNITION_QUESTION, text, "chars", glyphs))
 
 
 def render(category: str, rng: random.Random, split: str = "train") -> Sample:
     """One sample of ``category`` drawn from ``rng``."""
-    sample = _RENDERERS[CATEGORIES.index(category)](rng, split)
-    sample.image = _fit(sample.image.convert("RGB"))
-    return sample
+    return _fit(_RENDERERS[CATEGORIES.index(category)](rng, split))

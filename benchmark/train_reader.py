@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from benchmark.ocr_render import CATEGORIES, CELL, STRING_CHARS, render, render_string
+from benchmark.ocr_render import CATEGORIES, CELL, GLYPH_CHARS, render, render_string
 from sglang.tiny_models.common import (
     QWEN_ROLES,
     QWEN_SPECIALS,
@@ -81,10 +81,11 @@ IMAGE_STD = [0.3, 0.3, 0.3]
 # frequencies by less than 0.003 radians per column).
 ROPE_THETA = 50.0
 MROPE_SECTION = [2, 2, 12]
-# Training-only supervision of the tower: on the random-string samples, a linear head over each
-# image token names the character centred in each quarter of its 28-px cell (or none). The tower
-# learns glyphs from every token instead of only through the language model's answer, which is
-# what lets it start reading within minutes; the head is dropped before the checkpoint is saved.
+# Training-only supervision of the tower: on every sample whose glyph positions are known (all
+# but the rotated words and the formulas), a linear head over each image token names the
+# character centred in each quarter of its 28-px cell (or none). The tower learns glyphs from every
+# token instead of only through the language model's answer, which is what lets it start reading
+# within minutes; the head is dropped before the checkpoint is saved.
 SLOTS = 4
 AUX_WEIGHT = 0.5
 MICRO_BATCHES = 2
@@ -141,13 +142,24 @@ class Batcher:
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.merge = image_processor.merge_size**2
         self.image = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        self._templates: dict[str, tuple[list[int], list[int]]] = {}
 
     def prompt_ids(self, question: str, image_tokens: int) -> list[int]:
+        if question not in self._templates:
+            self._templates[question] = self._template(question)
+        before, after = self._templates[question]
+        return before + [self.image] * image_tokens + after
+
+    def _template(self, question: str) -> tuple[list[int], list[int]]:
+        """The rendered template's ids before and after the image's one placeholder token (the
+        placeholder is a special token: tokenizing it once and repeating it gives the same ids
+        as tokenizing it repeated)."""
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text",
                                                                   "text": question}]}]  # fmt: skip
         text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        text = text.replace("<|image_pad|>", "<|image_pad|>" * image_tokens)
-        return self.tok(text, add_special_tokens=False)["input_ids"]
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        split = ids.index(self.image)
+        return ids[:split], ids[split + 1 :]
 
     def __call__(self, samples: list[Any]) -> dict[str, torch.Tensor]:
         from sglang.srt.multimodal import fast_preprocess
@@ -181,15 +193,17 @@ class Batcher:
 
     @staticmethod
     def slot_targets(sample: Any, rows: int, cols: int) -> torch.Tensor:
-        """(rows x cols tokens, SLOTS): the index in STRING_CHARS of the character centred in
-        each slot of a one-line random string (len(STRING_CHARS): none), -100 elsewhere."""
-        if sample.char_centres is None:
+        """(rows x cols tokens, SLOTS): the index in GLYPH_CHARS of the character centred in
+        each slot (len(GLYPH_CHARS): none) where the sample knows its glyphs, -100 elsewhere.
+        Image tokens run row by row over the image's cells."""
+        if sample.glyphs is None:
             return torch.full((rows * cols, SLOTS), -100, dtype=torch.long)
-        target = torch.full((rows * cols, SLOTS), len(STRING_CHARS), dtype=torch.long)
-        for char, x in zip(sample.answer, sample.char_centres):
+        target = torch.full((rows * cols, SLOTS), len(GLYPH_CHARS), dtype=torch.long)
+        for x, y, char in sample.glyphs:
+            row = min(rows - 1, max(0, int(y // CELL)))
             col = min(cols - 1, max(0, int(x // CELL)))
-            slot = min(SLOTS - 1, int((x - col * CELL) * SLOTS // CELL))
-            target[col, slot] = STRING_CHARS.index(char)  # one row of cells: token = column
+            slot = min(SLOTS - 1, max(0, int((x - col * CELL) * SLOTS // CELL)))
+            target[row * cols + col, slot] = GLYPH_CHARS.index(char)
         return target
 
 
@@ -235,7 +249,12 @@ def answer_accuracy(model: Any, batch: dict[str, torch.Tensor]) -> tuple[float, 
 
 
 def _accumulate(
-    model: Any, aux_head: Any, tower_out: list, batcher: Batcher, samples: list[Any]
+    model: Any,
+    aux_head: Any,
+    tower_out: list,
+    batcher: Batcher,
+    samples: list[Any],
+    slot_weight: float = AUX_WEIGHT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of one batch, in ``MICRO_BATCHES`` micro-batches of similar prompt lengths (less
     padding), under bfloat16 autocast; the losses are weighted to the whole batch's means."""
@@ -250,11 +269,11 @@ def _accumulate(
         tower_out.clear()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(**part).loss * int((part["labels"] != -100).sum()) / answer_tokens
-            aux = aux_head(tower_out[0]).float().view(-1, len(STRING_CHARS) + 1)
+            aux = aux_head(tower_out[0]).float().view(-1, len(GLYPH_CHARS) + 1)
         aux_loss = torch.nn.functional.cross_entropy(
             aux, slot_targets.view(-1), ignore_index=-100, reduction="sum"
         ) / max(1, slot_count)
-        (loss + AUX_WEIGHT * aux_loss).backward()
+        (loss + slot_weight * aux_loss).backward()
         total, total_aux = total + loss.detach(), total_aux + aux_loss.detach()
     return total, total_aux
 
@@ -277,16 +296,18 @@ def batched_vision_attention(
     q, k, v = self.qkv(hidden_states).reshape(seq, 3, self.num_heads, -1).permute(1, 0, 2, 3)
     cos, sin = position_embeddings
     q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    padded = [  # (images, heads, longest, head dim)
-        torch.nn.utils.rnn.pad_sequence(t.split(lengths), batch_first=True).transpose(1, 2)
-        for t in (q, k, v)
-    ]
-    valid = torch.arange(max(lengths)) < torch.tensor(lengths)[:, None]  # (images, longest)
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    images, longest = len(lengths), int(lengths.max())
+    valid = (torch.arange(longest) < lengths[:, None]).flatten()  # (images x longest)
+    padded = []  # (images, heads, longest, head dim), scattered in one call (not per image)
+    for t in (q, k, v):
+        rows = t.new_zeros(images * longest, *t.shape[1:]).index_put((valid,), t)
+        padded.append(rows.view(images, longest, *t.shape[1:]).transpose(1, 2))
     scores = (padded[0] @ padded[1].transpose(-1, -2)) * self.scaling
-    scores = scores.float().masked_fill(~valid[:, None, None, :], float("-inf"))
+    masked = ~valid.view(images, 1, 1, longest)
+    scores = scores.float().masked_fill(masked, float("-inf"))
     out = (scores.softmax(-1).to(padded[2].dtype) @ padded[2]).transpose(1, 2)
-    out = torch.cat([o[:n] for o, n in zip(out, lengths)]).reshape(seq, -1)
+    out = out.reshape(images * longest, -1)[valid]
     return self.proj(out)
 
 
@@ -325,7 +346,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model.config.use_cache = False
     install_training_paths(model)
     with torch_seed(args.seed + 1):
-        aux_head = torch.nn.Linear(config.text_config.hidden_size, SLOTS * (len(STRING_CHARS) + 1))
+        aux_head = torch.nn.Linear(config.text_config.hidden_size, SLOTS * (len(GLYPH_CHARS) + 1))
     tower_out: list[torch.Tensor] = []
     model.model.visual.register_forward_hook(lambda m, i, o: tower_out.append(o.pooler_output))
     batcher = Batcher(tokenizer, image_processor)
@@ -348,7 +369,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         samples = draw_samples(args.seed * 1_000_003 + step, args.batch_size, "train",
                                args.weights, curriculum)  # fmt: skip
         opt.zero_grad(set_to_none=True)
-        loss, aux_loss = _accumulate(model, aux_head, tower_out, batcher, samples)
+        loss, aux_loss = _accumulate(model, aux_head, tower_out, batcher, samples, args.slot_weight)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % args.eval_every == 0 or step == args.steps - 1:
@@ -391,6 +412,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--weights", type=lambda s: tuple(float(w) for w in s.split(",")),
                    default=CATEGORY_WEIGHTS, help="how often each category is drawn")  # fmt: skip
+    p.add_argument("--slot-weight", type=float, default=AUX_WEIGHT,
+                   help="weight of the tower's slot loss against the answer's")  # fmt: skip
     p.add_argument("--save-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     return train(p.parse_args(argv))
 
