@@ -31,16 +31,16 @@ SET_SIZE = 300  # 30 per category: a second or two per engine
 MAX_TOKENS = 16
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_TOKENS}
 # What the checkpoint must score in float32 on this set, about 0.1 below what it measures
-# (docs/ocr_reader.md: 0.600 overall, 0.617 text recognition, 0.867 digit strings).
-MIN_ACCURACY = 0.5
-MIN_RECOGNITION = 0.52  # the six text-recognition categories
-MIN_DIGITS = 0.77
+# (docs/ocr_reader.md: 0.650 overall, 0.672 text recognition, 0.90 digit strings).
+MIN_ACCURACY = 0.55
+MIN_RECOGNITION = 0.57  # the six text-recognition categories
+MIN_DIGITS = 0.8
 # bfloat16, fp8 KV and the quantized modes: accuracy at most MAX_ACCURACY_DROP below float32's,
 # and the same answer as float32 on at least this share of the questions. The shares follow each
 # mode's rounding: bfloat16 and int8 weights (2^-8 and 2^-7 of a channel's range) flip a few
 # near-tied answers, int8 activations (2^-7 of a row's range) a few more, an fp8 KV cache
-# (2^-4) and int4 weights (1/15 of a group's range) more again (measured 0.99, 0.98, 0.98 /
-# 0.98, 0.94, 0.91; AWQ / GPTQ 0.89, W8A8 0.98).
+# (2^-4) and int4 weights (1/15 of a group's range) more again (measured 0.98, 0.98, 0.97 /
+# 0.96, 0.95, 0.92; AWQ / GPTQ 0.88, W8A8 0.96).
 MAX_ACCURACY_DROP = 0.05
 MIN_SAME_ANSWERS = {
     "bfloat16": 0.95,
