@@ -16,6 +16,7 @@ is what lets a reader be trained from scratch on two CPU cores.
 from __future__ import annotations
 
 import functools
+import math
 import random
 import string
 from dataclasses import dataclass
@@ -201,18 +202,41 @@ def _regular(rng: random.Random, split: str) -> Sample:
     return Sample(img, RECOGNITION_QUESTION, text, CATEGORIES[0], glyphs)
 
 
-def _irregular(rng: random.Random, split: str) -> Sample:
-    text = _word(rng)
-    img, _ = _text_image(text, _pick_font(rng, split, 19, 23), rng)
-    bg = img.getpixel((0, 0))
-    img = img.rotate(rng.uniform(-12, 12), resample=Image.BICUBIC, expand=True, fillcolor=bg)
-    shear = rng.uniform(-0.3, 0.3)
+def _rotated(
+    glyphs: list[tuple[float, float, str]], angle: float, size: tuple[int, int],
+    rotated_size: tuple[int, int],
+) -> list[tuple[float, float, str]]:  # fmt: skip
+    """Where ``Image.rotate(angle, expand=True)`` takes points of an image of ``size``: it turns
+    about the image's centre onto the centre of the ``rotated_size`` result."""
+    turn = -math.radians(angle)
+    cos, sin = math.cos(turn), math.sin(turn)
+    (w, h), (rw, rh) = size, rotated_size
+    return [(cos * (x - w / 2) - sin * (y - h / 2) + rw / 2,
+             sin * (x - w / 2) + cos * (y - h / 2) + rh / 2, c) for x, y, c in glyphs]  # fmt: skip
+
+
+def _skew(
+    img: Image.Image, glyphs: list[tuple[float, float, str]], angle: float, shear: float
+) -> tuple[Image.Image, list[tuple[float, float, str]]]:
+    """``img`` turned by ``angle`` degrees (expanding) and sheared by ``shear``, filled with its
+    corner's colour; and its glyphs moved with it."""
+    bg, size = img.getpixel((0, 0)), img.size
+    img = img.rotate(angle, resample=Image.BICUBIC, expand=True, fillcolor=bg)
+    glyphs = _rotated(glyphs, angle, size, img.size)
+    offset = -abs(shear) * img.height if shear > 0 else 0
     img = img.transform(
         (img.width + int(abs(shear) * img.height), img.height), Image.AFFINE,
-        (1, shear, -abs(shear) * img.height if shear > 0 else 0, 0, 1, 0),
-        resample=Image.BICUBIC, fillcolor=bg,
+        (1, shear, offset, 0, 1, 0), resample=Image.BICUBIC, fillcolor=bg,
     )  # fmt: skip
-    return Sample(_noise(img, rng, 0.5), RECOGNITION_QUESTION, text, CATEGORIES[1])
+    return img, [(x - shear * y - offset, y, c) for x, y, c in glyphs]  # the inverse of the map
+
+
+def _irregular(rng: random.Random, split: str) -> Sample:
+    text = _word(rng)
+    img, glyphs = _text_image(text, _pick_font(rng, split, 19, 23), rng)
+    angle = rng.uniform(-12, 12)
+    img, glyphs = _skew(img, glyphs, angle, rng.uniform(-0.3, 0.3))
+    return Sample(_noise(img, rng, 0.5), RECOGNITION_QUESTION, text, CATEGORIES[1], glyphs)
 
 
 def _artistic(rng: random.Random, split: str) -> Sample:
