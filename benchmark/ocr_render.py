@@ -78,7 +78,7 @@ class Sample:
     answer: str
     category: str
     # Where each character of the image is drawn: (x, y, character), the centre of its advance
-    # box in the image's pixels (None where the text is rotated or sheared).
+    # box in the image's pixels (None for the formulas, whose exponent is raised).
     glyphs: list[tuple[float, float, str]] | None = None
 
 
@@ -180,7 +180,7 @@ def _fit(sample: Sample) -> Sample:
     """The image scaled down to at most ``_MAX_SIDE`` x 4 rows, then padded with its corner's
     colour to whole ``CELL`` x ``CELL`` cells (at least two across), so the processor resizes
     nothing and every image token covers one cell of the rendering; the glyphs moved with it."""
-    img = sample.image.convert("RGB")
+    img = sample.image if sample.image.mode == "RGB" else sample.image.convert("RGB")
     scale = min(1.0, _MAX_SIDE / img.width, 4 * CELL / img.height)
     if scale < 1.0:
         img = img.resize((max(1, int(img.width * scale)), max(1, int(img.height * scale))))
@@ -234,8 +234,7 @@ def _skew(
 def _irregular(rng: random.Random, split: str) -> Sample:
     text = _word(rng)
     img, glyphs = _text_image(text, _pick_font(rng, split, 19, 23), rng)
-    angle = rng.uniform(-12, 12)
-    img, glyphs = _skew(img, glyphs, angle, rng.uniform(-0.3, 0.3))
+    img, glyphs = _skew(img, glyphs, rng.uniform(-12, 12), rng.uniform(-0.3, 0.3))
     return Sample(_noise(img, rng, 0.5), RECOGNITION_QUESTION, text, CATEGORIES[1], glyphs)
 
 

@@ -82,10 +82,10 @@ IMAGE_STD = [0.3, 0.3, 0.3]
 ROPE_THETA = 50.0
 MROPE_SECTION = [2, 2, 12]
 # Training-only supervision of the tower: on every sample whose glyph positions are known (all
-# but the formulas), a linear head over each image token names the
-# character centred in each quarter of its 28-px cell (or none). The tower learns glyphs from every
-# token instead of only through the language model's answer, which is what lets it start reading
-# within minutes; the head is dropped before the checkpoint is saved.
+# but the formulas), a linear head over each image token names the character centred in each
+# quarter of its 28-px cell (or none). The tower learns glyphs from every token instead of only
+# through the language model's answer, which is what lets it start reading within minutes; the
+# head is dropped before the checkpoint is saved.
 SLOTS = 4
 AUX_WEIGHT = 1.0  # against the answer's loss (held-out at 3,750 steps: 0.5 -> 0.624, 1.0 -> 0.642)
 MICRO_BATCHES = 2
