@@ -90,8 +90,9 @@ SLOTS = 4
 AUX_WEIGHT = 1.0  # against the answer's loss (held-out at 3,750 steps: 0.5 -> 0.624, 1.0 -> 0.642)
 MICRO_BATCHES = 2
 STRING_SHARE = 0.25  # the share of random strings that stays in every batch after the curriculum
-# How often each category is drawn in training (recognition of single lines dominates).
-CATEGORY_WEIGHTS = (2.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0, 1.5, 1.5, 1.0)
+# How often each category is drawn in training (recognition of single lines dominates). Regular
+# words at 4 instead of 2: held-out words 0.81 -> 0.86 on 300 questions, 0.68 overall either way.
+CATEGORY_WEIGHTS = (4.0, 1.0, 1.0, 1.0, 2.0, 2.0, 1.0, 1.5, 1.5, 1.0)
 _TOKENIZER_CORPUS = "\n".join(
     [
         "what is written in the image?",
@@ -387,8 +388,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     write_json(out / "video_preprocessor_config.json", qwen_video_preprocessor(14))
+    recipe = {"lr": args.lr, "warmup": args.warmup, "curriculum_steps": args.curriculum_steps,
+              "weights": list(args.weights), "slot_weight": args.slot_weight,
+              "threads": args.threads}  # fmt: skip
     report = {"parameters": params, "steps": args.steps, "batch_size": args.batch_size,
-              "train_seconds": round(seconds, 1), "seed": args.seed,
+              "train_seconds": round(seconds, 1), "seed": args.seed, "recipe": recipe,
               "history": history}  # fmt: skip
     write_json(out / "training_report.json", report)
     return report

@@ -31,7 +31,7 @@ SET_SIZE = 300  # 30 per category: a second or two per engine
 MAX_TOKENS = 16
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_TOKENS}
 # What the checkpoint must score in float32 on this set, about 0.1 below what it measures
-# (docs/ocr_reader.md: 0.657 overall, 0.722 text recognition, 0.933 digit strings).
+# (docs/ocr_reader.md: 0.663 overall, 0.706 text recognition, 0.933 digit strings).
 MIN_ACCURACY = 0.55
 MIN_RECOGNITION = 0.62  # the six text-recognition categories
 MIN_DIGITS = 0.83
@@ -40,7 +40,7 @@ MIN_DIGITS = 0.83
 # mode's rounding: bfloat16 and int8 weights (2^-8 and 2^-7 of a channel's range) flip a few
 # near-tied answers, int8 activations (2^-7 of a row's range) a few more, an fp8 KV cache
 # (2^-4) and int4 weights (1/15 of a group's range) more again (measured 0.99, 0.99, 0.99 /
-# 0.98, 0.97, 0.92; AWQ / GPTQ 0.94, W8A8 0.98).
+# 0.97, 0.95, 0.91; AWQ / GPTQ 0.91, W8A8 0.97).
 MAX_ACCURACY_DROP = 0.05
 MIN_SAME_ANSWERS = {
     "bfloat16": 0.95,
@@ -247,7 +247,7 @@ def test_slot_targets_name_each_character_in_its_cell() -> None:
 def test_recorded_glyphs_sit_on_ink_in_reading_order(monkeypatch) -> None:
     """Each recorded glyph centre has ink within 2 px of it in its row of cells (drawn without
     the pixel noise), after the rotation and shear of irregular text and _fit's scaling and
-    padding; a line's glyphs run left to right, and a digit string's spell it."""
+    padding; a line's glyphs run left to right, and a digit string's or a word's spell it."""
     import random
 
     import numpy as np
@@ -269,8 +269,8 @@ def test_recorded_glyphs_sit_on_ink_in_reading_order(monkeypatch) -> None:
             if category != "Irregular Text Recognition":  # a rotated line spans rows
                 for line in rows.values():
                     assert [x for x, _ in line] == sorted(x for x, _ in line)
-            if category == "Digit String Recognition":
-                assert "".join(c for x, c in rows[0]) == sample.answer
+            if category in ("Digit String Recognition", "Regular Text Recognition"):
+                assert "".join(c for x, c in rows[0]) == sample.answer.replace(" ", "")
             pixels = np.asarray(sample.image, dtype=np.int32)
             ink = np.abs(pixels - pixels[0, 0]).sum(-1) > 120
             for x, y, char in sample.glyphs:
