@@ -261,7 +261,7 @@ def _handwriting(rng: random.Random, split: str) -> Sample:
     centres = []
     for c, f in glyphs:
         draw.text((x, (CELL - size) // 2 - 2 + rng.randint(-2, 2)), c, font=f, fill=fg)
-        centres.append((x + f.getlength(c) / 2, CELL / 2, c))
+        centres += _glyphs(c, f, x, CELL / 2)
         x += int(f.getlength(c)) + rng.randint(0, 2)
     return Sample(_noise(img, rng, 0.3), RECOGNITION_QUESTION, text, CATEGORIES[3], centres)
 

@@ -388,9 +388,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     write_json(out / "video_preprocessor_config.json", qwen_video_preprocessor(14))
-    recipe = {"lr": args.lr, "warmup": args.warmup, "curriculum_steps": args.curriculum_steps,
-              "weights": list(args.weights), "slot_weight": args.slot_weight,
-              "threads": args.threads}  # fmt: skip
+    top_level = ("out", "steps", "batch_size", "seed")
+    recipe = {k: v for k, v in vars(args).items() if k not in top_level}  # every other option
     report = {"parameters": params, "steps": args.steps, "batch_size": args.batch_size,
               "train_seconds": round(seconds, 1), "seed": args.seed, "recipe": recipe,
               "history": history}  # fmt: skip
