@@ -17,7 +17,12 @@ limit. For:
 - int8dq: ``QuantizedLinear`` with int8 activations (``linear_int8dq``: each row quantized as it
   arrives, vpdpbusd over the codes, exact int32 sums);
 - torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
-  (what ``--torchao-config`` ran before), for comparison in the same run.
+  (what ``--torchao-config`` ran before), for comparison in the same run;
+- f32: the plain float32 ``nn.Linear`` (torch's product), what a CPU without native bfloat16
+  serves by default.
+
+On such a CPU (AVX2 only) the quantized kernels multiply in float32 FMAs, so every width's
+compute peak is the float32 GEMM's (int8dq's too, whose portable loop has no ``vpdpbusd``).
 
 ``--rows`` above 16 (e.g. 512) time prompt chunks: there ``of_bandwidth`` means little, and
 ``tflops`` (2 x rows x weights / time) is the figure to read. The widths alternate within each
@@ -67,6 +72,8 @@ def _layers(shape: str, width: str) -> list[nn.Module]:
 
     torch.manual_seed(0)
     dense = [nn.Linear(k, n, bias=False).bfloat16() for n, k in SHAPES[shape]]
+    if width == "f32":
+        return [layer.float() for layer in dense]
     if width == "bf16":  # as the server runs it: packed once where the native GEMM serves
         packed_linear.install(dense, native_only=True)
         decode_linear.install(dense)
@@ -130,8 +137,11 @@ def _copies(shape: str, width: str, stream_bytes: int) -> list[list[nn.Module]]:
 def _stepper(
     sets: list[list[nn.Module]], inputs: dict[tuple[int, int], torch.Tensor], rows: int
 ) -> Callable[[], None]:
-    """One layer's linears for ``rows`` rows, each call on the next copy (its weights cold)."""
+    """One layer's linears for ``rows`` rows, each call on the next copy (its weights cold); the
+    inputs in the layers' dtype (bfloat16, or float32 for the f32 width)."""
     order = itertools.cycle(sets)
+    if isinstance(sets[0][0], nn.Linear) and sets[0][0].weight.dtype == torch.float32:
+        inputs = {key: x.float() for key, x in inputs.items()}
 
     def step() -> None:
         for layer in next(order):
@@ -142,10 +152,17 @@ def _stepper(
 
 def _compute_peaks(widths: list[str]) -> dict[str, float]:
     """GFLOP/s each width's products can reach on this machine (see the module's docstring)."""
+    from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
+
+    if cpu_bfloat16_isa() is None:  # every product is float32 FMAs
+        peak = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
+        return dict.fromkeys(widths, peak)
     probes = {"bf16": matmul_peak_gflops(dtype="bfloat16")["gflop_per_s"]}
     if "int8dq" in widths:
         probes["int8"] = matmul_peak_gflops(dtype="int8")["gflop_per_s"]
-    return {w: probes["int8"] if w == "int8dq" else probes["bf16"] for w in widths}
+    if "f32" in widths:
+        probes["f32"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
+    return {w: probes.get("int8" if w == "int8dq" else w, probes["bf16"]) for w in widths}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -229,7 +246,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=SHAPES, default="7b")
     p.add_argument("--rows", default="1,2,4,8,16")
-    p.add_argument("--widths", default=",".join(WIDTHS))
+    p.add_argument("--widths", default=",".join(WIDTHS), help="of these, and f32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seconds", type=float, default=1.0, help="timing window per cell")
     p.add_argument(

@@ -71,19 +71,28 @@ def test_a_first_build_says_so_before_and_after(tmp_path, monkeypatch, caplog) -
 
 def test_the_expected_isa_follows_the_cpu_flags(monkeypatch) -> None:
     avx512 = {"avx512f", "avx512dq", "avx512bw", "avx512vl"}
-    cases = [
-        ({"avx2"}, "portable", "portable"),
-        (avx512, "avx512", "portable"),
-        (avx512 | {"avx512_bf16"}, "avx512_bf16", "avx512_bf16"),
-        ({"avx512f", "avx512_bf16"}, "portable", "avx512_bf16"),  # linear_bf16 needs F only
+    cases = [  # flags, the shared rule's ISA, linear_bf16's, linear_quant's
+        ({"avx2"}, "portable", "portable", "portable"),  # no FMA: no AVX2 path
+        ({"avx2", "fma"}, "portable", "portable", "avx2"),
+        (avx512 | {"avx2", "fma"}, "avx512", "portable", "avx2"),
+        (avx512 | {"avx512_bf16", "avx2", "fma"}, "avx512_bf16", "avx512_bf16", "avx512_bf16"),
+        ({"avx512f", "avx512_bf16"}, "portable", "avx512_bf16", "portable"),  # linear_bf16: F
     ]
-    for flags, shared, linear in cases:
+    for flags, shared, linear, quant in cases:
         monkeypatch.setattr(kernels, "cpu_flags", lambda flags=flags: frozenset(flags))
         assert kernels.expected_isa("prefill_attention") == shared
         assert kernels.expected_isa("quick_gelu") == shared
         assert kernels.expected_isa("linear_bf16") == linear
+        assert kernels.expected_isa("linear_quant") == quant
     vnni = avx512 | {"avx512_bf16", "avx512_vnni"}
-    for flags, want in [(vnni, "avx512_vnni"), (vnni - {"avx512_vnni"}, "portable")]:
+    cases = [
+        (vnni, "avx512_vnni"),
+        (vnni - {"avx512_vnni"}, "portable"),
+        (vnni - {"avx512_vnni"} | {"avx2"}, "avx2"),
+        ({"avx2"}, "avx2"),
+        ({"fma"}, "portable"),
+    ]
+    for flags, want in cases:
         monkeypatch.setattr(kernels, "cpu_flags", lambda flags=flags: frozenset(flags))
         assert kernels.expected_isa("linear_int8dq") == want
 
@@ -104,6 +113,9 @@ def test_a_bfloat16_engine_runs_on_the_kernels() -> None:
     assert on_gemm if NATIVE_GEMM_EXPECTED else on_decode_kernel
     assert any(hasattr(m, "_silu_and_mul") for m in lm)
     packed = [m for m in runner.model.modules() if hasattr(m, "packed_weight")]
-    assert packed and all((m.packed_gemm is not None) == NATIVE_GEMM_EXPECTED for m in packed)
+    if packed_linear.available():  # the tower's linears packed: the native GEMM's or oneDNN's
+        assert packed and all((m.packed_gemm is not None) == NATIVE_GEMM_EXPECTED for m in packed)
+    else:  # no bfloat16 product of oneDNN's here (AVX2 only): torch's F.linear, unpacked
+        assert not packed and not NATIVE_GEMM_EXPECTED
     assert (packed_linear.native_gemm() is not None) == NATIVE_GEMM_EXPECTED
     engine.shutdown()

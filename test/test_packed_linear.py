@@ -12,7 +12,9 @@ from torch import nn
 
 from sglang.srt.layers import packed_linear
 
-needs_mkldnn = pytest.mark.skipif(not packed_linear.available(), reason="no oneDNN in this torch")
+needs_mkldnn = pytest.mark.skipif(
+    not packed_linear.available(), reason="no bfloat16 packing here (oneDNN bf16 or native GEMM)"
+)
 
 GEMM = packed_linear.native_gemm()
 needs_native_gemm = pytest.mark.skipif(

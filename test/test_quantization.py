@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 import sglang
 from sglang.launch_server import parse_args
 from sglang.srt.layers.quantized_linear import QuantizedLinear, quantize, quantize_embedding
+from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 from sglang.srt.model_executor.host_memory import module_bytes as weight_bytes
 from sglang.srt.model_executor.quantization import (
     QuantizationReport,
@@ -149,18 +150,21 @@ def test_engine_matches_hf_quantized_the_same_way(
     vs HF's float32 model whose language-model linears carry the weights the engine's
     quantized layers stand for, read from the layouts' definition (``quant_reference``; exact
     in float32, as the kernel applies scales and mins to float32 sums). The engine runs in
-    bfloat16, so it differs by bfloat16's own rounding; that is measured as HF bfloat16 (the
-    weights rounded to bfloat16) vs HF float32 on the same input and the same quantized
-    weights, and the engine stays within twice that of one of the two (the mean gap within
-    three times, where one position decides the largest: ``ONE_POSITION_DECIDES``). A wrong
-    image, an off-by-one position and (int4) the unquantized
-    model each exceed the bound (against HF bfloat16 with the same weights)."""
+    bfloat16 (float32 activations on a CPU without native bfloat16, whose weights it quantizes
+    from float32), so it differs by bfloat16's own rounding at most; that is measured as HF
+    bfloat16 (the weights rounded to bfloat16) vs HF float32 on the same input and the same
+    quantized weights, and the engine stays within twice that of one of the two (the mean gap
+    within three times, where one position decides the largest: ``ONE_POSITION_DECIDES``). A
+    wrong image, an off-by-one position and (int4) the unquantized model each exceed the bound
+    (against HF bfloat16 with the same weights)."""
     config, vision_int8dq = config.removesuffix("+vision"), config.endswith("+vision")
     fp32, processor = _hf(family)
     prompt, image = _prompt(family), make_image(2, 96, 64)
     ids, ref_fp32 = _hf_logprobs(family, fp32, processor, prompt, image)
     hf = _hf_bf16(family)
     _, ref_bf16 = _hf_logprobs(family, hf, processor, prompt, image)
+    if not cpu_bfloat16_isa():  # the engine runs, and so quantizes, the float32 weights there
+        hf = load_hf_model(transformers.AutoModelForImageTextToText, model_dir(family), fp32.dtype)
     report = apply_torchao_config(_hf_language_model(hf), config)  # as the engine quantizes
     quantize_head_and_embeddings(hf, _hf_language_model(hf), report, head_dtype)
     quantize_vision_tower(hf, _hf_language_model(hf), report, vision_int8dq)
@@ -208,7 +212,9 @@ def _assert_weights_quantized(
     engine: sglang.Engine, config: str, tied: bool, head_dtype: str, vision_int8dq: bool = False
 ) -> None:
     runner, model = engine.runner, engine.runner.model
-    assert runner.dtype == torch.bfloat16  # --dtype auto is float32 on CPU, bf16 when quantized
+    # --dtype auto on a CPU: bfloat16 when quantized, float32 activations where the CPU has no
+    # native bfloat16 (the quantized kernels take them there)
+    assert runner.dtype == (torch.bfloat16 if cpu_bfloat16_isa() else torch.float32)
     language_model = runner.adapter.language_model
     linears = [m for m in language_model.modules() if isinstance(m, nn.Linear | QuantizedLinear)]
     quantized = [m for m in linears if _is_quantized(m)]

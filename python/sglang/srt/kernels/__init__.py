@@ -36,6 +36,9 @@ BF16_ONLY = {
 }
 # Kernels whose vector path is AVX512-VNNI's integer products (on the bfloat16 tile's helpers).
 VNNI_ONLY = {"linear_int8dq": ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni")}
+# Kernels with an AVX2 path where their AVX-512 one cannot be built (linear_quant: float32
+# FMAs; linear_int8dq: vpmaddubsw).
+AVX2_FALLBACK = {"linear_quant": ("avx2", "fma"), "linear_int8dq": ("avx2",)}
 
 
 @functools.cache
@@ -78,13 +81,18 @@ def compiler() -> str | None:
 
 def expected_isa(name: str) -> str:
     """What ``isa()`` of kernel ``name`` reports when built with ``-march=native`` on this CPU:
-    "avx512_vnni", "avx512_bf16", "avx512" or "portable"."""
+    "avx512_vnni", "avx512_bf16", "avx512", "avx2" or "portable"."""
     flags = cpu_flags()
+    avx2 = name in AVX2_FALLBACK and all(f in flags for f in AVX2_FALLBACK[name])
     if name in VNNI_ONLY:
-        return "avx512_vnni" if all(f in flags for f in VNNI_ONLY[name]) else "portable"
+        if all(f in flags for f in VNNI_ONLY[name]):
+            return "avx512_vnni"
+        return "avx2" if avx2 else "portable"
     if name in BF16_ONLY:
         needs = ("avx512_bf16", *BF16_ONLY[name])
-        return "avx512_bf16" if all(f in flags for f in needs) else "portable"
+        if all(f in flags for f in needs):
+            return "avx512_bf16"
+        return "avx2" if avx2 else "portable"
     if not all(f in flags for f in AVX512):
         return "portable"
     return "avx512_bf16" if "avx512_bf16" in flags else "avx512"

@@ -52,8 +52,15 @@ from sglang.srt import kernels
 
 
 def available() -> bool:
+    """Whether bfloat16 weights can be packed here: the native GEMM takes them, or oneDNN's
+    bfloat16 product runs on this CPU (it refuses CPUs with neither AVX512-BW/VL/DQ nor
+    AVX-NE-CONVERT, such as AVX2-only ones, which keep torch's ``F.linear``)."""
+    if native_gemm() is not None:
+        return True
     mkldnn = torch.ops.mkldnn
-    return torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")
+    if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")):
+        return False
+    return bool(mkldnn._is_mkldnn_bf16_supported())
 
 
 def install(modules: Iterable[nn.Module], native_only: bool = False) -> int:

@@ -18,8 +18,11 @@ each converted exactly to bfloat16 as it streams (or, for more than 16 rows, onc
 a buffer that stays in cache), the scales and mins applied to float32 sums: decode rows and
 prompt chunks give the same bits, and no weight is ever rounded to bfloat16. A 7B-shaped
 layer's seven products (AMD EPYC, 2 threads): int8 4.3 ms at one row, 7.7 at 8, 304 for a
-512-row chunk (bfloat16 6.6, 10.4, 293). Without the kernel, torch's product runs over the
-weight dequantized to bfloat16.
+512-row chunk (bfloat16 6.6, 10.4, 293). On CPUs with AVX2 and no AVX512-BF16 the same
+panels are read by float32 FMAs (``linear_quant_avx2.h``), and x may be float32: there a
+quantized model runs with float32 activations (``dtypes.resolve_launch_dtypes``), since torch's
+bfloat16 products run ~40x slower than its float32 ones on such CPUs. Without the kernel,
+torch's product runs over the weight dequantized to bfloat16 (float32 for float32 x).
 """
 
 from __future__ import annotations
@@ -221,6 +224,7 @@ class QuantizedLinear(nn.Module):
         self.offset = nn.Buffer(tensors["offset"]) if "offset" in tensors else None
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self._kernel: Any = None
+        self._kernel_takes_float32 = False
 
     @classmethod
     def from_linear(
@@ -265,6 +269,8 @@ class QuantizedLinear(nn.Module):
         """The compiled ``linear_quant`` (``linear_int8dq`` when dynamic) module, or None for
         torch's product throughout."""
         self._kernel = kernel
+        takes = getattr(kernel, "takes_float32", None)  # weight-only builds without AVX512-BF16
+        self._kernel_takes_float32 = bool(takes is not None and takes())
 
     def codes(self) -> torch.Tensor:
         """The codes (out, in)."""
@@ -282,21 +288,24 @@ class QuantizedLinear(nn.Module):
         out = sums * scale
         return (out if self.bias is None else out + self.bias.float()).to(torch.bfloat16)
 
-    def dequantized(self) -> torch.Tensor:
-        """The weight (out, in) this layer stands for, rounded to bfloat16."""
+    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """The weight (out, in) this layer stands for, rounded to ``dtype``."""
         if self.bits == 8:
             scale = self.scale[: self.out_features, None]
-            return (self.codes().float() * scale).to(torch.bfloat16)
+            return (self.codes().float() * scale).to(dtype)
         assert self.group is not None and self.min is not None
         per_input = [
             t.transpose(1, 2).reshape(-1, t.shape[1])[: self.out_features]
             for t in (self.scale, self.min)
         ]
         scale, low = (t.float().repeat_interleave(self.group, dim=1) for t in per_input)
-        return torch.addcmul(low, self.codes().float(), scale).to(torch.bfloat16)
+        return torch.addcmul(low, self.codes().float(), scale).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """y in bfloat16, or in float32 for float32 x (a model served in float32 on a CPU
+        without native bfloat16)."""
         rows = x.numel() // self.in_features
+        out_dtype = torch.float32 if x.dtype == torch.float32 else torch.bfloat16
         if self.dynamic:
             flat = x.to(torch.bfloat16).reshape(rows, self.in_features).contiguous()
             if self._kernel is None:
@@ -305,9 +314,11 @@ class QuantizedLinear(nn.Module):
                 out = self._kernel.linear(
                     flat, self.qweight, self.offset, self.scale, self.bias, self.out_features
                 )
-            return out.reshape(*x.shape[:-1], self.out_features)
-        if self._kernel is None or rows == 0 or x.dtype != torch.bfloat16:
-            return F.linear(x.to(torch.bfloat16), self.dequantized(), self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features).to(out_dtype)
+        native = x.dtype == torch.bfloat16 or (out_dtype == x.dtype and self._kernel_takes_float32)
+        if self._kernel is None or rows == 0 or not native:
+            bias = None if self.bias is None else self.bias.to(out_dtype)
+            return F.linear(x.to(out_dtype), self.dequantized(out_dtype), bias)
         flat = x.reshape(rows, self.in_features)
         if self.in_features % 2:  # the codes' zero input pairs with a zero
             flat = F.pad(flat, (0, 1))

@@ -104,13 +104,20 @@ def resolve_dtype(name: str, config: Any, device: str) -> DtypeChoice:
 def resolve_launch_dtypes(args: Any, config: Any) -> tuple[DtypeChoice, torch.dtype]:
     """The model and KV cache dtypes of a launch (``EngineConfig``): quantized weights
     (``--torchao-config``, or a checkpoint published quantized) run in bfloat16, whatever
-    ``--dtype`` would pick."""
+    ``--dtype`` would pick, except under ``--dtype auto`` on a CPU without native bfloat16
+    (AVX2 only, say), where torch's bfloat16 products run ~40x slower than its float32 ones: there
+    the activations stay float32 (the quantized kernels take them; the weights stay quantized)."""
     from sglang.srt.layers.checkpoint_formats import quantization_config
 
     choice = resolve_dtype(args.dtype, config, args.resolved_device)
     quantized = args.torchao_config or quantization_config(config) is not None
     if quantized and choice.dtype != torch.bfloat16:
-        choice = DtypeChoice(torch.bfloat16, "quantized weights run in bfloat16")
+        no_bf16_cpu = args.resolved_device == "cpu" and cpu_bfloat16_isa() is None
+        if no_bf16_cpu and args.dtype == "auto":
+            reason = "quantized weights, float32 activations: this CPU has no native bfloat16"
+            choice = DtypeChoice(torch.float32, reason)
+        else:
+            choice = DtypeChoice(torch.bfloat16, "quantized weights run in bfloat16")
     return choice, resolve_kv_cache_dtype(args.kv_cache_dtype, choice.dtype)
 
 

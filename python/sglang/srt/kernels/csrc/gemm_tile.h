@@ -21,29 +21,6 @@ namespace gemm_tile {
 constexpr int64_t kPanelCols = 64;  // output columns per panel (4 vectors of 16)
 constexpr int kTileRows = 7;        // rows per micro-kernel (28 accumulators)
 
-#ifdef SGLANG_GEMM_TILE
-// 16 float32 outputs rounded to bfloat16 (nearest even) into dst, the first `left` of them.
-inline void store16(__m512 y, uint16_t* dst, int64_t left) {
-  const __m256i v = (__m256i)_mm512_cvtneps_pbh(y);
-  if (left >= 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
-  } else if (left > 0) {
-    _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>((1u << left) - 1), v);
-  }
-}
-
-// acc[r] += x[r]'s input pair p times the panel's four vectors w, for rows [0, R).
-template <int R>
-inline void multiply_pair(__m512 (*acc)[4], const uint16_t* a, int64_t lda, int64_t p,
-                          const __m512bh* w) {
-  for (int r = 0; r < R; ++r) {
-    int32_t pair;
-    std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
-    const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
-    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
-  }
-}
-
 template <int R, typename Tile>
 inline void sized_tile(int64_t left, int64_t r, const Tile& tile) {
   if constexpr (R > 0) {
@@ -66,6 +43,29 @@ inline void row_tiles(int64_t rows, const Tile& tile) {
     const int64_t size = (rows - r + count - i - 1) / (count - i);
     sized_tile<MaxRows>(size, r, tile);
     r += size;
+  }
+}
+
+#ifdef SGLANG_GEMM_TILE
+// 16 float32 outputs rounded to bfloat16 (nearest even) into dst, the first `left` of them.
+inline void store16(__m512 y, uint16_t* dst, int64_t left) {
+  const __m256i v = (__m256i)_mm512_cvtneps_pbh(y);
+  if (left >= 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
+  } else if (left > 0) {
+    _mm256_mask_storeu_epi16(dst, static_cast<__mmask16>((1u << left) - 1), v);
+  }
+}
+
+// acc[r] += x[r]'s input pair p times the panel's four vectors w, for rows [0, R).
+template <int R>
+inline void multiply_pair(__m512 (*acc)[4], const uint16_t* a, int64_t lda, int64_t p,
+                          const __m512bh* w) {
+  for (int r = 0; r < R; ++r) {
+    int32_t pair;
+    std::memcpy(&pair, a + r * lda + 2 * p, sizeof(pair));
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], x, w[v]);
   }
 }
 

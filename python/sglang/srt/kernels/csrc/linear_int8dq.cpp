@@ -39,6 +39,10 @@
 #if defined(SGLANG_GEMM_TILE) && defined(__AVX512VNNI__)
 #define SGLANG_INT8_TILE 1
 #define SGLANG_COMPILED_ISA "avx512_vnni"
+#elif defined(__AVX2__) && !defined(SGLANG_PORTABLE_KERNELS)
+#include <immintrin.h>
+#define SGLANG_INT8_AVX2 1
+#define SGLANG_COMPILED_ISA "avx2"
 #else
 #define SGLANG_COMPILED_ISA "portable"
 #endif
@@ -203,6 +207,43 @@ void tile6(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t q1
 #undef SGLANG_DPBUSD
 #endif
 
+#ifdef SGLANG_INT8_AVX2
+// AVX2 (no VNNI): rows [0, R) x the 16 columns [16 h, 16 h + 16) of a panel, total += sum over
+// quads [q0, q1) of p q with p = a - 128, the signed activation codes (|p| <= 127). vpmaddubsw
+// multiplies unsigned by signed bytes and saturates the sum of each pair to 16 bits, so it takes
+// |q| (<= 128) against p carrying q's sign: a pair's sum stays within 2 x 128 x 127 < 2^15, and
+// vpmaddwd adds the pairs into int32. The sums are exact: the same integers as VNNI's once its
+// offset is taken off.
+template <int R>
+void tile_avx2(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t q1, int h,
+               int32_t* total) {
+  __m256i acc[R][2];
+  int32_t* at = total + 16 * h;
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 2; ++v)
+      acc[r][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(at + r * kPanelCols + 8 * v));
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
+  for (int64_t i = q0; i < q1; ++i) {
+    const int8_t* q = p.codes + i * kQuadBytes + 64 * h;  // 4 codes per column
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32));
+    const __m256i m0 = _mm256_abs_epi8(w0), m1 = _mm256_abs_epi8(w1);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a + r * lda + 4 * i, sizeof(quad));
+      const __m256i x = _mm256_xor_si256(_mm256_set1_epi32(quad), flip);
+      const __m256i s0 = _mm256_maddubs_epi16(m0, _mm256_sign_epi8(x, w0));
+      const __m256i s1 = _mm256_maddubs_epi16(m1, _mm256_sign_epi8(x, w1));
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(s0, ones));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 2; ++v)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(at + r * kPanelCols + 8 * v), acc[r][v]);
+}
+#endif
+
 // Rows [0, rows) (at most kBlockRows) of the quantized x times one panel. The panel goes by spans
 // of kSpanQuads quads (128 KB of codes, in L2), every tile of rows over a span before the next:
 // a tile streaming the whole panel would read it again from the outer caches or memory for each
@@ -228,6 +269,23 @@ void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t r
   }
   for (int64_t r = 0; r < rows; ++r)
     store_row(total + r * kPanelCols, row_scale[r], p, out + r * ldo, cols);
+#elif defined(SGLANG_INT8_AVX2)
+  alignas(32) int32_t total[kBlockRows * kPanelCols];
+  std::fill(total, total + rows * kPanelCols, 0);
+  for (int64_t q0 = 0; q0 < p.quads; q0 += kSpanQuads) {
+    const int64_t q1 = std::min(p.quads, q0 + kSpanQuads);
+    gemm_tile::row_tiles<3>(rows, [&](auto tile_rows, int64_t t) {
+      for (int h = 0; h < 4; ++h)
+        tile_avx2<decltype(tile_rows)::value>(a + t * lda, lda, p, q0, q1, h,
+                                              total + t * kPanelCols);
+    });
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < std::min(kPanelCols, cols); ++c) {
+      const float scale = row_scale[r] * p.scale[c];
+      const float y = std::fma(static_cast<float>(total[r * kPanelCols + c]), scale, p.bias[c]);
+      out[r * ldo + c] = c10::BFloat16(y).x;
+    }
 #else
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < std::min(kPanelCols, cols); ++c) {
@@ -332,6 +390,43 @@ double peak_ops(double seconds) {
   double total = 0.0;
   for (double rate : rates) total += rate;
   return total;
+#elif defined(SGLANG_INT8_AVX2)
+  // The AVX2 product's own chain (vpmaddubsw, vpmaddwd, vpaddd: 32 multiply-adds), kPeakChains
+  // of them independent, operations per second over all threads.
+  const int threads = at::get_num_threads();
+  std::vector<double> rates(threads, 0.0);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      __m256i acc[kPeakChains];
+      for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm256_setzero_si256();
+      const __m256i x = _mm256_set1_epi8(1), w = _mm256_set1_epi8(2), ones = _mm256_set1_epi16(1);
+      const auto start = std::chrono::steady_clock::now();
+      int64_t rounds = 0;
+      double elapsed = 0.0;
+      do {
+        for (int i = 0; i < 4096; ++i) {
+#pragma GCC unroll 12
+          for (int c = 0; c < kPeakChains; ++c) {
+            __m256i s;  // one product per chain and round (asm: the compiler cannot hoist it)
+            asm volatile("vpmaddubsw %2, %1, %0" : "=x"(s) : "x"(x), "x"(w));
+            acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(s, ones));
+          }
+        }
+        rounds += 4096;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } while (elapsed < seconds);
+      alignas(32) int32_t sink[8];
+      __m256i total = acc[0];
+      for (int c = 1; c < kPeakChains; ++c) total = _mm256_add_epi32(total, acc[c]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sink), total);
+      volatile int32_t keep = sink[0];
+      (void)keep;
+      rates[t] = static_cast<double>(rounds) * kPeakChains * 64 / elapsed;
+    }
+  });
+  double total = 0.0;
+  for (double rate : rates) total += rate;
+  return total;
 #else
   (void)seconds;
   return 0.0;
@@ -342,7 +437,8 @@ double peak_ops(double seconds) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("peak_ops", &peak_ops,
-        "vpdpbusd's rate on every thread (int8 operations per second; 0 without VNNI)",
+        "the int8 product's rate on every thread (vpdpbusd, or AVX2's vpmaddubsw chain; int8 "
+        "operations per second; 0 for the portable build)",
         py::arg("seconds") = 0.5);
   m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
   m.def("linear", &linear,

@@ -22,10 +22,13 @@
 #include <vector>
 
 #include "gemm_tile.h"
+#include "linear_quant_avx2.h"
 #include "run_tasks.h"
 
 #ifdef SGLANG_GEMM_TILE
 #define SGLANG_COMPILED_ISA "avx512_bf16"
+#elif defined(SGLANG_QUANT_AVX2)
+#define SGLANG_COMPILED_ISA "avx2"
 #else
 #define SGLANG_COMPILED_ISA "portable"
 #endif
@@ -42,10 +45,25 @@ inline float bf16_to_float(uint16_t v) {
   return f;
 }
 
+// x and y are bfloat16 (their bits: uint16_t) or, on builds without the AVX512-BF16 tile, also
+// float32: a CPU without native bfloat16 serves quantized models with float32 activations.
+#ifdef SGLANG_GEMM_TILE
+constexpr bool kTakesFloat32 = false;
+#else
+constexpr bool kTakesFloat32 = true;
+#endif
+inline float to_float(uint16_t v) { return bf16_to_float(v); }
+inline float to_float(float v) { return v; }
+inline void store_as(uint16_t* y, float v) { *y = c10::BFloat16(v).x; }
+inline void store_as(float* y, float v) { *y = v; }
+
 // x against a weight of k inputs in `panels` panels standing for n outputs.
 void check_x(const at::Tensor& x, int64_t k, int64_t n, int64_t panels) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
-              "x must be contiguous bfloat16 (rows, in)");
+  const bool dtype_ok = x.scalar_type() == at::kBFloat16 ||
+                        (kTakesFloat32 && x.scalar_type() == at::kFloat);
+  TORCH_CHECK(x.dim() == 2 && dtype_ok && x.is_contiguous(),
+              kTakesFloat32 ? "x must be contiguous bfloat16 or float32 (rows, in)"
+                            : "x must be contiguous bfloat16 (rows, in)");
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " inputs, the weight ", k);
   TORCH_CHECK(n > (panels - 1) * kPanelCols && n <= panels * kPanelCols,
               "n disagrees with the panels");
@@ -160,25 +178,17 @@ void int8_rows(const uint16_t* x, int64_t lda, int64_t rows, const void* panel, 
 }
 #endif
 
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
-                       const c10::optional<at::Tensor>& bias, int64_t n) {
-  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kChar && q.is_contiguous() &&
-                  q.size(2) == kPanelCols && q.size(3) == 2,
-              "q must be contiguous int8 (panels, pairs, 64, 2)");
-  const int64_t panels = q.size(0), pairs = q.size(1), k = 2 * pairs;
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
-                  scale.numel() == panels * kPanelCols,
-              "scale must be float32 (panels * 64)");
-  check_x(x, k, n, panels);
-  const int64_t m = x.size(0);
-  auto out = at::empty({m, n}, x.options());
-  if (m == 0) return out;
-  const std::vector<float> biases = padded_bias(bias, n, panels);
-  const auto* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
-  const auto* codes = q.data_ptr<int8_t>();
-  const float* scales = scale.data_ptr<float>();
-  auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+// y (m, n) = x (m, 2 pairs) times the int8 panels (see linear_int8); T: uint16_t (bfloat16) or
+// float (builds with kTakesFloat32).
+template <typename T>
+void int8_product(const T* a, int64_t m, const int8_t* codes, const float* scales,
+                  const std::vector<float>& biases, int64_t panels, int64_t pairs, T* y,
+                  int64_t n) {
+  const int64_t k = 2 * pairs;
 #ifdef SGLANG_GEMM_TILE
+  if constexpr (!std::is_same_v<T, uint16_t>) {
+    TORCH_CHECK(false, "this build takes bfloat16 x only");
+  } else {
   auto convert = [&](int64_t j, uint16_t* buffer) {
     convert_panel(codes, j, pairs, kPairBytes, buffer,
                   [](const int8_t* pair, __m512bh* w) { code_pair(pair, w); });
@@ -193,6 +203,15 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
       int8_rows<false>(a, k, m, buffer, pairs, s, b, y + c0, n, n - c0);
     }
   });
+  }
+#elif defined(SGLANG_QUANT_AVX2)
+  std::vector<float> widened;
+  const float* xf = quant_avx2::as_float(a, m, k, widened);
+  quant_avx2::run(panels, m, [&](int64_t j, int64_t r, int64_t rows) {
+    const int64_t c0 = j * kPanelCols;
+    quant_avx2::int8_panel(xf + r * k, k, rows, codes + j * pairs * kPairBytes, pairs,
+                           scales + c0, biases.data() + c0, y + r * n + c0, n, n - c0);
+  });
 #else
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
@@ -203,14 +222,41 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
           for (int64_t p = 0; p < pairs; ++p)
             for (int t = 0; t < 2; ++t)
               sum += static_cast<float>(codes[(j * pairs + p) * kPairBytes + 2 * c + t]) *
-                     bf16_to_float(a[r * k + 2 * p + t]);
-          y[r * n + col] = c10::BFloat16(std::fma(sum, scales[col], biases[col])).x;
+                     to_float(a[r * k + 2 * p + t]);
+          store_as(y + r * n + col, std::fma(sum, scales[col], biases[col]));
         }
       }
   });
 #endif
+}
+
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                       const c10::optional<at::Tensor>& bias, int64_t n) {
+  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kChar && q.is_contiguous() &&
+                  q.size(2) == kPanelCols && q.size(3) == 2,
+              "q must be contiguous int8 (panels, pairs, 64, 2)");
+  const int64_t panels = q.size(0), pairs = q.size(1), k = 2 * pairs;
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.numel() == panels * kPanelCols,
+              "scale must be float32 (panels * 64)");
+  check_x(x, k, n, panels);
+  const int64_t m = x.size(0);
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  const std::vector<float> biases = padded_bias(bias, n, panels);
+  const auto* codes = q.data_ptr<int8_t>();
+  const float* scales = scale.data_ptr<float>();
+  if (x.scalar_type() == at::kFloat) {
+    int8_product(x.data_ptr<float>(), m, codes, scales, biases, panels, pairs, out.data_ptr<float>(),
+                 n);
+  } else {
+    int8_product(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, codes, scales,
+                 biases, panels, pairs, reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()),
+                 n);
+  }
   return out;
 }
+
 
 // int4, per group of `group` inputs (asymmetric): q uint8 (panels, pairs, 64): the 64 bytes of
 // pair p of a panel are 16 little-endian 32-bit words; word l holds the codes of the columns
@@ -245,14 +291,15 @@ void check_int4(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& 
 }
 
 // Per row of x, the float32 sum of each group's inputs (in order).
-std::vector<float> group_sums(const uint16_t* x, int64_t m, int64_t k, int64_t group) {
+template <typename T>
+std::vector<float> group_sums(const T* x, int64_t m, int64_t k, int64_t group) {
   const int64_t groups = k / group;
   std::vector<float> sums(m * groups);
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t g = 0; g < groups; ++g) {
         float sum = 0.f;
-        for (int64_t i = g * group; i < (g + 1) * group; ++i) sum += bf16_to_float(x[r * k + i]);
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) sum += to_float(x[r * k + i]);
         sums[r * groups + g] = sum;
       }
   });
@@ -345,13 +392,16 @@ inline float scale_at(const Scale* p, int64_t at) {
   else return p[at];
 }
 
-template <typename Scale>
-void int4_product(const uint16_t* a, int64_t m, int64_t k, const uint8_t* codes,
+template <typename T, typename Scale>
+void int4_product(const T* a, int64_t m, int64_t k, const uint8_t* codes,
                   const Scale* scales, const Scale* mins, int64_t panels, int64_t group,
-                  const std::vector<float>& biases, uint16_t* y, int64_t n) {
+                  const std::vector<float>& biases, T* y, int64_t n) {
   const int64_t pairs = k / 2, groups = k / group;
   const std::vector<float> sums = group_sums(a, m, k, group);
 #ifdef SGLANG_GEMM_TILE
+  if constexpr (!std::is_same_v<T, uint16_t>) {
+    TORCH_CHECK(false, "this build takes bfloat16 x only");
+  } else {
   auto convert = [&](int64_t j, uint16_t* buffer) {
     convert_panel(codes, j, pairs, kPanelCols, buffer,
                   [](const uint8_t* pair, __m512bh* w) { nibble_pair(pair, w); });
@@ -368,6 +418,17 @@ void int4_product(const uint16_t* a, int64_t m, int64_t k, const uint8_t* codes,
       int4_rows<false>(a, k, m, panel, sums.data(), groups, b, y + c0, n, n - c0);
     }
   });
+  }
+#elif defined(SGLANG_QUANT_AVX2)
+  std::vector<float> widened;
+  const float* xf = quant_avx2::as_float(a, m, k, widened);
+  quant_avx2::run(panels, m, [&](int64_t j, int64_t r, int64_t rows) {
+    const int64_t c0 = j * kPanelCols;
+    quant_avx2::int4_panel(xf + r * k, k, rows, codes + j * pairs * kPanelCols, pairs,
+                           group, scales + j * groups * kPanelCols, mins + j * groups * kPanelCols,
+                           sums.data() + r * groups, biases.data() + c0, y + r * n + c0, n,
+                           n - c0);
+  });
 #else
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
@@ -383,14 +444,14 @@ void int4_product(const uint16_t* a, int64_t m, int64_t k, const uint8_t* codes,
                 const uint8_t byte =
                     codes[(j * pairs + i) * kPanelCols + 4 * lane + 2 * t + vector / 2];
                 const int code = vector % 2 ? byte >> 4 : byte & 0x0F;
-                sum += static_cast<float>(128 + code) * bf16_to_float(a[r * k + 2 * i + t]);
+                sum += static_cast<float>(128 + code) * to_float(a[r * k + 2 * i + t]);
               }
             sum -= 128.f * sums[r * groups + g];
             const int64_t at = (j * groups + g) * kPanelCols + c;
             total = std::fma(sum, scale_at(scales, at), total);
             total = std::fma(scale_at(mins, at), sums[r * groups + g], total);
           }
-          y[r * n + col] = c10::BFloat16(total + biases[col]).x;
+          store_as(y + r * n + col, total + biases[col]);
         }
       }
   });
@@ -407,15 +468,21 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
   const std::vector<float> biases = padded_bias(bias, n, panels);
-  const auto* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const auto* codes = q.data_ptr<uint8_t>();
-  auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
-  if (scale.scalar_type() == at::kFloat) {
-    int4_product(a, m, k, codes, scale.data_ptr<float>(), min.data_ptr<float>(), panels, group,
-                 biases, y, n);
+  auto product = [&](auto* a, auto* y) {
+    if (scale.scalar_type() == at::kFloat) {
+      int4_product(a, m, k, codes, scale.data_ptr<float>(), min.data_ptr<float>(), panels, group,
+                   biases, y, n);
+    } else {
+      int4_product(a, m, k, codes, reinterpret_cast<const uint16_t*>(scale.data_ptr()),
+                   reinterpret_cast<const uint16_t*>(min.data_ptr()), panels, group, biases, y, n);
+    }
+  };
+  if (x.scalar_type() == at::kFloat) {
+    product(static_cast<const float*>(x.data_ptr<float>()), out.data_ptr<float>());
   } else {
-    int4_product(a, m, k, codes, reinterpret_cast<const uint16_t*>(scale.data_ptr()),
-                 reinterpret_cast<const uint16_t*>(min.data_ptr()), panels, group, biases, y, n);
+    product(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()),
+            reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()));
   }
   return out;
 }
@@ -513,8 +580,10 @@ std::vector<at::Tensor> quantize_int4(const at::Tensor& w, int64_t group) {
   return {q, scale, min};
 }
 
+bool takes_float32() { return kTakesFloat32; }
+
 bool supported() {
-#ifdef SGLANG_GEMM_TILE
+#if defined(SGLANG_GEMM_TILE) || defined(SGLANG_QUANT_AVX2)
   return true;
 #else
   return false;
@@ -525,7 +594,9 @@ bool supported() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", [] { return SGLANG_COMPILED_ISA; }, "The instruction set of this build");
-  m.def("supported", &supported, "Whether this build has the AVX512-BF16 kernels");
+  m.def("supported", &supported, "Whether this build has vector kernels (AVX512-BF16 or AVX2)");
+  m.def("takes_float32", &takes_float32,
+        "Whether x (and so y) may be float32 (builds without the AVX512-BF16 tile)");
   m.def("linear_int8", &linear_int8,
         "x W^T (+ b), W int8 per output channel in the GEMM's panels; n output columns",
         py::arg("x"), py::arg("q"), py::arg("scale"), py::arg("bias"), py::arg("n"));

@@ -1,0 +1,194 @@
+// linear_quant.cpp's int8 and int4 products on AVX2 + FMA (CPUs without AVX512-BF16: Zen 1-3,
+// Intel before Ice Lake), over the same panels as the AVX512-BF16 tile. Used where
+// SGLANG_QUANT_AVX2 is defined.
+//
+// x (bfloat16, or float32 where the model runs in float32) is taken as float32; codes become exact float32 in registers as they stream
+// and are multiplied in float32 (each product of a bfloat16 input and a code is exact). Per
+// output the even inputs (2 p) and the odd inputs (2 p + 1) are summed apart, each in input
+// order, and the two sums added: int8 over all inputs, int4 per group (then the group's offset
+// taken off and its scale and min applied, as the AVX512 tile does). The order depends only on
+// the output, so a row's outputs are the same bits whatever the batch and the threads. Rows are
+// taken up to kBlockRows at a time; within a block the panel is walked span by span (int8) or
+// group by group (int4), every tile of rows going over a span while its codes sit in L1.
+
+#pragma once
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(SGLANG_GEMM_TILE) && \
+    !defined(SGLANG_PORTABLE_KERNELS)
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gemm_tile.h"
+
+#define SGLANG_QUANT_AVX2 1
+
+namespace quant_avx2 {
+
+using gemm_tile::kPanelCols;
+constexpr int64_t kBlockRows = 16;  // rows whose sums a panel call keeps (16 x 512 B)
+constexpr int64_t kSpanPairs = 128;  // int8: 16 KB of codes per span
+constexpr int kInt8TileRows = 3;     // 12 accumulators
+constexpr int kInt4TileRows = 3;     // 2 column vectors x even / odd x 3 rows: 12 accumulators
+
+// x (m, k) as float32: bfloat16 (uint16_t) widened into `widened` (exact), float32 as it is.
+inline const float* as_float(const uint16_t* x, int64_t m, int64_t k,
+                             std::vector<float>& widened) {
+  widened.resize(m * k);
+  at::parallel_for(0, m, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * k; i < end * k; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(x[i]) << 16;
+      std::memcpy(&widened[i], &bits, sizeof(float));
+    }
+  });
+  return widened.data();
+}
+inline const float* as_float(const float* x, int64_t, int64_t, std::vector<float>&) { return x; }
+
+// y rounded to the output's type: bfloat16 (its bits) or float32.
+inline void store_as(uint16_t* out, float y) { *out = c10::BFloat16(y).x; }
+inline void store_as(float* out, float y) { *out = y; }
+
+// [x 2p, x 2p + 1] four times.
+inline __m256 input_pair(const float* x, int64_t p) {
+  return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + 2 * p)));
+}
+
+// --- int8: panel (pairs, 64, 2). Quarter q of a pair (its bytes [32 q, 32 q + 32)) is four
+// vectors of 8 codes; lane 2 i + t of vector v is column 16 q + 4 v + i, input 2 p + t, so each
+// lane sums one parity of one column. sums[r] holds the 128 lanes of a row (carried over spans).
+template <int R>
+inline void int8_quarter(const float* x, int64_t ldx, const int8_t* codes, int64_t p0,
+                         int64_t p1, float* sums, int64_t lds) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm256_loadu_ps(sums + r * lds + 8 * v);
+  for (int64_t p = p0; p < p1; ++p) {
+    __m256 xp[R];
+    for (int r = 0; r < R; ++r) xp[r] = input_pair(x + r * ldx, p);
+    for (int v = 0; v < 4; ++v) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + p * 128 + 8 * v));
+      const __m256 w = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+      for (int r = 0; r < R; ++r) acc[r][v] = _mm256_fmadd_ps(w, xp[r], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < 4; ++v) _mm256_storeu_ps(sums + r * lds + 8 * v, acc[r][v]);
+}
+
+// Rows [0, m) (at most kBlockRows) of x times panel `codes` (pairs x 128 bytes); out: m rows of
+// the panel's outputs (`cols` of them where fewer than 64), ldo apart.
+template <typename Out>
+void int8_panel(const float* x, int64_t ldx, int64_t m, const int8_t* codes, int64_t pairs,
+                const float* scale, const float* bias, Out* out, int64_t ldo, int64_t cols) {
+  alignas(32) float sums[kBlockRows][2 * kPanelCols] = {};
+  for (int64_t p0 = 0; p0 < pairs; p0 += kSpanPairs) {
+    const int64_t p1 = std::min(pairs, p0 + kSpanPairs);
+    gemm_tile::row_tiles<kInt8TileRows>(m, [&](auto tile_rows, int64_t r) {
+      constexpr int R = decltype(tile_rows)::value;
+      for (int q = 0; q < 4; ++q)
+        int8_quarter<R>(x + r * ldx, ldx, codes + 32 * q, p0, p1, sums[r] + 32 * q,
+                        2 * kPanelCols);
+    });
+  }
+  cols = std::min(cols, kPanelCols);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float sum = sums[r][2 * c] + sums[r][2 * c + 1];
+      store_as(out + r * ldo + c, std::fma(sum, scale[c], bias[c]));
+    }
+}
+
+// --- int4: a pair's 64 bytes are 16 words (linear_quant.cpp's layout); half h (bytes
+// [32 h, 32 h + 32)) holds columns 16 v + 8 h + lane for v = 0..3, one vector each after a shift
+// by 4 v. From a vector's words, (w >> 4 v) & 0x000F000F | 0x43004300 holds the bfloat16 of
+// 128 + code for both inputs: shifted left by 16 the even one is float32, masked the odd one.
+template <int R, int V>
+inline void int4_half(const float* x, int64_t ldx, const uint8_t* codes, int64_t p0, int64_t p1,
+                      int v0, __m256 (*even)[V], __m256 (*odd)[V]) {
+  const __m256i nibbles = _mm256_set1_epi32(0x000F000F), bias = _mm256_set1_epi32(0x43004300);
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) even[r][v] = odd[r][v] = _mm256_setzero_ps();
+  for (int64_t p = p0; p < p1; ++p) {
+    const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + p * 64));
+    __m256 xe[R], xo[R];
+    for (int r = 0; r < R; ++r) {
+      xe[r] = _mm256_broadcast_ss(x + r * ldx + 2 * p);
+      xo[r] = _mm256_broadcast_ss(x + r * ldx + 2 * p + 1);
+    }
+    for (int v = 0; v < V; ++v) {
+      const __m256i shifted = _mm256_srli_epi32(words, 4 * (v0 + v));
+      const __m256i w = _mm256_or_si256(_mm256_and_si256(shifted, nibbles), bias);
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(w, high));
+      for (int r = 0; r < R; ++r) {
+        even[r][v] = _mm256_fmadd_ps(we, xe[r], even[r][v]);
+        odd[r][v] = _mm256_fmadd_ps(wo, xo[r], odd[r][v]);
+      }
+    }
+  }
+}
+
+inline __m256 load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+// Rows [0, m) (at most kBlockRows) of x times one int4 panel: codes (pairs x 64 bytes), scale
+// and min (groups x 64), sums: each row's group input sums (groups apart).
+template <typename Scale, typename Out>
+void int4_panel(const float* x, int64_t ldx, int64_t m, const uint8_t* codes, int64_t pairs,
+                int64_t group, const Scale* scale, const Scale* min, const float* group_sums,
+                const float* bias, Out* out, int64_t ldo, int64_t cols) {
+  const int64_t groups = 2 * pairs / group, group_pairs = group / 2;
+  alignas(32) float total[kBlockRows][kPanelCols] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t p0 = g * group_pairs, p1 = p0 + group_pairs;
+    gemm_tile::row_tiles<kInt4TileRows>(m, [&](auto tile_rows, int64_t r) {
+      constexpr int R = decltype(tile_rows)::value;
+      constexpr int V = R == 1 ? 4 : 2;
+      for (int h = 0; h < 2; ++h)
+        for (int v0 = 0; v0 < 4; v0 += V) {
+          __m256 even[R][V], odd[R][V];
+          int4_half<R, V>(x + r * ldx, ldx, codes + 32 * h, p0, p1, v0, even, odd);
+          for (int v = 0; v < V; ++v) {
+            const int64_t c = 16 * (v0 + v) + 8 * h;
+            const __m256 s = load8(scale + g * kPanelCols + c);
+            const __m256 lo = load8(min + g * kPanelCols + c);
+            for (int i = 0; i < R; ++i) {
+              const float xsum = group_sums[(r + i) * groups + g];
+              const __m256 sum = _mm256_sub_ps(_mm256_add_ps(even[i][v], odd[i][v]),
+                                               _mm256_set1_ps(128.f * xsum));
+              __m256 t = _mm256_load_ps(total[r + i] + c);
+              t = _mm256_fmadd_ps(sum, s, t);
+              t = _mm256_fmadd_ps(lo, _mm256_set1_ps(xsum), t);
+              _mm256_store_ps(total[r + i] + c, t);
+            }
+          }
+        }
+    });
+  }
+  cols = std::min(cols, kPanelCols);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < cols; ++c) store_as(out + r * ldo + c, total[r][c] + bias[c]);
+}
+
+// Every panel on the threads, one contiguous run of panels each (one sequential stream per
+// thread), each panel's rows in blocks of kBlockRows (the panel's codes come back from the
+// caches for the later blocks): panel(j, first row, rows).
+template <typename Panel>
+void run(int64_t panels, int64_t m, const Panel& panel) {
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j)
+      for (int64_t r = 0; r < m; r += kBlockRows) panel(j, r, std::min(kBlockRows, m - r));
+  });
+}
+
+}  // namespace quant_avx2
+#endif
