@@ -3,8 +3,8 @@ layouts and the torch paths, on a checkpoint with a real model's per-layer dims 
 
 A decode step must read the language model's weights once plus every request's KV, and multiply
 each row by them: its floor (the roofline) is the larger of (weight bytes + KV bytes) /
-bandwidth and the linears' FLOPs / the bfloat16 GEMM peak (2 x multiply-adds of the LM and the
-head per row; attention's few FLOPs left out). A copy probe runs before each repeat (the
+bandwidth and the linears' FLOPs / the GEMM peak in the model's dtype (2 x multiply-adds of the
+LM and the head per row; attention's few FLOPs left out). A copy probe runs before each repeat (the
 bandwidth of a shared machine drifts; a row's floor takes the probe of its fastest run), the
 GEMM peak (``matmul_peak_gflops``) once. For each batch size the offline engine prefills the
 prompts, then the step time is taken from the runner's counters over the decode steps;
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     path = args.model_path or str(cached_checkpoint(dims, args.shape))
     engines = _engines(args, path)
     runner = engines["packed"].runner
-    peak = matmul_peak_gflops(dtype="bfloat16")
+    peak = matmul_peak_gflops(dtype=str(runner.dtype).removeprefix("torch."))  # the model's
     flops_per_row = 2 * (runner.lm_linear_macs + runner.lm_head_macs)
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(args.batch_sizes) * len(PATHS) * args.repeats, desc="decode_step")
@@ -167,9 +167,8 @@ def markdown(result: dict[str, Any]) -> str:
     return (
         f"{cpu_line(result['cpu'])}; copy bandwidth probed before each repeat: "
         f"{min(probes):.1f}-{max(probes):.1f} GB/s (a row's floor: its fastest run's probe); "
-        f"bfloat16 GEMM peak {peak:.0f} GFLOP/s; roofline = max(bytes ms, FLOPs ms)\n\n"
-        + markdown_table(head, rows)
-        + "\n"
+        f"{result['matmul_peak']['dtype']} GEMM peak {peak:.0f} GFLOP/s; roofline = max(bytes ms, "
+        "FLOPs ms)\n\n" + markdown_table(head, rows) + "\n"
     )
 
 

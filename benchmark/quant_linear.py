@@ -19,7 +19,9 @@ limit. For:
 - torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
   (what ``--torchao-config`` ran before), for comparison in the same run;
 - f32: the plain float32 ``nn.Linear`` (torch's product), what a CPU without native bfloat16
-  serves by default.
+  serves by default;
+- <width>-portable (int8, int8dq, int4-<group>): the kernel's plain C++ build, what a CPU with
+  none of its vector paths runs.
 
 On such a CPU (AVX2 only) the quantized kernels multiply in float32 FMAs, so every width's
 compute peak is the float32 GEMM's (int8dq's too, whose portable loop has no ``vpdpbusd``).
@@ -86,9 +88,11 @@ def _layers(shape: str, width: str) -> list[nn.Module]:
         return dense
     from sglang.srt import kernels
 
-    dynamic = width == "int8dq"
-    bits, group = (8, None) if width.startswith("int8") else (4, int(width.rsplit("-", 1)[1]))
-    kernel = kernels.load("linear_int8dq" if dynamic else "linear_quant")
+    base = width.removesuffix("-portable")
+    load = kernels.load_portable if base != width else kernels.load
+    dynamic = base == "int8dq"
+    bits, group = (8, None) if base.startswith("int8") else (4, int(base.rsplit("-", 1)[1]))
+    kernel = load("linear_int8dq" if dynamic else "linear_quant")
     layers = []
     for layer in dense:
         quantized = QuantizedLinear.from_linear(layer, bits, group, dynamic)
@@ -246,7 +250,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=SHAPES, default="7b")
     p.add_argument("--rows", default="1,2,4,8,16")
-    p.add_argument("--widths", default=",".join(WIDTHS), help="of these, and f32")
+    p.add_argument("--widths", default=",".join(WIDTHS), help="of these, f32, X-portable")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seconds", type=float, default=1.0, help="timing window per cell")
     p.add_argument(
