@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt import kernels
+from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 
 KERNEL = kernels.load("decode_attention")
 LINEAR = kernels.load("linear_bf16")
@@ -156,6 +157,72 @@ def test_bf16_linear_matches_float64_product(
     scale = x.double().abs() @ weight.double().abs().t() + 1
     scale += bias.double().abs() if with_bias else 0
     assert ((got.double() - want).abs() / scale).max() < 2**-8
+
+
+@needs_kernel
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    rows=st.integers(1, 20),
+    in_features=st.sampled_from([1, 15, 16, 17, 200, 1536]),
+    out_features=st.sampled_from([1, 15, 16, 17, 100, 513]),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_float32_linear_matches_float64_product(
+    rows, in_features, out_features, with_bias, seed
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, in_features, generator=gen)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    bias = torch.randn(out_features, generator=gen) if with_bias else None
+    got = LINEAR.linear_f32(x, weight, bias)
+    want = x.double() @ weight.double().t() + (bias.double() if with_bias else 0)
+    assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+    # float32 sums over in_features products: each step rounds by at most 2^-24 of the terms
+    scale = x.double().abs() @ weight.double().abs().t() + (bias.double().abs() if with_bias else 0)
+    bound = (in_features + 2) * 2**-24 * scale + 1e-30
+    assert ((got.double() - want).abs() <= bound).all()
+    flipped = LINEAR.linear_f32(x, -weight, bias)  # a wrong sign must fail the same bound
+    if (want.abs() > 2 * bound).any():
+        assert not ((flipped.double() - want).abs() <= bound).all()
+
+
+@needs_kernel
+@pytest.mark.skipif(cpu_bfloat16_isa() is not None, reason="float32 serving: CPUs without bf16")
+def test_float32_engine_routes_decode_batches_to_the_kernel(monkeypatch) -> None:
+    """On a CPU without native bfloat16 (which serves float32), decode batches of 2-16 rows run
+    the language model's linears and the head on ``linear_f32``; one row and prompts stay on
+    torch; greedy output equals the torch-only run's."""
+    from conftest import model_dir
+
+    import sglang
+    from sglang.srt.layers import decode_linear
+
+    engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"), dtype="float32")
+    routed = [m for m in engine.runner.model.modules() if hasattr(m, "_decode_kernel")]
+    lm = engine.runner.adapter.language_model
+    assert len(routed) == len([m for m in lm.modules() if isinstance(m, torch.nn.Linear)]) + 1
+    rows_seen = []
+    real = routed[0]._decode_kernel
+
+    class Counting:
+        def linear_f32(self, x, *args):
+            rows_seen.append(x.shape[0])
+            return real.linear_f32(x, *args)
+
+    for module in routed:
+        monkeypatch.setattr(module, "_decode_kernel", Counting())
+    params = {"temperature": 0, "max_new_tokens": 6}
+    prompts = ["Tell me about the weather today.", "Another request in the same batch."]
+    with_kernel = engine.generate(prompts, params)
+    low, high = decode_linear.FLOAT32_MIN_ROWS, decode_linear.MAX_ROWS
+    assert rows_seen and all(low <= rows <= high for rows in rows_seen)
+    for module in routed:
+        monkeypatch.setattr(module, "_decode_kernel", None)
+    engine.flush_cache()
+    without = engine.generate(prompts, params)
+    engine.shutdown()
+    assert [o["output_ids"] for o in with_kernel] == [o["output_ids"] for o in without]
 
 
 @needs_kernel

@@ -24,7 +24,7 @@ from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor import host_memory, memory
-from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
+from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa, dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.mm_fingerprint import shared_store, worker_fingerprint
@@ -137,6 +137,11 @@ class ModelRunner:
             if lm_packed and self.quantization is None:
                 copied = copy_out_of_checkpoint(self.model)  # what packing left on the mapping
                 logger.info("%.1f MiB not packed copied off the checkpoint", copied / 2**20)
+        elif self.device == "cpu" and self.dtype == torch.float32 and not cpu_bfloat16_isa():
+            head = self.model.get_output_embeddings()
+            linears = [*self.adapter.language_model.modules(), head]
+            routed = decode_linear.install(linears, torch.float32)
+            logger.info("decode batches' float32 linears on the native kernel: %d", routed)
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )
