@@ -49,6 +49,14 @@ needs_compiler = pytest.mark.skipif(
     kernels.compiler() is None, reason=f"no C++ compiler ({kernels.compiler_name()} not found)"
 )
 
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Every kernel the suite loads, built before collection imports the tests, two or more at
+    once (one after another they took ~10 minutes of a fresh run on 2 cores)."""
+    if kernels.compiler() is not None and os.environ.get(kernels.DISABLE_ENV, "0") in ("", "0"):
+        kernels.prebuild(portable=("linear_quant", "linear_int8dq"))
+
+
 # The native GEMM serves CPUs with AVX512-BF16 and no AMX, where a compiler builds it.
 NATIVE_GEMM_EXPECTED = (
     kernels.expected_isa("gemm_bf16") == "avx512_bf16"

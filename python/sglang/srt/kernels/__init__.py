@@ -18,7 +18,11 @@ import hashlib
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -96,6 +100,24 @@ def expected_isa(name: str) -> str:
     if not all(f in flags for f in AVX512):
         return "portable"
     return "avx512_bf16" if "avx512_bf16" in flags else "avx512"
+
+
+def prebuild(portable: Iterable[str] = (), workers: int | None = None) -> None:
+    """Build every kernel, and the portable variants named, into the cache, as many at once as
+    there are cores, each in its own process (a compiler runs on one core): a fresh cache
+    otherwise builds them one after another at first use, ~30 s each on 2 cores. A build that
+    fails is left for ``load`` to report (or raise) when its kernel is first loaded."""
+    code = (
+        "import sys; from sglang.srt import kernels; "
+        "(kernels.load_portable if sys.argv[2] == '1' else kernels.load)(sys.argv[1])"
+    )
+    jobs = [(name, "0") for name in kernel_names()] + [(name, "1") for name in portable]
+
+    def build(job: tuple[str, str]) -> None:
+        subprocess.run([sys.executable, "-c", code, *job], capture_output=True, check=False)
+
+    with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
+        list(pool.map(build, jobs))
 
 
 def _required() -> bool:

@@ -19,7 +19,8 @@ HF's own bfloat16-vs-float32 difference (max over the prompt; six tiny random fa
   run 1.00-1.08x the bfloat16 time there, and the 7B-shaped checkpoint drops to ~0.31 of its
   bfloat16 bytes (0.35 with the tower in bfloat16).
 
-The model runs in bfloat16 when quantized.
+The model runs in bfloat16 when quantized (with float32 activations under ``--dtype auto`` on a
+CPU without native bfloat16: ``dtypes.resolve_launch_dtypes``).
 """
 
 from __future__ import annotations
