@@ -33,6 +33,7 @@ import sglang
 from sglang.srt.layers import checkpoint_formats
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 from sglang.srt.model_executor import prequantized
+from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 from sglang.srt.models.adapters import UnsupportedModelError, check_model
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.testing.quantized_checkpoints import write_quantized
@@ -127,13 +128,13 @@ def test_published_checkpoint_serves_its_dequantized_weights(
     """The engine (bfloat16, 5-token chunks cutting through the image) against HF float32 on
     the dequantized weights (exact) and HF bfloat16 on them: within twice the gap between the
     two, as for ``--torchao-config``. The unquantized source model (int4), a white image and
-    positions shifted by one fall outside; greedy tokens equal HF bfloat16's, or part only
+    positions shifted by one fall outside; greedy tokens equal HF bfloat16's (HF float32's on
+    a CPU without native bfloat16, where the engine keeps float32 activations), or part only
     where HF's own margin between the two tokens lies within the bound."""
     quantized, reference = _folders(family, fmt, root)
     prompt, image = f"Look at {placeholder(family)} and say what you see.", make_image(2, 96, 64)
-    ids, exact = _prompt_logprobs(
-        _hf(reference, quantized, fmt, torch.float32), reference, prompt, image
-    )
+    exact_model = _hf(reference, quantized, fmt, torch.float32)
+    ids, exact = _prompt_logprobs(exact_model, reference, prompt, image)
     bf16 = _hf(reference, quantized, fmt, torch.bfloat16)
     _, rounded = _prompt_logprobs(bf16, reference, prompt, image)
     bound = 2 * (rounded - exact).abs().max()
@@ -155,7 +156,9 @@ def test_published_checkpoint_serves_its_dequantized_weights(
         if fmt != "ct-w8a8":  # int8 moves logprobs by about the bfloat16 noise only
             assert (got - unquantized).abs().max() > bound
         assert (got[1:] - exact[:-1]).abs().max() > bound
-        _check_greedy(engine, bf16, reference, prompt, image, float(bound))
+        # greedy against HF in the engine's dtype: float32 activations on a CPU without bf16
+        same_dtype = bf16 if cpu_bfloat16_isa() else exact_model
+        _check_greedy(engine, same_dtype, reference, prompt, image, float(bound))
         _check_layers(engine, fmt)
         _check_exact_weights(engine, reference)
         engine.scheduler.check_integrity()

@@ -130,7 +130,7 @@ def _head_bytes(shape: tuple[int, ...], elem: int, quant: Quantization) -> int:
     rows, cols = shape
     group = quant.group_size or 128
     if quant.head_bits == 4 and quantized_linear.int4_skip_reason(cols, group) is None:
-        return rows * cols // 2 + 2 * rows * (cols // group) * elem
+        return rows * cols // 2 + 2 * rows * (cols // group) * 2  # bfloat16 scales and mins
     if quant.head_bits == 0:
         return rows * cols * elem
     return rows * cols + rows * 4  # int8 per output channel
@@ -160,8 +160,8 @@ def tensor_bytes_as(
 ) -> int:
     """Bytes one checkpoint tensor takes once loaded in ``run_dtype`` (floating tensors) and,
     for the language model's linear weights, quantized as they are stored: int8 = 1 byte per
-    element + a float32 scale per row; int4 = half a byte per element + a scale and a min (of
-    the run dtype) per group of ``group_size`` columns (weights whose width is not a multiple
+    element + a float32 scale per row; int4 = half a byte per element + a bfloat16 scale and
+    min per group of ``group_size`` columns (weights whose width is not a multiple
     of the group and of 64 stay unquantized); an untied LM head (its own tensor) and then the
     token embeddings in int8 (``quantize_head_and_embeddings``); with int4, the vision tower's
     linear weights in int8 (``quantize_vision_tower``; with int8dq and ``vision_int8dq`` too, plus
@@ -190,7 +190,7 @@ def tensor_bytes_as(
     group = quant.group_size or 128
     if quantized_linear.int4_skip_reason(cols, group) is not None:
         return numel * elem
-    return numel // 2 + 2 * rows * (cols // group) * elem
+    return numel // 2 + 2 * rows * (cols // group) * 2  # bfloat16 scales and mins, any run dtype
 
 
 def estimate_weight_bytes(
