@@ -112,6 +112,7 @@ def prebuild(portable: Iterable[str] = (), workers: int | None = None) -> None:
         "(kernels.load_portable if sys.argv[2] == '1' else kernels.load)(sys.argv[1])"
     )
     jobs = [(name, "0") for name in kernel_names()] + [(name, "1") for name in portable]
+    jobs = [job for job in jobs if not _library(job[0], job[1] == "1").is_file()]
 
     def build(job: tuple[str, str]) -> None:
         subprocess.run([sys.executable, "-c", code, *job], capture_output=True, check=False)
@@ -139,6 +140,12 @@ def load_portable(name: str) -> ModuleType | None:
     return _build(name, portable=True)
 
 
+def _library(name: str, portable: bool) -> Path:
+    """Where the build of kernel ``name`` (its portable variant) for this CPU and source lands."""
+    variant = f"{name}_portable" if portable else name
+    return _build_dir(variant, CSRC / f"{name}.cpp") / f"sglang_{variant}.so"
+
+
 @functools.cache
 def _build(name: str, portable: bool = False) -> ModuleType | None:
     source = CSRC / f"{name}.cpp"
@@ -146,9 +153,10 @@ def _build(name: str, portable: bool = False) -> ModuleType | None:
         from torch.utils.cpp_extension import load as build
 
         variant = f"{name}_portable" if portable else name
-        directory = _build_dir(variant, source)
+        library = _library(name, portable)
+        directory = library.parent
         directory.mkdir(parents=True, exist_ok=True)
-        fresh = not (directory / f"sglang_{variant}.so").is_file()
+        fresh = not library.is_file()
         if fresh:
             logger.info(
                 "building native CPU kernel %s for this CPU (%s): first use only, about 20 s; "
