@@ -305,7 +305,8 @@ class QuantizedLinear(nn.Module):
         """y in bfloat16, or in float32 for float32 x (a model served in float32 on a CPU
         without native bfloat16)."""
         rows = x.numel() // self.in_features
-        out_dtype = torch.float32 if x.dtype == torch.float32 else torch.bfloat16
+        float32_in = x.dtype == torch.float32
+        out_dtype = torch.float32 if float32_in else torch.bfloat16
         if self.dynamic:
             flat = x.to(torch.bfloat16).reshape(rows, self.in_features).contiguous()
             if self._kernel is None:
@@ -315,7 +316,7 @@ class QuantizedLinear(nn.Module):
                     flat, self.qweight, self.offset, self.scale, self.bias, self.out_features
                 )
             return out.reshape(*x.shape[:-1], self.out_features).to(out_dtype)
-        native = x.dtype == torch.bfloat16 or (out_dtype == x.dtype and self._kernel_takes_float32)
+        native = x.dtype == torch.bfloat16 or (float32_in and self._kernel_takes_float32)
         if self._kernel is None or rows == 0 or not native:
             bias = None if self.bias is None else self.bias.to(out_dtype)
             return F.linear(x.to(out_dtype), self.dequantized(out_dtype), bias)
