@@ -85,14 +85,20 @@ def test_int4_estimate_halves_divisible_linears() -> None:
     assert _int4_bytes("model.layers.0.self_attn.k_proj.weight", (8, 128)) == 8 * 64 + 8 * 4
     # no whole groups of 128 columns: left in bfloat16
     assert _int4_bytes("model.layers.0.mlp.down_proj.weight", (16, 100)) == 16 * 100 * 2
-    # the vision tower's linears, an untied LM head and then the embeddings are int8 (a tied
-    # table stays as it is); the tower's norms and position embeddings stay as they are
+    # the vision tower's linears, an untied LM head and then the embeddings are int8, and so is
+    # a tied pair's one table unless the head stays dense; the tower's norms and position
+    # embeddings stay as they are
     assert _int4_bytes("visual.blocks.0.mlp.fc1.weight", (256, 512)) == 256 * 512 + 256 * 4
     assert _int4_bytes("visual.blocks.0.norm1.weight", (512,)) == 512 * 2
     assert _int4_bytes("visual.pos_embed.weight", (256, 512)) == 256 * 512 * 2
-    assert _int4_bytes("model.embed_tokens.weight", (256, 512)) == 256 * 512 * 2
-    embed_bytes = _int4_bytes("model.embed_tokens.weight", (256, 512), untied_head=True)
-    assert embed_bytes == 256 * 512 + 256 * 4
+    for untied_head in (False, True):
+        embed_bytes = _int4_bytes("model.embed_tokens.weight", (256, 512), untied_head)
+        assert embed_bytes == 256 * 512 + 256 * 4
+    dense_head = memory.Quantization.parse("int4wo-128", "bfloat16")
+    tied_table = memory.tensor_bytes_as(
+        "model.embed_tokens.weight", "F32", (256, 512), torch.bfloat16, dense_head
+    )
+    assert tied_table == 256 * 512 * 2
     assert _int4_bytes("lm_head.weight", (256, 512)) == 256 * 512 + 256 * 4
 
 

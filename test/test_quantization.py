@@ -229,9 +229,7 @@ def _assert_weights_quantized(
         bias = layer.bias.numel() * 2 if layer.bias is not None else 0
         ratio = MAX_BYTES_RATIO.get(config, MAX_BYTES_RATIO[config[:4]])
         assert weight_bytes(layer) - bias <= ratio * dense
-    # The vision tower and projector are int8 with int4 only (int8dq with --vision-int8dq);
-    # the LM head and the embeddings are int8 unless they are tied, and then they still share
-    # one table.
+    # The vision tower and projector are int8 with int4 only (int8dq with --vision-int8dq).
     tower = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.bits == 8]
     tower = [m for m in tower if m is not model.get_output_embeddings() and m not in linears]
     assert report["vision_layers_int8"] == len(tower)
@@ -242,12 +240,23 @@ def _assert_weights_quantized(
     assert outside and not any(is_traceable_wrapper_subclass(p) for p in outside)
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     want_head = {"int8": "int8", "int4": f"int4-{config.split('-')[-1]}"}.get(head_dtype)
-    want_head = "bfloat16" if tied or want_head is None else want_head
-    assert report["lm_head"] == want_head
-    assert _is_quantized(head) == (want_head != "bfloat16")
-    assert hasattr(embed, "qweight") != tied
-    assert report["embeddings"] == ("bfloat16" if tied else "int8")
-    assert (getattr(head, "weight", None) is embed.weight) == tied
+    # a tied pair becomes one int8 table where the embedding is a plain nn.Embedding (not
+    # Gemma's scaled one): the head's codes, which lookups gather
+    shared = tied and want_head is not None and type(embed) is nn.Embedding
+    if shared:
+        assert (report["lm_head"], report["embeddings"]) == ("int8", "int8 (the head's)")
+        assert isinstance(head, QuantizedLinear) and head.bits == 8
+        assert embed.weight.untyped_storage().nbytes() == embed.weight.element_size()
+        ids = torch.tensor([[0, 5], [embed.num_embeddings - 1, 64]])
+        want = head.dequantized(torch.float64)[ids].to(embed.weight.dtype)
+        assert torch.equal(embed(ids), want)
+    else:
+        want_head = "bfloat16" if tied or want_head is None else want_head
+        assert report["lm_head"] == want_head
+        assert _is_quantized(head) == (want_head != "bfloat16")
+        assert hasattr(embed, "qweight") != tied
+        assert report["embeddings"] == ("bfloat16" if tied else "int8")
+        assert (getattr(head, "weight", None) is embed.weight) == tied
     assert engine.get_server_info()["torchao_config"] == config
     assert (
         report["language_model_weight_bytes_after"] < report["language_model_weight_bytes_before"]
@@ -418,3 +427,32 @@ def test_int8_head_embeddings_and_tower_move_logprobs_about_as_bfloat16_does(fam
     moved(tower, 2.0)
     with pytest.raises(AssertionError):
         moved(head(4, 32), 2.0)
+
+
+@pytest.mark.parametrize("family", ["paddleocr_vl"])
+def test_a_tied_pair_in_one_int8_table_moves_logprobs_about_as_bfloat16_does(family: str) -> None:
+    """A head tied to the embeddings becomes one int8 table read by both (the head's product
+    and the lookups): in HF's bfloat16 model that moves the prompt logprobs by about what
+    running in bfloat16 instead of float32 does, as the untied head and embeddings in int8 do
+    together; an int4 table would not (the deliberate error)."""
+    fp32, processor = _hf(family)
+    assert fp32.get_output_embeddings().weight is fp32.get_input_embeddings().weight
+    prompt, image = _prompt(family), make_image(2, 96, 64)
+    _, ref_fp32 = _hf_logprobs(family, fp32, processor, prompt, image)
+    _, ref_bf16 = _hf_logprobs(family, _hf_bf16(family), processor, prompt, image)
+    noise = (ref_bf16 - ref_fp32).abs().max().item()
+
+    hf = _hf_bf16(family)
+    report = QuantizationReport("int8wo")
+    quantize_head_and_embeddings(hf, _hf_language_model(hf), report)
+    assert (report.lm_head, report.embeddings) == ("int8", "int8 (the head's)")
+    _, got = _hf_logprobs(family, hf, processor, prompt, image)
+    gap = (got - ref_bf16).abs().max().item()
+    assert 0 < gap < 2.0 * noise, (gap, noise)
+
+    hf = _hf_bf16(family)  # the same pair in int4: far outside
+    head = quantize(hf.get_output_embeddings(), 4, 32)
+    hf.set_output_embeddings(head)
+    hf.get_input_embeddings().weight.data = exact_weight(head).to(torch.bfloat16)
+    _, int4 = _hf_logprobs(family, hf, processor, prompt, image)
+    assert (int4 - ref_bf16).abs().max().item() > 2.0 * noise

@@ -69,7 +69,7 @@ class InsufficientMemoryError(RuntimeError):
 class Quantization:
     bits: int  # 8 or 4 bits per quantized linear weight element
     group_size: int | None  # int4: columns sharing one scale and zero point
-    head_bits: int = 8  # an untied LM head: 8, 4 (in the groups) or 0 (dense)
+    head_bits: int = 8  # the LM head: 8, 4 (in the groups; a tied one 8) or 0 (dense)
     dynamic: bool = False  # int8dq: each linear also keeps its column sums (int32)
     tower_int8: bool = False  # the vision tower's linears in int8 (int4wo; int8dq + vision)
 
@@ -163,7 +163,8 @@ def tensor_bytes_as(
     element + a float32 scale per row; int4 = half a byte per element + a bfloat16 scale and
     min per group of ``group_size`` columns (weights whose width is not a multiple
     of the group and of 64 stay unquantized); an untied LM head (its own tensor) and then the
-    token embeddings in int8 (``quantize_head_and_embeddings``); with int4, the vision tower's
+    token embeddings in int8, or a tied pair's one table in int8 unless the head stays dense
+    (``quantize_head_and_embeddings``); with int4, the vision tower's
     linear weights in int8 (``quantize_vision_tower``; with int8dq and ``vision_int8dq`` too, plus
     int8dq's column sums)."""
     numel = 1
@@ -178,8 +179,9 @@ def tensor_bytes_as(
     elem = torch.empty(0, dtype=run_dtype).element_size()
     if quant is not None and name.endswith("lm_head.weight") and len(shape) == 2:
         return _head_bytes(shape, elem, quant)
-    if quant is not None and untied_head and name.endswith("embed_tokens.weight"):
-        return numel + shape[0] * 4  # int8 per row
+    if quant is not None and name.endswith("embed_tokens.weight"):
+        if untied_head or quant.head_bits != 0:  # a tied table: the head's int8 codes
+            return numel + shape[0] * 4  # int8 per row
     if quant is not None and quant.tower_int8 and _is_tower_linear(name, shape):
         return numel + shape[0] * (8 if quant.dynamic else 4)  # int8 per output channel
     if quant is None or not _is_lm_linear(name, shape):

@@ -13,8 +13,8 @@ HF's own bfloat16-vs-float32 difference (max over the prompt; six tiny random fa
   output channel or int4 per group, except int4 layers whose shapes the kernel cannot take
   (``int4_skip_reason``, which stay in bfloat16);
 - an untied LM head, in int8 (0.28-0.63x; in int4 it would be 2.4-11x, so it stays int8 with
-  int4 too), and then the token embedding table, in int8 per row (0.6-1.6x); a head tied to the
-  embeddings keeps the shared table in bfloat16;
+  int4 too), and then the token embedding table, in int8 per row (0.6-1.6x); a head tied to a
+  plain ``nn.Embedding`` makes one int8 table that both read;
 - with int4, the vision tower's and projector's linears, in int8 (0.55-1.25x): an image's rows
   run 1.00-1.08x the bfloat16 time there, and the 7B-shaped checkpoint drops to ~0.31 of its
   bfloat16 bytes (0.35 with the tower in bfloat16).
@@ -33,7 +33,7 @@ from typing import Any
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from sglang.srt.layers import quantized_linear
+from sglang.srt.layers import packed_linear, quantized_linear
 from sglang.srt.model_executor.host_memory import module_bytes
 
 logger = logging.getLogger(__name__)
@@ -199,17 +199,25 @@ def quantize_head_and_embeddings(
     """On a CPU, the LM head in int8 (per output channel; ``head_dtype``: int4 in the groups of
     the int4 config, or bfloat16): a decode step reads it whole, and on a 7B-shaped model it is
     as many bytes as seven int4 decoder layers; and the token embedding table in int8 per row (a
-    lookup reads a row; on a 7B-shaped model the table is 1.1 GB in bfloat16). A head tied to
-    the token embeddings stays as it is, and so do they (quantizing one would quantize the
-    other)."""
+    lookup reads a row; on a 7B-shaped model the table is 1.1 GB in bfloat16).
+
+    A head tied to the token embeddings (the 2B / 3B models: there the head is the largest
+    matrix a decode step reads) becomes one int8 table for both where the embedding is a plain
+    ``nn.Embedding``: per output channel of the head is per row of the table, so the head's
+    codes are the ones ``quantize_embedding`` would give, and lookups gather them from its
+    panels. It stays int8 with ``head_dtype`` int4 (a lookup would unpack whole groups), and
+    the pair stays as it is with bfloat16 or a subclassed embedding (Gemma's scaled one)."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    usable = isinstance(head, nn.Linear) and head.weight.device.type == "cpu"
     if embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None):
+        if usable and head_dtype != "bfloat16" and packed_linear.lookups_can_move_to(embed, head):
+            shared = quantized_linear.quantize(head, 8, None)
+            model.set_output_embeddings(shared)
+            quantized_linear.serve_lookups_from_head(embed, shared)
+            report.lm_head, report.embeddings = "int8", "int8 (the head's)"
+            report.weight_bytes_after = module_bytes(language_model)
         return
-    if (
-        isinstance(head, nn.Linear)
-        and head.weight.device.type == "cpu"
-        and head_dtype != "bfloat16"
-    ):
+    if usable and head_dtype != "bfloat16":
         group = parse_torchao_config(report.config).group_size  # type: ignore[union-attr]
         if head_dtype == "int4" and group and not int4_skip_reason(head, group, "cpu"):
             model.set_output_embeddings(quantized_linear.quantize(head, 4, group))
