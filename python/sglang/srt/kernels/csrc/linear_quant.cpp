@@ -207,11 +207,15 @@ void int8_product(const T* a, int64_t m, const int8_t* codes, const float* scale
 #elif defined(SGLANG_QUANT_AVX2)
   std::vector<float> widened;
   const float* xf = quant_avx2::as_float(a, m, k, widened);
-  quant_avx2::run(panels, m, [&](int64_t j, int64_t r, int64_t rows) {
-    const int64_t c0 = j * kPanelCols;
-    quant_avx2::int8_panel(xf + r * k, k, rows, codes + j * pairs * kPairBytes, pairs,
-                           scales + c0, biases.data() + c0, y + r * n + c0, n, n - c0);
-  });
+  auto panel = [&](auto product) {
+    return [&, product](int64_t j, int64_t r, int64_t rows) {
+      const int64_t c0 = j * kPanelCols;
+      product(xf + r * k, k, rows, codes + j * pairs * kPairBytes, pairs, scales + c0,
+              biases.data() + c0, y + r * n + c0, n, n - c0);
+    };
+  };
+  quant_avx2::run(panels, m, panel(quant_avx2::int8_panel<T>),
+                  panel(quant_avx2::int8_panel_buffered<T>));
 #else
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
@@ -247,8 +251,8 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const auto* codes = q.data_ptr<int8_t>();
   const float* scales = scale.data_ptr<float>();
   if (x.scalar_type() == at::kFloat) {
-    int8_product(x.data_ptr<float>(), m, codes, scales, biases, panels, pairs, out.data_ptr<float>(),
-                 n);
+    int8_product(x.data_ptr<float>(), m, codes, scales, biases, panels, pairs,
+                 out.data_ptr<float>(), n);
   } else {
     int8_product(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, codes, scales,
                  biases, panels, pairs, reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()),
@@ -422,13 +426,16 @@ void int4_product(const T* a, int64_t m, int64_t k, const uint8_t* codes,
 #elif defined(SGLANG_QUANT_AVX2)
   std::vector<float> widened;
   const float* xf = quant_avx2::as_float(a, m, k, widened);
-  quant_avx2::run(panels, m, [&](int64_t j, int64_t r, int64_t rows) {
-    const int64_t c0 = j * kPanelCols;
-    quant_avx2::int4_panel(xf + r * k, k, rows, codes + j * pairs * kPanelCols, pairs,
-                           group, scales + j * groups * kPanelCols, mins + j * groups * kPanelCols,
-                           sums.data() + r * groups, biases.data() + c0, y + r * n + c0, n,
-                           n - c0);
-  });
+  auto panel = [&](auto product) {
+    return [&, product](int64_t j, int64_t r, int64_t rows) {
+      const int64_t c0 = j * kPanelCols;
+      product(xf + r * k, k, rows, codes + j * pairs * kPanelCols, pairs, group,
+              scales + j * groups * kPanelCols, mins + j * groups * kPanelCols,
+              sums.data() + r * groups, biases.data() + c0, y + r * n + c0, n, n - c0);
+    };
+  };
+  quant_avx2::run(panels, m, panel(quant_avx2::int4_panel<Scale, T>),
+                  panel(quant_avx2::int4_panel_buffered<Scale, T>));
 #else
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j)
