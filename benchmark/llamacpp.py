@@ -117,7 +117,7 @@ def server_for(
     if engine == "ours":
         flags = WIDTHS[width][0]
         return launch("ours", str(args.model_path), "per-image", flags, timeout=args.timeout,
-                      log_dir=log_dir, dtype="bfloat16")  # fmt: skip
+                      log_dir=log_dir, dtype=args.dtype)  # fmt: skip
     lm = files[f"lm-{WIDTHS[width][1]}"]
     cmd = llama_command(args.llama_root, lm, files["mmproj"], free_port(), args.llama_ctx,
                         args.threads)  # fmt: skip
@@ -341,7 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds, "repeats": args.repeats, "max_tokens": args.max_tokens,
         "decode_requests": args.decode_requests, "chat_tokens": args.chat_tokens,
         "resolution": "x".join(map(str, args.resolution)), "llama_ctx": args.llama_ctx,
-        "threads": args.threads, "llama_server_version": version,
+        "threads": args.threads, "llama_server_version": version, "dtype": args.dtype,
     }  # fmt: skip
     return {"benchmark": "llamacpp", "cpu": cpu, "config": config, "runs": runs,
             "failures": failures, "per_label": per_label,
@@ -360,6 +360,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resolution", default="448x448", help="WxH, multiples of 28")
     p.add_argument("--chat-tokens", type=int, default=16, help="max tokens per chat round")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--dtype", default="bfloat16",
+                   help="our server's --dtype (auto: float32 activations on CPUs without native "
+                        "bfloat16, where torch's bfloat16 products crawl)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=64, help="decode request length")
     p.add_argument("--decode-requests", type=int, default=3, help="after one warm-up")
     p.add_argument("--llama-root", type=Path, default=default_root())
