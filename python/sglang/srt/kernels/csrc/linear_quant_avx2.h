@@ -8,7 +8,7 @@
 // in input order, and the two sums added: int8 over all inputs, int4 per group (then the
 // group's offset taken off and its scale and min applied, as the AVX512 tile does). The order
 // depends only on the output, so a row's outputs are the same bits whatever the batch and the
-// threads. One or two rows (decode) convert the codes in registers as they stream; more rows
+// threads. Up to four rows (decode) convert the codes in registers as they stream; more rows
 // convert a stretch of the panel once into an L1 buffer that every tile of rows then reads.
 
 #pragma once
@@ -30,7 +30,7 @@
 namespace quant_avx2 {
 
 using gemm_tile::kPanelCols;
-constexpr int64_t kStreamingRows = 2;  // at most this many rows convert codes in registers
+constexpr int64_t kStreamingRows = 4;  // at most this many rows convert codes in registers
 constexpr int64_t kSpanPairs = 128;  // int8: 16 KB of codes per span
 constexpr int kInt8TileRows = 3;     // 12 accumulators
 constexpr int kInt4TileRows = 3;     // 2 column vectors x even / odd x 3 rows: 12 accumulators
