@@ -58,6 +58,35 @@ inline __m256 input_pair(const float* x, int64_t p) {
   return _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + 2 * p)));
 }
 
+// m rows of int8 outputs from their lane sums (each column's even and odd inputs apart).
+template <typename Out>
+inline void store_int8_rows(const float (*sums)[2 * kPanelCols], int64_t m, const float* scale,
+                            const float* bias, Out* out, int64_t ldo, int64_t cols) {
+  cols = std::min(cols, kPanelCols);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float sum = sums[r][2 * c] + sums[r][2 * c + 1];
+      store_as(out + r * ldo + c, std::fma(sum, scale[c], bias[c]));
+    }
+}
+
+// Eight int4 outputs of a row take one group: `sum` of (128 + code) x over the group, less
+// 128 x the group's input sum, times the scale, plus the min times that input sum.
+inline void add_group(float* total, __m256 sum, __m256 scale, __m256 min, float xsum) {
+  __m256 t = _mm256_load_ps(total);
+  t = _mm256_fmadd_ps(_mm256_sub_ps(sum, _mm256_set1_ps(128.f * xsum)), scale, t);
+  t = _mm256_fmadd_ps(min, _mm256_set1_ps(xsum), t);
+  _mm256_store_ps(total, t);
+}
+
+template <typename Out>
+inline void store_int4_rows(const float (*total)[kPanelCols], int64_t m, const float* bias,
+                            Out* out, int64_t ldo, int64_t cols) {
+  cols = std::min(cols, kPanelCols);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < cols; ++c) store_as(out + r * ldo + c, total[r][c] + bias[c]);
+}
+
 // The `lines` cache lines from `from` on into L1.
 inline void prefetch(const void* from, int64_t lines) {
   for (int64_t l = 0; l < lines; ++l)
@@ -104,12 +133,7 @@ void int8_panel(const float* x, int64_t ldx, int64_t m, const int8_t* codes, int
                         2 * kPanelCols, q == 0 && r == 0);
     });
   }
-  cols = std::min(cols, kPanelCols);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float sum = sums[r][2 * c] + sums[r][2 * c + 1];
-      store_as(out + r * ldo + c, std::fma(sum, scale[c], bias[c]));
-    }
+  store_int8_rows(sums, m, scale, bias, out, ldo, cols);
 }
 
 // --- int4: a pair's 64 bytes are 16 words (linear_quant.cpp's layout); half h (bytes
@@ -171,21 +195,14 @@ void int4_panel(const float* x, int64_t ldx, int64_t m, const uint8_t* codes, in
             const __m256 s = load8(scale + g * kPanelCols + c);
             const __m256 lo = load8(min + g * kPanelCols + c);
             for (int i = 0; i < R; ++i) {
-              const float xsum = group_sums[(r + i) * groups + g];
-              const __m256 sum = _mm256_sub_ps(_mm256_add_ps(even[i][v], odd[i][v]),
-                                               _mm256_set1_ps(128.f * xsum));
-              __m256 t = _mm256_load_ps(total[r + i] + c);
-              t = _mm256_fmadd_ps(sum, s, t);
-              t = _mm256_fmadd_ps(lo, _mm256_set1_ps(xsum), t);
-              _mm256_store_ps(total[r + i] + c, t);
+              add_group(total[r + i] + c, _mm256_add_ps(even[i][v], odd[i][v]), s, lo,
+                        group_sums[(r + i) * groups + g]);
             }
           }
         }
     });
   }
-  cols = std::min(cols, kPanelCols);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < cols; ++c) store_as(out + r * ldo + c, total[r][c] + bias[c]);
+  store_int4_rows(total, m, bias, out, ldo, cols);
 }
 
 // --- Batches (kBufferedMinRows rows and more): a stretch of a panel's codes is first written out
@@ -242,12 +259,7 @@ void int8_panel_buffered(const float* x, int64_t ldx, int64_t m, const int8_t* c
       });
     }
   }
-  cols = std::min(cols, kPanelCols);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const float sum = sums[r][2 * c] + sums[r][2 * c + 1];
-      store_as(out + r * ldo + c, std::fma(sum, scale[c], bias[c]));
-    }
+  store_int8_rows(sums, m, scale, bias, out, ldo, cols);
 }
 
 // int4_panel for up to kBufferedBlockRows rows: each half of a group converted once. Shift v of
@@ -291,21 +303,14 @@ void int4_panel_buffered(const float* x, int64_t ldx, int64_t m, const uint8_t* 
           const __m256 s = load8(scale + g * kPanelCols + c);
           const __m256 lo = load8(min + g * kPanelCols + c);
           for (int i = 0; i < R; ++i) {
-            const float xsum = group_sums[(r + i) * groups + g];
-            const __m256 sum = _mm256_sub_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]),
-                                             _mm256_set1_ps(128.f * xsum));
-            __m256 t = _mm256_load_ps(total[r + i] + c);
-            t = _mm256_fmadd_ps(sum, s, t);
-            t = _mm256_fmadd_ps(lo, _mm256_set1_ps(xsum), t);
-            _mm256_store_ps(total[r + i] + c, t);
+            add_group(total[r + i] + c, _mm256_hadd_ps(acc[i][0], acc[i][1]), s, lo,
+                      group_sums[(r + i) * groups + g]);
           }
         }
       });
     }
   }
-  cols = std::min(cols, kPanelCols);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < cols; ++c) store_as(out + r * ldo + c, total[r][c] + bias[c]);
+  store_int4_rows(total, m, bias, out, ldo, cols);
 }
 
 // Every panel on the threads, one contiguous run of panels each (one sequential stream per
