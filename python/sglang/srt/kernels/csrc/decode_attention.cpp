@@ -14,7 +14,8 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/utils/pybind.h>  // bindings only (torch/extension.h builds twice as long)
 
 #include <algorithm>
 #include <cmath>
