@@ -194,7 +194,13 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return product(self, x)
 
 
-def _lookup_in_panels(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
-    table = self.packed_table  # (panels, in / 2, 64, 2): see gemm_bf16.cpp
-    rows = table[ids // table.shape[2], :, ids % table.shape[2], :]  # (*ids.shape, in / 2, 2)
+def panel_rows(panels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` (*ids.shape, in padded to pairs) of a weight in panels (panels, in / 2, 64,
+    2; gemm_bf16.cpp's layout, and linear_quant's int8 codes): row r is column r of panel
+    r // 64."""
+    rows = panels[ids // panels.shape[2], :, ids % panels.shape[2], :]  # (*ids.shape, in / 2, 2)
     return rows.reshape(*ids.shape, -1)
+
+
+def _lookup_in_panels(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    return panel_rows(self.packed_table, ids)

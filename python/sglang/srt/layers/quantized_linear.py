@@ -369,16 +369,14 @@ def _quantized_lookup(self: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
 def serve_lookups_from_head(embedding: nn.Embedding, head: QuantizedLinear) -> None:
     """``embedding``'s lookups read rows of ``head``'s int8 codes, and its own table goes: for a
     table tied to the head, quantized per output channel (one token's row), whose codes and
-    scales are those ``quantize_embedding`` would give the table. Row r is column r of panel
-    r // 64 (``pack_int8``)."""
+    scales are those ``quantize_embedding`` would give the table."""
     assert head.bits == 8 and not head.dynamic
     embedding.weight.data = packed_linear.stand_in(embedding.weight)
     embedding.forward = functools.partial(_lookup_in_head, embedding, head)
 
 
 def _lookup_in_head(embedding: nn.Embedding, head: QuantizedLinear, ids: torch.Tensor):
-    codes = head.qweight[ids // PANEL_COLS, :, ids % PANEL_COLS]  # (*ids.shape, in / 2, 2)
-    codes = codes.reshape(*ids.shape, -1)[..., : head.in_features]
+    codes = packed_linear.panel_rows(head.qweight, ids)[..., : head.in_features]
     rows = codes.double() * head.scale[ids].double()[..., None]  # exact
     return rows.to(embedding.weight.dtype)
 

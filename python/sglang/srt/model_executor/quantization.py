@@ -209,24 +209,25 @@ def quantize_head_and_embeddings(
     the pair stays as it is with bfloat16 or a subclassed embedding (Gemma's scaled one)."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     usable = isinstance(head, nn.Linear) and head.weight.device.type == "cpu"
-    if embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None):
-        if usable and head_dtype != "bfloat16" and packed_linear.lookups_can_move_to(embed, head):
+    tied = embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None)
+    quantize_head = usable and head_dtype != "bfloat16"
+    if tied:
+        if quantize_head and packed_linear.lookups_can_move_to(embed, head):
             shared = quantized_linear.quantize(head, 8, None)
             model.set_output_embeddings(shared)
             quantized_linear.serve_lookups_from_head(embed, shared)
             report.lm_head, report.embeddings = "int8", "int8 (the head's)"
-            report.weight_bytes_after = module_bytes(language_model)
-        return
-    if usable and head_dtype != "bfloat16":
-        group = parse_torchao_config(report.config).group_size  # type: ignore[union-attr]
-        if head_dtype == "int4" and group and not int4_skip_reason(head, group, "cpu"):
-            model.set_output_embeddings(quantized_linear.quantize(head, 4, group))
-            report.lm_head = f"int4-{group}"
-        else:
-            model.set_output_embeddings(quantized_linear.quantize(head, 8, None))
-            report.lm_head = "int8"
-    if embed is not None and quantized_linear.quantize_embedding(embed):
-        report.embeddings = "int8"
+    else:
+        if quantize_head:
+            group = parse_torchao_config(report.config).group_size  # type: ignore[union-attr]
+            if head_dtype == "int4" and group and not int4_skip_reason(head, group, "cpu"):
+                model.set_output_embeddings(quantized_linear.quantize(head, 4, group))
+                report.lm_head = f"int4-{group}"
+            else:
+                model.set_output_embeddings(quantized_linear.quantize(head, 8, None))
+                report.lm_head = "int8"
+        if embed is not None and quantized_linear.quantize_embedding(embed):
+            report.embeddings = "int8"
     report.weight_bytes_after = module_bytes(language_model)
 
 

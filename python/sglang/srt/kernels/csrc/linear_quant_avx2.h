@@ -205,12 +205,11 @@ void int4_panel(const float* x, int64_t ldx, int64_t m, const uint8_t* codes, in
   store_int4_rows(total, m, bias, out, ldo, cols);
 }
 
-// --- Batches (kBufferedMinRows rows and more): a stretch of a panel's codes is first written out
+// --- Batches (more than kStreamingRows rows): a stretch of a panel's codes is first written out
 // as float32 into a buffer that stays in L1, in the int8 lane order (lane 2 i + t: one column,
 // input parity t), then every tile of rows multiplies it with float32 FMAs. Each lane sums the
 // same products in the same order as the streaming loops above, so a row's outputs are the same
 // bits on either path; the conversion is paid once per block of rows instead of once per tile.
-constexpr int64_t kBufferedMinRows = kStreamingRows + 1;
 constexpr int64_t kBufferedBlockRows = 48;
 constexpr int64_t kBufferedSpanPairs = 32;  // int8: 4 KB of codes, 16 KB as float32
 constexpr int kFloatTileRows = 6;  // 6 rows x 2 vectors: 12 accumulators
