@@ -129,7 +129,13 @@ def probe_server(
 
 
 def probe_offline(
-    model_path: str, mode: str, chunk: int, images: list[bytes], cap: int, progress: tqdm
+    model_path: str,
+    mode: str,
+    chunk: int,
+    images: list[bytes],
+    cap: int,
+    progress: tqdm,
+    context_length: int | None = None,
 ) -> list[dict[str, Any]]:
     import os
 
@@ -137,7 +143,12 @@ def probe_offline(
 
     import sglang
 
-    engine = sglang.Engine(model_path=model_path, mm_cache_mode=mode, chunked_prefill_size=chunk)
+    engine = sglang.Engine(
+        model_path=model_path,
+        mm_cache_mode=mode,
+        chunked_prefill_size=chunk,
+        context_length=context_length,
+    )
     cuda = engine.runner.device.startswith("cuda")
     meter = PeakRss(lambda: [os.getpid()])
     steps = []
@@ -226,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--model-size", choices=("tiny", "small"))
     p.add_argument("--modes", default=",".join(CACHE_MODES))
     p.add_argument("--offline", action="store_true", help="in-process Engine instead of HTTP")
+    p.add_argument("--context-length", type=int, help="the server's (default: the model's)")
     p.add_argument("--server-args", default="", help="extra flags for our server")
     p.add_argument("--out", default="benchmark/results/image_limit")
     args = p.parse_args(argv)
@@ -243,9 +255,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for mode in modes:
             bar.set_description(f"image_limit {mode}")
             if args.offline:
-                steps = probe_offline(args.model_path, mode, chunk, images, cap, bar)
+                steps = probe_offline(
+                    args.model_path, mode, chunk, images, cap, bar, args.context_length
+                )
             else:
                 extra = ["--chunked-prefill-size", str(chunk), *args.server_args.split()]
+                if args.context_length:
+                    extra += ["--context-length", str(args.context_length)]
                 with launch("ours", args.model_path, mode, extra) as server:
                     steps = probe_server(server, images, cap, args.max_tokens, bar)
             ok = [s["images"] for s in steps if s["ok"]]
@@ -254,7 +270,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "benchmark": "image_limit",
         "config": {"resolution": f"{w}x{h}", "cap": cap, "chunk": chunk,
-                   "model_path": args.model_path, "offline": args.offline},
+                   "model_path": args.model_path, "offline": args.offline,
+                   "context_length": args.context_length},
         "results": results,
     }  # fmt: skip
     out = Path(args.out)

@@ -233,14 +233,16 @@ def test_image_limit_smoke(tiny_model: str, tmp_path: Path) -> None:
 
 @needs_plots
 def test_image_limit_offline_stops_at_failure(tiny_model: str, tmp_path: Path) -> None:
-    """The tiny model's context (4096) fits 48 images of 81 tokens: the probe stops at 49."""
+    """A context of 1000 tokens fits 11 images of 81 tokens (85 with their markers and word):
+    the probe stops at 12."""
     from benchmark.image_limit import main
 
     out = tmp_path / "ilo"
-    main(["--model-path", tiny_model, "--resolution", "256x256", "--cap", "60", "--chunk",
-          "4096", "--modes", "per-image", "--offline", "--out", str(out)])  # fmt: skip
+    main(["--model-path", tiny_model, "--resolution", "256x256", "--cap", "30", "--chunk",
+          "4096", "--modes", "per-image", "--offline", "--context-length", "1000",
+          "--out", str(out)])  # fmt: skip
     result = _load(out)["results"][0]
-    assert result["max_ok_images"] == 48 and len(result["steps"]) == 49
+    assert result["max_ok_images"] == 11 and len(result["steps"]) == 12
     assert not result["steps"][-1]["ok"] and "context length" in result["steps"][-1]["error"]
 
 

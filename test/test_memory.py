@@ -207,7 +207,7 @@ def test_launch_server_refuses_before_starting_the_scheduler() -> None:
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: not enough memory") and "1.0 MiB is available" in last
-    assert "scheduler" not in done.stderr  # refused before the scheduler process started
+    assert "scheduler" not in done.stderr  # refused before the scheduler process loaded anything
 
 
 class _FakeLibc:

@@ -14,6 +14,17 @@ MAX_TOKEN_IDS_LOGPROB = 64  # token ids whose logprobs one request may ask for a
 
 
 @dataclass
+class SchedulerReady:
+    """What the scheduler process reports once its model is loaded (a light module: the API
+    process unpickles it without importing the engine)."""
+
+    context_length: int
+    max_total_tokens: int
+    is_multimodal: bool
+    model_type: str
+
+
+@dataclass
 class TokenizedRequest:
     """A validated, tokenized request: what the scheduler needs to run it."""
 

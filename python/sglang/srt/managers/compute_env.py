@@ -39,8 +39,6 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-import torch
-
 from sglang.srt.model_executor.host_memory import FORWARD_MALLOC_ENV
 
 COMPUTE_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", **FORWARD_MALLOC_ENV}
@@ -67,6 +65,8 @@ def decode_threads(requested: int, hidden_size: int) -> int | None:
 @contextlib.contextmanager
 def intra_op_threads(threads: int | None) -> Iterator[None]:
     """Run the block with ``threads`` intra-op threads (None: unchanged), then restore."""
+    import torch  # here, not at the top: the launcher applies the defaults before torch loads
+
     before = torch.get_num_threads()
     if threads is None or threads == before:
         yield

@@ -7,6 +7,12 @@ collection of them takes ~0.2 s on a 2-core EPYC). Such a pause lands inside wha
 interrupts. ``GcMonitor`` counts collections and their time for ``/server_info`` ("gc", and per
 round in ``benchmark.multiturn_image``) and, with ``--gc-warning-threshold-secs``, logs the
 collections that take longer.
+
+Both server processes call ``freeze_after_start`` once they are loaded: what start-up built
+(modules, the model, the tokenizer) moves to the collector's permanent generation, so a full
+collection walks only what serving created since, and the interpreter's last collection at exit
+has nothing to walk (a tiny model's API process took ~2.5 s to exit after SIGTERM, most of it
+there).
 """
 
 from __future__ import annotations
@@ -17,6 +23,14 @@ import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+def freeze_after_start() -> None:
+    """Collect what start-up left behind, then freeze the rest: it lives as long as the process.
+    On a tiny model's compute process (408k tracked objects, Zen 3) a full collection took
+    ~350 ms before and ~0 ms after."""
+    gc.collect()
+    gc.freeze()
 
 
 class GcMonitor:

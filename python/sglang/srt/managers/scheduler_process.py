@@ -10,7 +10,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -21,10 +20,11 @@ from sglang.srt.core.io_struct import (
     RequestOutput,
     RpcRequest,
     RpcResponse,
+    SchedulerReady,
     TokenizedRequest,
 )
 from sglang.srt.core.req import Req
-from sglang.srt.managers.gc_monitor import GcMonitor
+from sglang.srt.managers.gc_monitor import GcMonitor, freeze_after_start
 from sglang.srt.managers.scheduler import RequestFailed, Scheduler
 from sglang.srt.server_args import ServerArgs
 
@@ -33,14 +33,6 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 500
 PARENT_POLL_S = 0.5
 PR_SET_PDEATHSIG = 1
-
-
-@dataclass
-class SchedulerReady:
-    context_length: int
-    max_total_tokens: int
-    is_multimodal: bool
-    model_type: str
 
 
 class SchedulerLoop:
@@ -164,7 +156,6 @@ def run_scheduler_process(
 ) -> None:
     """Process entry point: build the engine side, report readiness, loop. Exits when the
     parent process is gone (at once, even mid-forward) or a step outlives the watchdog."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when we stop
     logging.basicConfig(
         level=args.log_level.upper(), format="[%(asctime)s scheduler] %(levelname)s %(message)s"
     )
@@ -185,6 +176,7 @@ def run_scheduler_process(
         recv.bind(recv_addr)
         send = ctx.socket(zmq.PUSH)
         send.connect(send_addr)
+        freeze_after_start()
     except Exception as exc:
         logger.exception("scheduler failed to start")
         ready_pipe.send(exc)

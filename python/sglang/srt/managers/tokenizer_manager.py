@@ -86,6 +86,7 @@ class TokenizerManager:
         self,
         args: ServerArgs,
         model_path: str,
+        processor: MultimodalProcessor,
         ready: Any,
         scheduler_addrs: tuple,
         scheduler_proc: Any = None,
@@ -94,9 +95,7 @@ class TokenizerManager:
         self.model_path = model_path
         self.context_length: int = ready.context_length
         self.model_type: str = ready.model_type
-        self.processor = MultimodalProcessor(
-            model_path, _load_config(model_path), args.allowed_local_dir
-        )
+        self.processor = processor
         self.tokenizer = self.processor.tokenizer
         self.is_multimodal = self.processor.is_multimodal
         self._ctx = zmq.asyncio.Context()
@@ -349,6 +348,11 @@ def _max_token_chars(tokenizer: Any) -> int:
     """An upper bound on the characters one token decodes to: the longest vocabulary entry
     (byte-level and SentencePiece spellings are never shorter than their text)."""
     return max((len(token) for token in tokenizer.get_vocab()), default=1) + 1
+
+
+def load_processor(args: ServerArgs, model_path: str) -> MultimodalProcessor:
+    """The tokenizer and the processor: built while the scheduler process loads the model."""
+    return MultimodalProcessor(model_path, _load_config(model_path), args.allowed_local_dir)
 
 
 def _load_config(model_path: str) -> Any:

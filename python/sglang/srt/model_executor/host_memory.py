@@ -13,9 +13,10 @@ import ctypes
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported where used: the launcher reads FORWARD_MALLOC_ENV before torch loads
+    import torch
 
 AVAILABLE_ENV = "SGLANG_AVAILABLE_MEMORY_BYTES"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -76,6 +77,8 @@ def device_memory_available(device: str) -> tuple[int, str]:
     if device.startswith("cuda"):
         if os.environ.get(AVAILABLE_ENV):
             return int(os.environ[AVAILABLE_ENV]), AVAILABLE_ENV
+        import torch
+
         return torch.cuda.mem_get_info()[0], "cuda free"
     return host_memory_available()
 
@@ -141,6 +144,8 @@ def _libc() -> Any:
 def _storages(t: torch.Tensor) -> Iterator[torch.Tensor]:
     """The plain tensors that hold ``t``'s data (tensor subclasses such as torchao's quantized
     weights keep theirs as inner tensors)."""
+    import torch
+
     if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
         names, _ = t.__tensor_flatten__()
         for name in names:
