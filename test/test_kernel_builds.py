@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,21 @@ def test_a_failing_build_raises_where_kernels_are_required(tmp_path, monkeypatch
         kernels.load("quick_gelu")
     monkeypatch.setenv(kernels.REQUIRE_ENV, "0")
     assert kernels.load("quick_gelu") is None  # not required: callers keep their torch path
+
+
+@needs_compiler
+def test_the_build_command_names_what_did_not_build(tmp_path) -> None:
+    """``python -m sglang.srt.kernels`` (CI runs it while its packages install): exit 0 once
+    everything is in the cache, else 1 and the kernels left out."""
+    cmd = [sys.executable, "-m", "sglang.srt.kernels", "--portable", "linear_quant"]
+    assert kernels.unbuilt(portable=("linear_quant",)) == []  # the suite's cache: all built
+    assert subprocess.run(cmd, capture_output=True, timeout=300).returncode == 0
+    env = {**os.environ, "SGLANG_CACHE_DIR": str(tmp_path), "CXX": "/bin/false"}
+    env.pop(kernels.REQUIRE_ENV, None)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    left_out = done.stderr.strip().splitlines()[-1].removeprefix("not built: ").split(", ")
+    assert left_out == [*kernels.kernel_names(), "linear_quant (portable)"]
 
 
 def test_a_first_build_says_so_before_and_after(tmp_path, monkeypatch, caplog) -> None:

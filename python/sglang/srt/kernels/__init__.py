@@ -111,14 +111,23 @@ def prebuild(portable: Iterable[str] = (), workers: int | None = None) -> None:
         "import sys; from sglang.srt import kernels; "
         "(kernels.load_portable if sys.argv[2] == '1' else kernels.load)(sys.argv[1])"
     )
-    jobs = [(name, "0") for name in kernel_names()] + [(name, "1") for name in portable]
-    jobs = [job for job in jobs if not _library(job[0], job[1] == "1").is_file()]
 
-    def build(job: tuple[str, str]) -> None:
-        subprocess.run([sys.executable, "-c", code, *job], capture_output=True, check=False)
+    def build(job: tuple[str, bool]) -> None:
+        args = [sys.executable, "-c", code, job[0], "1" if job[1] else "0"]
+        subprocess.run(args, capture_output=True, check=False)
 
     with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
-        list(pool.map(build, jobs))
+        list(pool.map(build, _unbuilt(portable)))
+
+
+def unbuilt(portable: Iterable[str] = ()) -> list[str]:
+    """The kernels (and the portable variants named) whose library is not in the cache."""
+    return [f"{name}{' (portable)' * variant}" for name, variant in _unbuilt(portable)]
+
+
+def _unbuilt(portable: Iterable[str]) -> list[tuple[str, bool]]:
+    jobs = [(name, False) for name in kernel_names()] + [(name, True) for name in portable]
+    return [job for job in jobs if not _library(*job).is_file()]
 
 
 def _required() -> bool:

@@ -1,0 +1,26 @@
+"""``python -m sglang.srt.kernels [--portable NAME ...]``: build every native kernel for this CPU
+into the cache now (an image build, CI while the rest of its packages install) rather than at
+first use; with ``--portable``, also those kernels' portable variants. Exits non-zero, naming
+them, where a kernel did not build."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sglang.srt import kernels
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sglang.srt.kernels", description=__doc__)
+    parser.add_argument("--portable", nargs="*", default=[], metavar="NAME")
+    args = parser.parse_args(argv)
+    kernels.prebuild(portable=args.portable)
+    missing = kernels.unbuilt(portable=args.portable)
+    if missing:
+        print(f"not built: {', '.join(missing)}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
