@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
 def launch_server(args: ServerArgs, scheduler: SchedulerProcess) -> None:
     from sglang.srt.entrypoints.default_model import resolve_model_path
 
+    if args.encoder_only:
+        scheduler.stop()  # the encoder runs in this process: stopped before it imports more
     logging.basicConfig(
         level=args.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s"
     )
@@ -58,7 +60,6 @@ def launch_server(args: ServerArgs, scheduler: SchedulerProcess) -> None:
     except (UnsupportedModelError, InsufficientMemoryError) as exc:
         raise SystemExit(f"error: {exc}") from None
     if args.encoder_only:
-        scheduler.stop()
         _serve_encoder(args, model_path)
         return
     from sglang.srt.entrypoints.http_server import create_app
