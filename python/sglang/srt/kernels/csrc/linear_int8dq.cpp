@@ -209,48 +209,63 @@ void tile6(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t q1
 #endif
 
 #ifdef SGLANG_INT8_AVX2
-// AVX2 (no VNNI): rows [0, R) x the 16 columns [16 h, 16 h + 16) of a panel, total += sum over
-// quads [q0, q1) of p q with p = a - 128, the signed activation codes (|p| <= 127). vpmaddubsw
-// multiplies unsigned by signed bytes and saturates the sum of each pair to 16 bits, so it takes
-// |q| (<= 128) against p carrying q's sign: a pair's sum stays within 2 x 128 x 127 < 2^15, and
-// vpmaddwd adds the pairs into int32. The sums are exact: the same integers as VNNI's once its
-// offset is taken off.
-template <int R>
-void tile_avx2(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t q1, int h,
-               int32_t* total) {
-  __m256i acc[R][2];
-  int32_t* at = total + 16 * h;
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 2; ++v)
-      acc[r][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(at + r * kPanelCols + 8 * v));
+// AVX2 (no VNNI): one row times the 64 columns of a panel, total += sum over quads [q0, q1) of
+// p q with p = a - 128, the signed activation codes (|p| <= 127). vpmaddubsw multiplies unsigned
+// by signed bytes and saturates the sum of each pair to 16 bits, so it takes |q| (<= 128)
+// against p carrying q's sign: a pair's sum stays within 2 x 128 x 127 < 2^15, and vpmaddwd adds
+// the pairs into int32. The sums are exact: the same integers as VNNI's once its offset is taken
+// off. With kFetchAhead, the codes `ahead` quads further on are fetched too.
+template <bool kFetchAhead>
+void row_avx2(const uint8_t* a, const Panel& p, int64_t q0, int64_t q1, int64_t ahead,
+              int32_t* total) {
+  __m256i acc[8];
+  for (int v = 0; v < 8; ++v)
+    acc[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(total + 8 * v));
   const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
   for (int64_t i = q0; i < q1; ++i) {
-    const int8_t* q = p.codes + i * kQuadBytes + 64 * h;  // 4 codes per column
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32));
-    const __m256i m0 = _mm256_abs_epi8(w0), m1 = _mm256_abs_epi8(w1);
-    for (int r = 0; r < R; ++r) {
-      int32_t quad;
-      std::memcpy(&quad, a + r * lda + 4 * i, sizeof(quad));
-      const __m256i x = _mm256_xor_si256(_mm256_set1_epi32(quad), flip);
-      const __m256i s0 = _mm256_maddubs_epi16(m0, _mm256_sign_epi8(x, w0));
-      const __m256i s1 = _mm256_maddubs_epi16(m1, _mm256_sign_epi8(x, w1));
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(s0, ones));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
+    const int8_t* q = p.codes + i * kQuadBytes;  // 4 codes per column
+    if (kFetchAhead && i + ahead < p.quads)
+      for (int line = 0; line < 4; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(q + ahead * kQuadBytes + 64 * line),
+                     _MM_HINT_T0);
+    int32_t quad;
+    std::memcpy(&quad, a + 4 * i, sizeof(quad));
+    const __m256i x = _mm256_xor_si256(_mm256_set1_epi32(quad), flip);
+    for (int v = 0; v < 8; ++v) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * v));
+      const __m256i s = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+      acc[v] = _mm256_add_epi32(acc[v], _mm256_madd_epi16(s, ones));
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 2; ++v)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(at + r * kPanelCols + 8 * v), acc[r][v]);
+  for (int v = 0; v < 8; ++v)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(total + 8 * v), acc[v]);
+}
+
+// Every row times a panel, one row at a time over all 64 columns (8 accumulators), by spans of
+// kRowSpanQuads quads (16 KB of codes, in L1): the first row's pass fetches the next span while
+// it multiplies, the other rows read the span from L1. Tiles of rows sharing each code vector
+// need more accumulators than AVX2 has registers, so they took the columns in several passes,
+// each reading a part of every cache line, memory and arithmetic taking turns: on a 7B-shaped
+// layer (Zen 3, 2 threads, A/B in one session) rows one at a time take 23-27 ms for 5 rows
+// against 47, 51 against 75 for 16, 1,254 against 1,275 for a 512-row chunk, and one row reads
+// the weights at the copy bandwidth (13.4 ms against 23).
+constexpr int64_t kRowSpanQuads = 64;
+void rows_avx2(const uint8_t* a, int64_t lda, int64_t rows, const Panel& p, int32_t* total) {
+  for (int64_t q0 = 0; q0 < p.quads; q0 += kRowSpanQuads) {
+    const int64_t q1 = std::min(p.quads, q0 + kRowSpanQuads);
+    row_avx2<true>(a, p, q0, q1, kRowSpanQuads, total);
+    for (int64_t r = 1; r < rows; ++r)
+      row_avx2<false>(a + r * lda, p, q0, q1, 0, total + r * kPanelCols);
+  }
 }
 #endif
 
-// Rows [0, rows) (at most kBlockRows) of the quantized x times one panel. The panel goes by spans
-// of kSpanQuads quads (128 KB of codes, in L2), every tile of rows over a span before the next:
-// a tile streaming the whole panel would read it again from the outer caches or memory for each
-// further tile (a 7B down projection's panel is 1.2 MB). The integer sums are exact, so spans
-// change no bit. On a 7B-shaped layer (Zen 4, A/B in one process): 4-16 rows 8% faster, 32
-// rows 4%, a 512-row prompt chunk the same.
+// Rows [0, rows) (at most kBlockRows) of the quantized x times one panel (AVX2: rows_avx2). The
+// VNNI tile takes the panel by spans of kSpanQuads quads (128 KB of codes, in L2), every tile of
+// rows over a span before the next: a tile streaming the whole panel would read it again from the
+// outer caches or memory for each further tile (a 7B down projection's panel is 1.2 MB). The
+// integer sums are exact, so spans change no bit. On a 7B-shaped layer (Zen 4, A/B in one
+// process): 4-16 rows 8% faster, 32 rows 4%, a 512-row prompt chunk the same.
 constexpr int64_t kSpanQuads = 512;
 void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t rows,
                 const Panel& p, uint16_t* out, int64_t ldo, int64_t cols) {
@@ -273,14 +288,7 @@ void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t r
 #elif defined(SGLANG_INT8_AVX2)
   alignas(32) int32_t total[kBlockRows * kPanelCols];
   std::fill(total, total + rows * kPanelCols, 0);
-  for (int64_t q0 = 0; q0 < p.quads; q0 += kSpanQuads) {
-    const int64_t q1 = std::min(p.quads, q0 + kSpanQuads);
-    gemm_tile::row_tiles<3>(rows, [&](auto tile_rows, int64_t t) {
-      for (int h = 0; h < 4; ++h)
-        tile_avx2<decltype(tile_rows)::value>(a + t * lda, lda, p, q0, q1, h,
-                                              total + t * kPanelCols);
-    });
-  }
+  rows_avx2(a, lda, rows, p, total);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < std::min(kPanelCols, cols); ++c) {
       const float scale = row_scale[r] * p.scale[c];
