@@ -336,14 +336,17 @@ DQ_KERNEL = kernels.load("linear_int8dq")
 
 def _assert_dynamic_exact(got: torch.Tensor, x: torch.Tensor, layer: QuantizedLinear) -> None:
     """``got`` is int8dq's product from its definition (``quant_reference.dynamic_int8``: the
-    integer sums are exact) up to the kernel's float32 scaling and one rounding to bfloat16."""
+    integer sums are exact) up to the kernel's float32 scaling and one rounding to x's dtype
+    (bfloat16, or float32)."""
+    assert got.dtype == x.dtype
     codes = int8_quad_codes(layer.qweight, layer.out_features, layer.in_features)
     want = dynamic_int8(x, codes, layer.scale[: layer.out_features])
     if layer.bias is not None:
         want = want + layer.bias.double()
     error = (got.double() - want).abs()
-    assert (error <= 2.0**-8 * want.abs() + 2.0**-22 * want.abs().amax() + 1e-30).all(), (
-        (error / (2.0**-8 * want.abs() + 1e-30)).max().item()
+    relative = 2.0**-8 if x.dtype == torch.bfloat16 else 2.0**-20
+    assert (error <= relative * want.abs() + 2.0**-22 * want.abs().amax() + 1e-30).all(), (
+        (error / (relative * want.abs() + 1e-30)).max().item()
     )
 
 
@@ -360,19 +363,25 @@ def _dynamic_layer(out_features: int, in_features: int, bias: bool, seed: int) -
     in_features=st.integers(1, 300),
     bias=st.booleans(),
     seed=st.integers(0, 2**16),
+    dtype=st.sampled_from([torch.bfloat16, torch.float32]),
 )
 def test_int8dq_is_its_definition_and_the_same_bits_in_any_batch(
-    rows, out_features, in_features, bias, seed
+    rows, out_features, in_features, bias, seed, dtype
 ) -> None:
     """Tile tails, inputs that are not whole quads, row blocks past one task: the kernel gives
-    the definition's integer sums; a row's outputs are the same bits alone or in a batch."""
+    the definition's integer sums; a row's outputs are the same bits alone or in a batch.
+    float32 rows (a model served with float32 activations) are quantized from their own values:
+    from bfloat16 values they give the bfloat16 rows' results before the final rounding."""
     layer = _dynamic_layer(out_features, in_features, bias, seed)
     layer.use_kernel(DQ_KERNEL)
-    x = torch.randn(rows, in_features).bfloat16() * torch.rand(rows, 1).bfloat16() * 4
+    x = torch.randn(rows, in_features, dtype=dtype) * torch.rand(rows, 1, dtype=dtype) * 4
     whole = layer(x)
     _assert_dynamic_exact(whole, x, layer)
     for row in {0, rows // 2, rows - 1}:
         assert torch.equal(layer(x[row : row + 1])[0], whole[row])
+    if dtype == torch.float32:
+        rounded = x.bfloat16()
+        assert torch.equal(layer(rounded.float()).bfloat16(), layer(rounded))
 
 
 def test_int8dq_spans_of_a_long_input_keep_the_sums_exact() -> None:

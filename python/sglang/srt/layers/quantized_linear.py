@@ -287,7 +287,7 @@ class QuantizedLinear(nn.Module):
         sums = (codes.double() @ self.codes().double().T).float()
         scale = step[:, None] * self.scale[: self.out_features]
         out = sums * scale
-        return (out if self.bias is None else out + self.bias.float()).to(torch.bfloat16)
+        return (out if self.bias is None else out + self.bias.float()).to(x.dtype)
 
     def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """The weight (out, in) this layer stands for, rounded to ``dtype``."""
@@ -308,15 +308,15 @@ class QuantizedLinear(nn.Module):
         rows = x.numel() // self.in_features
         float32_in = x.dtype == torch.float32
         out_dtype = torch.float32 if float32_in else torch.bfloat16
-        if self.dynamic:
-            flat = x.to(torch.bfloat16).reshape(rows, self.in_features).contiguous()
+        if self.dynamic:  # rows quantized from x's own values, float32 ones included
+            flat = x.to(out_dtype).reshape(rows, self.in_features).contiguous()
             if self._kernel is None:
                 out = self._dynamic_product(flat)
             else:
                 out = self._kernel.linear(
                     flat, self.qweight, self.offset, self.scale, self.bias, self.out_features
                 )
-            return out.reshape(*x.shape[:-1], self.out_features).to(out_dtype)
+            return out.reshape(*x.shape[:-1], self.out_features)
         native = x.dtype == torch.bfloat16 or (float32_in and self._kernel_takes_float32)
         if self._kernel is None or rows == 0 or not native:
             bias = None if self.bias is None else self.bias.to(out_dtype)
@@ -370,7 +370,7 @@ def serve_lookups_from_head(embedding: nn.Embedding, head: QuantizedLinear) -> N
     """``embedding``'s lookups read rows of ``head``'s int8 codes, and its own table goes: for a
     table tied to the head, quantized per output channel (one token's row), whose codes and
     scales are those ``quantize_embedding`` would give the table."""
-    assert head.bits == 8 and not head.dynamic
+    assert head.bits == 8  # int8dq's quads are read per column as the pairs are
     embedding.weight.data = packed_linear.stand_in(embedding.weight)
     embedding.forward = functools.partial(_lookup_in_head, embedding, head)
 

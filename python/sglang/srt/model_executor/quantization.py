@@ -206,14 +206,19 @@ def quantize_head_and_embeddings(
     ``nn.Embedding``: per output channel of the head is per row of the table, so the head's
     codes are the ones ``quantize_embedding`` would give, and lookups gather them from its
     panels. It stays int8 with ``head_dtype`` int4 (a lookup would unpack whole groups), and
-    the pair stays as it is with bfloat16 or a subclassed embedding (Gemma's scaled one)."""
+    the pair stays as it is with bfloat16 or a subclassed embedding (Gemma's scaled one).
+
+    With int8dq the int8 head takes int8 activations too, as the decoder's linears do (and as
+    llama.cpp's Q8_0 head does): on a CPU without VNNI its integer product reads the codes at
+    the copy bandwidth, the float one at about half of it."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    dynamic = parse_torchao_config(report.config).dynamic  # type: ignore[union-attr]
     usable = isinstance(head, nn.Linear) and head.weight.device.type == "cpu"
     tied = embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None)
     quantize_head = usable and head_dtype != "bfloat16"
     if tied:
         if quantize_head and packed_linear.lookups_can_move_to(embed, head):
-            shared = quantized_linear.quantize(head, 8, None)
+            shared = quantized_linear.quantize(head, 8, None, dynamic)
             model.set_output_embeddings(shared)
             quantized_linear.serve_lookups_from_head(embed, shared)
             report.lm_head, report.embeddings = "int8", "int8 (the head's)"
@@ -224,7 +229,7 @@ def quantize_head_and_embeddings(
                 model.set_output_embeddings(quantized_linear.quantize(head, 4, group))
                 report.lm_head = f"int4-{group}"
             else:
-                model.set_output_embeddings(quantized_linear.quantize(head, 8, None))
+                model.set_output_embeddings(quantized_linear.quantize(head, 8, None, dynamic))
                 report.lm_head = "int8"
         if embed is not None and quantized_linear.quantize_embedding(embed):
             report.embeddings = "int8"

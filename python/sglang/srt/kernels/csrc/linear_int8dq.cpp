@@ -4,7 +4,8 @@
 //   x:  each row r to int8 codes p[r, k] = round_half_even(x[r, k] / sx[r]), sx[r] = max |x[r]|
 //       / 127 (float32 division, as torch computes it);
 //   W:  W[c, k] = sw[c] q[c, k], q in -128..127 (quantized_linear.quantize_int8);
-//   y[r, c] = bfloat16(fma(float(sum_k p[r, k] q[c, k]), sx[r] sw[c], b[c])).
+//   y[r, c] = fma(float(sum_k p[r, k] q[c, k]), sx[r] sw[c], b[c]), rounded to x's dtype
+//   (bfloat16, or float32 for a model served with float32 activations).
 //
 // The integer sum is exact (int32: |p q| <= 127 * 128, so K up to 131,000 inputs cannot
 // overflow), so the result depends neither on the order of the sum, the batch, the tile nor the
@@ -32,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "gemm_tile.h"
@@ -55,12 +57,17 @@ using gemm_tile::kTileRows;
 constexpr int64_t kQuadBytes = 4 * kPanelCols;
 constexpr int64_t kBlockRows = 14 * kTileRows;
 
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
+inline float to_float(uint16_t bf16) {
+  uint32_t bits = static_cast<uint32_t>(bf16) << 16;
   float f;
   std::memcpy(&f, &bits, sizeof(f));
   return f;
 }
+inline float to_float(float v) { return v; }
+
+// y rounded to the output's type: bfloat16 (its bits) or float32.
+inline void store_as(uint16_t* out, float y) { *out = c10::BFloat16(y).x; }
+inline void store_as(float* out, float y) { *out = y; }
 
 #ifdef SGLANG_INT8_TILE
 // Up to 16 bfloat16 values (the first `left`) as float32.
@@ -71,41 +78,46 @@ inline __m512 load16(const uint16_t* src, int64_t left) {
 }
 #endif
 
-// Row r of x as p + 128 (uint8) into out, its scale returned; the same bits on both paths
-// (IEEE division and round-half-even per value).
-float quantize_row(const uint16_t* row, int64_t k, uint8_t* out) {
+// Row r of x (bfloat16 bits or float32) as p + 128 (uint8) into out, its scale returned; the
+// same bits on every path (IEEE division and round-half-even per value).
+template <typename T>
+float quantize_row(const T* row, int64_t k, uint8_t* out) {
 #ifdef SGLANG_INT8_TILE
-  __m512 most = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; i += 16) most = _mm512_max_ps(most, _mm512_abs_ps(load16(row + i, k - i)));
-  const float largest = _mm512_reduce_max_ps(most);
-  const float scale = largest > 0.f ? largest / 127.f : 1.f;
-  const __m512 step = _mm512_set1_ps(scale), low = _mm512_set1_ps(-127.f);
-  const __m512 high = _mm512_set1_ps(127.f);
-  const __m512i shift = _mm512_set1_epi32(128);
-  for (int64_t i = 0; i < k; i += 16) {
-    const int64_t left = k - i;
-    const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    __m512 v = _mm512_div_ps(load16(row + i, left), step);
-    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm512_min_ps(_mm512_max_ps(v, low), high);
-    const __m512i code = _mm512_add_epi32(_mm512_cvtps_epi32(v), shift);
-    _mm512_mask_cvtepi32_storeu_epi8(out + i, mask, code);
-  }
-#else
-  float largest = 0.f;
-  for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::fabs(bf16_to_float(row[i])));
-  const float scale = largest > 0.f ? largest / 127.f : 1.f;
-  for (int64_t i = 0; i < k; ++i) {
-    const float v = std::nearbyint(bf16_to_float(row[i]) / scale);
-    out[i] = static_cast<uint8_t>(static_cast<int>(std::clamp(v, -127.f, 127.f)) + 128);
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    __m512 most = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += 16)
+      most = _mm512_max_ps(most, _mm512_abs_ps(load16(row + i, k - i)));
+    const float largest = _mm512_reduce_max_ps(most);
+    const float scale = largest > 0.f ? largest / 127.f : 1.f;
+    const __m512 step = _mm512_set1_ps(scale), low = _mm512_set1_ps(-127.f);
+    const __m512 high = _mm512_set1_ps(127.f);
+    const __m512i shift = _mm512_set1_epi32(128);
+    for (int64_t i = 0; i < k; i += 16) {
+      const int64_t left = k - i;
+      const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+      __m512 v = _mm512_div_ps(load16(row + i, left), step);
+      v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm512_min_ps(_mm512_max_ps(v, low), high);
+      const __m512i code = _mm512_add_epi32(_mm512_cvtps_epi32(v), shift);
+      _mm512_mask_cvtepi32_storeu_epi8(out + i, mask, code);
+    }
+    return largest > 0.f ? scale : 0.f;
   }
 #endif
+  float largest = 0.f;
+  for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::fabs(to_float(row[i])));
+  const float scale = largest > 0.f ? largest / 127.f : 1.f;
+  for (int64_t i = 0; i < k; ++i) {
+    const float v = std::nearbyint(to_float(row[i]) / scale);
+    out[i] = static_cast<uint8_t>(static_cast<int>(std::clamp(v, -127.f, 127.f)) + 128);
+  }
   return largest > 0.f ? scale : 0.f;
 }
 
-// Each row of x (m, k) bfloat16 as p + 128 (uint8, rows of quads * 4 bytes, 128 past k, which
-// the zero codes there ignore) and its scale (0 for a row of zeros).
-void quantize_rows(const uint16_t* x, int64_t m, int64_t k, int64_t quads, uint8_t* codes,
+// Each row of x (m, k) as p + 128 (uint8, rows of quads * 4 bytes, 128 past k, which the zero
+// codes there ignore) and its scale (0 for a row of zeros).
+template <typename T>
+void quantize_rows(const T* x, int64_t m, int64_t k, int64_t quads, uint8_t* codes,
                    float* scales) {
   at::parallel_for(0, m, 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -127,7 +139,8 @@ struct Panel {
 #ifdef SGLANG_INT8_TILE
 // Row r's 64 integer sums (`total`) to bfloat16: the offset taken off, then fma(sum, sx[r] sw[c],
 // b[c]).
-inline void store_row(const int32_t* total, float row_scale, const Panel& p, uint16_t* out,
+template <typename Out>
+inline void store_row(const int32_t* total, float row_scale, const Panel& p, Out* out,
                       int64_t cols) {
   const __m512 sx = _mm512_set1_ps(row_scale);
   for (int v = 0; v < 4; ++v) {
@@ -136,7 +149,14 @@ inline void store_row(const int32_t* total, float row_scale, const Panel& p, uin
     const __m512 scale = _mm512_mul_ps(sx, _mm512_loadu_ps(p.scale + 16 * v));
     const __m512 y =
         _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, _mm512_loadu_ps(p.bias + 16 * v));
-    gemm_tile::store16(y, out + 16 * v, cols - 16 * v);
+    const int64_t left = cols - 16 * v;
+    if constexpr (std::is_same_v<Out, float>) {
+      if (left > 0)
+        _mm512_mask_storeu_ps(out + 16 * v,
+                              left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1), y);
+    } else {
+      gemm_tile::store16(y, out + 16 * v, left);
+    }
   }
 }
 
@@ -267,8 +287,9 @@ void rows_avx2(const uint8_t* a, int64_t lda, int64_t rows, const Panel& p, int3
 // integer sums are exact, so spans change no bit. On a 7B-shaped layer (Zen 4, A/B in one
 // process): 4-16 rows 8% faster, 32 rows 4%, a 512-row prompt chunk the same.
 constexpr int64_t kSpanQuads = 512;
+template <typename Out>
 void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t rows,
-                const Panel& p, uint16_t* out, int64_t ldo, int64_t cols) {
+                const Panel& p, Out* out, int64_t ldo, int64_t cols) {
 #ifdef SGLANG_INT8_TILE
   alignas(64) int32_t total[kBlockRows * kPanelCols];
   std::fill(total, total + rows * kPanelCols, 0);
@@ -293,7 +314,7 @@ void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t r
     for (int64_t c = 0; c < std::min(kPanelCols, cols); ++c) {
       const float scale = row_scale[r] * p.scale[c];
       const float y = std::fma(static_cast<float>(total[r * kPanelCols + c]), scale, p.bias[c]);
-      out[r * ldo + c] = c10::BFloat16(y).x;
+      store_as(out + r * ldo + c, y);
     }
 #else
   for (int64_t r = 0; r < rows; ++r)
@@ -303,17 +324,19 @@ void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t r
         sum += static_cast<int32_t>(a[r * lda + i]) * p.codes[(i / 4) * kQuadBytes + 4 * c + i % 4];
       const float scale = row_scale[r] * p.scale[c];
       const float y = std::fma(static_cast<float>(sum - p.offset[c]), scale, p.bias[c]);
-      out[r * ldo + c] = c10::BFloat16(y).x;
+      store_as(out + r * ldo + c, y);
     }
 #endif
 }
 
-// x (M, K) bfloat16, codes and offset from pack_int8_quads, scale float32 (panels * 64), bias (N) or
-// None -> (M, N) bfloat16.
+// x (M, K) bfloat16 or float32, codes and offset from pack_int8_quads, scale float32 (panels *
+// 64), bias (N) or None -> (M, N) in x's dtype. Float32 rows are quantized as they are (no
+// rounding to bfloat16 first): a model served with float32 activations.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& offset,
                   const at::Tensor& scale, const c10::optional<at::Tensor>& bias, int64_t n) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
-              "x must be contiguous bfloat16 (rows, in)");
+  const bool float32 = x.scalar_type() == at::kFloat;
+  TORCH_CHECK(x.dim() == 2 && (float32 || x.scalar_type() == at::kBFloat16) && x.is_contiguous(),
+              "x must be contiguous bfloat16 or float32 (rows, in)");
   TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kChar && codes.is_contiguous() &&
                   codes.size(2) == kPanelCols && codes.size(3) == 4,
               "codes must be int8 (panels, quads, 64, 4)");
@@ -338,17 +361,27 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
   const int64_t lda = 4 * quads;
   std::vector<uint8_t> a(m * lda);
   std::vector<float> row_scales(m);
-  quantize_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, k, quads,
-                a.data(), row_scales.data());
+  if (float32) {
+    quantize_rows(x.data_ptr<float>(), m, k, quads, a.data(), row_scales.data());
+  } else {
+    quantize_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, k, quads,
+                  a.data(), row_scales.data());
+  }
   const int8_t* w = codes.data_ptr<int8_t>();
-  auto* y = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
   auto task = [&](int64_t t) {
     const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows, c0 = j * kPanelCols;
     const Panel panel{w + j * quads * kQuadBytes, offset.data_ptr<int32_t>() + c0,
                       scale.data_ptr<float>() + c0, biases.data() + c0, quads};
-    panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, std::min(kBlockRows, m - r0),
-               panel, y + r0 * n + c0, n, n - c0);
+    const int64_t rows = std::min(kBlockRows, m - r0);
+    if (float32) {
+      panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, rows, panel,
+                 out.data_ptr<float>() + r0 * n + c0, n, n - c0);
+    } else {
+      panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, rows, panel,
+                 reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()) + r0 * n + c0, n,
+                 n - c0);
+    }
   };
   if (blocks == 1) {  // decode-sized: each thread streams one contiguous run of panels
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
