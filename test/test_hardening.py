@@ -175,26 +175,20 @@ def test_max_new_tokens_zero_generates_nothing(server):
 
 
 def test_duplicate_request_id_in_flight_is_rejected(server):
+    """A second request with a running request's rid is refused, and the first goes on
+    generating: tokens keep streaming after the refusal (leaving its stream then aborts it)."""
     url, _ = server
     long = {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}
-    results: dict[str, httpx.Response] = {}
-
-    def first() -> None:
-        results["first"] = _post(
-            url, "/generate", {"text": "a", "rid": "dup", "sampling_params": long}
-        )
-
-    thread = threading.Thread(target=first)
-    thread.start()
-    deadline = time.time() + 30
-    while httpx.get(f"{url}/server_info").json()["num_running_reqs"] == 0:
-        assert time.time() < deadline
-        time.sleep(0.02)
-    second = _post(url, "/generate", {"text": "b", "rid": "dup"}, timeout=30)
-    thread.join(timeout=120)
-    _assert_error(second, 400, "already running")
-    assert results["first"].status_code == 200
-    assert len(results["first"].json()["output_ids"]) == 3000
+    body = {"text": "a", "rid": "dup", "stream": True, "sampling_params": long}
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=60) as first:
+        assert first.status_code == 200
+        lines = (line for line in first.iter_lines() if line.startswith("data: {"))
+        before = len(json.loads(next(lines)[6:])["output_ids"])
+        second = _post(url, "/generate", {"text": "b", "rid": "dup"}, timeout=30)
+        _assert_error(second, 400, "already running")
+        for _ in range(5):
+            after = json.loads(next(lines)[6:])
+        assert len(after["output_ids"]) > before and after["meta_info"]["finish_reason"] is None
     _assert_healthy(url)
 
 
