@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -320,6 +321,16 @@ def llama_version(root: Path) -> str:
     )
 
 
+def checkpoint_depths(model_path: Path, dims: dict[str, Any]) -> dict[str, Any]:
+    """``dims`` with the language-model layers and vision blocks of the checkpoint's config."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    text = config.get("text_config") or config
+    layers = text.get("num_hidden_layers", dims["text"]["num_hidden_layers"])
+    depth = (config.get("vision_config") or {}).get("depth", dims["vision"]["depth"])
+    return {**dims, "text": {**dims["text"], "num_hidden_layers": layers},
+            "vision": {**dims["vision"], "depth": depth}}  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     server = args.llama_root / "bin" / "llama-server"
     if not server.exists():
@@ -327,6 +338,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cpu = cpu_info()
     print(cpu_line(cpu))
     dims = shape_config(args.shape, args.layers, args.vision_depth)
+    if args.model_path:  # the depths the checkpoint has, whatever --shape's defaults say
+        dims = checkpoint_depths(args.model_path, dims)
     args.model_path = args.model_path or cached_checkpoint(dims, args.shape)
     args.gguf_dir = args.gguf_dir or Path(f"{args.model_path}-gguf")
     files = ensure_gguf(args)
