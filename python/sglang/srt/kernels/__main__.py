@@ -16,6 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portable", nargs="*", default=[], metavar="NAME")
     args = parser.parse_args(argv)
     kernels.prebuild(portable=args.portable)
+    if kernels.unbuilt(portable=args.portable):
+        # once more: a build can fail on a passing cause (CI builds while pip installs the rest
+        # of the packages; a compile that imported a module pip was replacing then failed)
+        kernels.prebuild(portable=args.portable)
     missing = kernels.unbuilt(portable=args.portable)
     if missing:
         print(f"not built: {', '.join(missing)}", file=sys.stderr)
