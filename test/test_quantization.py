@@ -197,7 +197,6 @@ def test_engine_matches_hf_quantized_the_same_way(
         def gap(want: torch.Tensor) -> float:
             return statistic(got - want)
 
-        print("GAPS", family, config, gap(ref), gap(ref_exact), bound)
         assert min(gap(ref), gap(ref_exact)) <= bound, (gap(ref), gap(ref_exact), bound)
         if family not in IMAGE_BLIND:
             assert gap(ref_other_image) > bound

@@ -212,24 +212,25 @@ def quantize_head_and_embeddings(
     llama.cpp's Q8_0 head does): on a CPU without VNNI its integer product reads the codes at
     the copy bandwidth, the float one at about half of it."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    dynamic = parse_torchao_config(report.config).dynamic  # type: ignore[union-attr]
+    spec = parse_torchao_config(report.config)
+    assert spec is not None
     usable = isinstance(head, nn.Linear) and head.weight.device.type == "cpu"
     tied = embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None)
     quantize_head = usable and head_dtype != "bfloat16"
     if tied:
         if quantize_head and packed_linear.lookups_can_move_to(embed, head):
-            shared = quantized_linear.quantize(head, 8, None, dynamic)
+            shared = quantized_linear.quantize(head, 8, None, spec.dynamic)
             model.set_output_embeddings(shared)
             quantized_linear.serve_lookups_from_head(embed, shared)
             report.lm_head, report.embeddings = "int8", "int8 (the head's)"
     else:
         if quantize_head:
-            group = parse_torchao_config(report.config).group_size  # type: ignore[union-attr]
+            group = spec.group_size
             if head_dtype == "int4" and group and not int4_skip_reason(head, group, "cpu"):
                 model.set_output_embeddings(quantized_linear.quantize(head, 4, group))
                 report.lm_head = f"int4-{group}"
             else:
-                model.set_output_embeddings(quantized_linear.quantize(head, 8, None, dynamic))
+                model.set_output_embeddings(quantized_linear.quantize(head, 8, None, spec.dynamic))
                 report.lm_head = "int8"
         if embed is not None and quantized_linear.quantize_embedding(embed):
             report.embeddings = "int8"

@@ -234,19 +234,19 @@ void tile6(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t q1
 // by signed bytes and saturates the sum of each pair to 16 bits, so it takes |q| (<= 128)
 // against p carrying q's sign: a pair's sum stays within 2 x 128 x 127 < 2^15, and vpmaddwd adds
 // the pairs into int32. The sums are exact: the same integers as VNNI's once its offset is taken
-// off. With kFetchAhead, the codes `ahead` quads further on are fetched too.
+// off. With kFetchAhead, the codes one span (kRowSpanQuads) further on are fetched too.
+constexpr int64_t kRowSpanQuads = 64;
 template <bool kFetchAhead>
-void row_avx2(const uint8_t* a, const Panel& p, int64_t q0, int64_t q1, int64_t ahead,
-              int32_t* total) {
+void row_avx2(const uint8_t* a, const Panel& p, int64_t q0, int64_t q1, int32_t* total) {
   __m256i acc[8];
   for (int v = 0; v < 8; ++v)
     acc[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(total + 8 * v));
   const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
   for (int64_t i = q0; i < q1; ++i) {
     const int8_t* q = p.codes + i * kQuadBytes;  // 4 codes per column
-    if (kFetchAhead && i + ahead < p.quads)
+    if (kFetchAhead && i + kRowSpanQuads < p.quads)
       for (int line = 0; line < 4; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(q + ahead * kQuadBytes + 64 * line),
+        _mm_prefetch(reinterpret_cast<const char*>(q + kRowSpanQuads * kQuadBytes + 64 * line),
                      _MM_HINT_T0);
     int32_t quad;
     std::memcpy(&quad, a + 4 * i, sizeof(quad));
@@ -269,13 +269,12 @@ void row_avx2(const uint8_t* a, const Panel& p, int64_t q0, int64_t q1, int64_t 
 // layer (Zen 3, 2 threads, A/B in one session) rows one at a time take 23-27 ms for 5 rows
 // against 47, 51 against 75 for 16, 1,254 against 1,275 for a 512-row chunk, and one row reads
 // the weights at 0.8-1.0 of the copy bandwidth (12.5-13.4 ms against 23).
-constexpr int64_t kRowSpanQuads = 64;
 void rows_avx2(const uint8_t* a, int64_t lda, int64_t rows, const Panel& p, int32_t* total) {
   for (int64_t q0 = 0; q0 < p.quads; q0 += kRowSpanQuads) {
     const int64_t q1 = std::min(p.quads, q0 + kRowSpanQuads);
-    row_avx2<true>(a, p, q0, q1, kRowSpanQuads, total);
+    row_avx2<true>(a, p, q0, q1, total);
     for (int64_t r = 1; r < rows; ++r)
-      row_avx2<false>(a + r * lda, p, q0, q1, 0, total + r * kPanelCols);
+      row_avx2<false>(a + r * lda, p, q0, q1, total + r * kPanelCols);
   }
 }
 #endif
@@ -329,6 +328,31 @@ void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t r
 #endif
 }
 
+// y (m, n) = x (m, k) quantized per row times the panels, T the element of both: bfloat16 bits
+// (uint16_t) or float32.
+template <typename T>
+void multiply(const T* x, int64_t m, int64_t k, const int8_t* w, int64_t panels, int64_t quads,
+              const int32_t* offset, const float* scale, const float* biases, T* y, int64_t n) {
+  const int64_t lda = 4 * quads;
+  std::vector<uint8_t> a(m * lda);
+  std::vector<float> row_scales(m);
+  quantize_rows(x, m, k, quads, a.data(), row_scales.data());
+  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
+  auto task = [&](int64_t t) {
+    const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows, c0 = j * kPanelCols;
+    const Panel panel{w + j * quads * kQuadBytes, offset + c0, scale + c0, biases + c0, quads};
+    panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, std::min(kBlockRows, m - r0),
+               panel, y + r0 * n + c0, n, n - c0);
+  };
+  if (blocks == 1) {  // decode-sized: each thread streams one contiguous run of panels
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) task(t);
+    });
+  } else {
+    run_tasks(panels * blocks, [&](int64_t t, int64_t) { task(t); });
+  }
+}
+
 // x (M, K) bfloat16 or float32, codes and offset from pack_int8_quads, scale float32 (panels *
 // 64), bias (N) or None -> (M, N) in x's dtype. Float32 rows are quantized as they are (no
 // rounding to bfloat16 first): a model served with float32 activations.
@@ -358,37 +382,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
     const auto b = bias->to(at::kFloat).contiguous();
     std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
   }
-  const int64_t lda = 4 * quads;
-  std::vector<uint8_t> a(m * lda);
-  std::vector<float> row_scales(m);
-  if (float32) {
-    quantize_rows(x.data_ptr<float>(), m, k, quads, a.data(), row_scales.data());
-  } else {
-    quantize_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, k, quads,
-                  a.data(), row_scales.data());
-  }
   const int8_t* w = codes.data_ptr<int8_t>();
-  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
-  auto task = [&](int64_t t) {
-    const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows, c0 = j * kPanelCols;
-    const Panel panel{w + j * quads * kQuadBytes, offset.data_ptr<int32_t>() + c0,
-                      scale.data_ptr<float>() + c0, biases.data() + c0, quads};
-    const int64_t rows = std::min(kBlockRows, m - r0);
-    if (float32) {
-      panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, rows, panel,
-                 out.data_ptr<float>() + r0 * n + c0, n, n - c0);
-    } else {
-      panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, rows, panel,
-                 reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()) + r0 * n + c0, n,
-                 n - c0);
-    }
-  };
-  if (blocks == 1) {  // decode-sized: each thread streams one contiguous run of panels
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) task(t);
-    });
+  const int32_t* offsets = offset.data_ptr<int32_t>();
+  const float* scales = scale.data_ptr<float>();
+  if (float32) {
+    multiply(x.data_ptr<float>(), m, k, w, panels, quads, offsets, scales, biases.data(),
+             out.data_ptr<float>(), n);
   } else {
-    run_tasks(panels * blocks, [&](int64_t t, int64_t) { task(t); });
+    multiply(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, k, w, panels,
+             quads, offsets, scales, biases.data(),
+             reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), n);
   }
   return out;
 }
