@@ -16,12 +16,14 @@ limit. For:
   over the codes in its panel order, at every row count);
 - int8dq: ``QuantizedLinear`` with int8 activations (``linear_int8dq``: each row quantized as it
   arrives, vpdpbusd over the codes, exact int32 sums);
+- 8da4w-<group>: int4 weights times int8 activations (``linear_int8dq``'s ``linear_int4``:
+  exact int32 sums per group, its scale and min applied to them);
 - torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
   (what ``--torchao-config`` ran before), for comparison in the same run;
 - f32: the plain float32 ``nn.Linear`` (torch's product), what a CPU without native bfloat16
   serves by default;
-- <width>-portable (int8, int8dq, int4-<group>): the kernel's plain C++ build, what a CPU with
-  none of its vector paths runs.
+- <width>-portable (int8, int8dq, int4-<group>, 8da4w-<group>): the kernel's plain C++ build,
+  what a CPU with none of its vector paths runs.
 
 On such a CPU (AVX2 only) the quantized kernels multiply in float32 FMAs, so every width's
 compute peak is the float32 GEMM's (int8dq's too, whose portable loop has no ``vpdpbusd``).
@@ -64,7 +66,7 @@ SHAPES = {  # (out, in) of one decoder layer's linears
     "2b": [(1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536),
            (1536, 8960)],
 }  # fmt: skip
-WIDTHS = ("bf16", "int8", "int8dq", "int4-128", "torchao-int8", "torchao-int4-128")
+WIDTHS = ("bf16", "int8", "int8dq", "int4-128", "8da4w-128", "torchao-int8", "torchao-int4-128")
 
 
 def _layers(shape: str, width: str) -> list[nn.Module]:
@@ -90,7 +92,7 @@ def _layers(shape: str, width: str) -> list[nn.Module]:
 
     base = width.removesuffix("-portable")
     load = kernels.load_portable if base != width else kernels.load
-    dynamic = base == "int8dq"
+    dynamic = base == "int8dq" or base.startswith("8da4w")
     bits, group = (8, None) if base.startswith("int8") else (4, int(base.rsplit("-", 1)[1]))
     kernel = load("linear_int8dq" if dynamic else "linear_quant")
     layers = []
@@ -162,11 +164,12 @@ def _compute_peaks(widths: list[str]) -> dict[str, float]:
         peak = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
         return dict.fromkeys(widths, peak)
     probes = {"bf16": matmul_peak_gflops(dtype="bfloat16")["gflop_per_s"]}
-    if "int8dq" in widths:
+    dynamic = [w for w in widths if w == "int8dq" or w.startswith("8da4w")]
+    if dynamic:
         probes["int8"] = matmul_peak_gflops(dtype="int8")["gflop_per_s"]
     if "f32" in widths:
         probes["f32"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
-    return {w: probes.get("int8" if w == "int8dq" else w, probes["bf16"]) for w in widths}
+    return {w: probes.get("int8" if w in dynamic else w, probes["bf16"]) for w in widths}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -62,13 +62,14 @@ def weight_int4(
 def exact_weight(layer: torch.nn.Module) -> torch.Tensor:
     """The float64 weight (out, in) a ``QuantizedLinear`` stands for, read from its layout."""
     out_features, in_features = layer.out_features, layer.in_features
-    if layer.dynamic:
+    if layer.dynamic and layer.bits == 8:
         codes = int8_quad_codes(layer.qweight, out_features, in_features)
         return weight_int8(codes, layer.scale[:out_features])
     if layer.bits == 8:
         codes = int8_codes(layer.qweight, out_features, in_features)
         return weight_int8(codes, layer.scale[:out_features])
-    codes = int4_codes(layer.qweight, out_features, in_features)
+    unpack = int4_octet_codes if layer.dynamic else int4_codes
+    codes = unpack(layer.qweight, out_features, in_features)
     scale, low = (per_column(t, out_features) for t in (layer.scale, layer.min))
     return weight_int4(codes, scale, low, layer.group)
 
@@ -84,31 +85,86 @@ def int8_quad_codes(panels: torch.Tensor, out_features: int, in_features: int) -
     return int8_codes(panels, out_features, in_features)
 
 
-def dynamic_int8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """int8dq's product in float64, from its definition: each row of x quantized symmetrically
-    to -127..127 by max |row| / 127 (in float32, as torch divides), integer sums, dequantized."""
+def quantized_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dynamic modes' activations from their definition: each row of x quantized
+    symmetrically to -127..127 by max |row| / 127 (in float32, as torch divides); (codes, step
+    (rows, 1), 0 for a row of zeros), float64."""
     xf = x.float()
     largest = xf.abs().amax(dim=-1, keepdim=True)
     step = torch.where(largest > 0, largest / 127, torch.ones_like(largest))
     p = torch.round(xf / step).clamp(-127, 127).double()
-    step = torch.where(largest > 0, step, torch.zeros_like(step)).double()
+    return p, torch.where(largest > 0, step, torch.zeros_like(step)).double()
+
+
+def dynamic_int8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8dq's product in float64, from its definition: rows quantized (``quantized_rows``),
+    integer sums, dequantized."""
+    p, step = quantized_rows(x)
     return (p @ codes.double().T) * step * scale.double()
 
 
-class DynamicInt8Reference(nn.Module):
-    """HF's linear replaced by int8dq's product in float64 (``dynamic_int8``), in x's dtype:
-    the reference for the engine's int8dq."""
+def int4_octet_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """Codes (out, in) of 8da4w's layout: in panel j, block s of 32 inputs, column block b and
+    octet o, byte 4 e + i holds output 64 j + 8 b + e's code of input 32 s + 8 o + i in its low
+    nibble and of input 32 s + 8 o + 4 + i in its high one."""
+    codes = torch.zeros(out_features, in_features, dtype=torch.int64)
+    panels, blocks = packed.shape[:2]
+    starts = torch.arange(blocks) * 32
+    for j in range(panels):
+        for b in range(8):
+            for e in range(8):
+                column = 64 * j + 8 * b + e
+                if column >= out_features:
+                    continue
+                for o in range(4):
+                    for i in range(4):
+                        byte = packed[j, :, b, o, 4 * e + i].long()
+                        codes[column, starts + 8 * o + i] = byte & 0x0F
+                        codes[column, starts + 8 * o + 4 + i] = byte >> 4
+    return codes
+
+
+def dynamic_int4(
+    x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """8da4w's product in float64, from its definition: rows quantized (``quantized_rows``),
+    per group the integer sums of codes times activation codes and of activation codes, times
+    the group's scale and min (out, groups); and the magnitude of its terms, sum over groups of
+    |scale I| + |min P| times the row's step (for rounding bounds)."""
+    p, step = quantized_rows(x)
+    rows, groups = p.shape[0], p.shape[1] // group
+    by_group = p.reshape(rows, groups, group)
+    products = torch.einsum("rgk,cgk->rgc", by_group, codes.double().reshape(-1, groups, group))
+    sums = by_group.sum(-1, keepdim=True)
+    scale, low = scale.double().T[None], low.double().T[None]
+    terms = products * scale, sums * low
+    value = (terms[0] + terms[1]).sum(1) * step
+    magnitude = (terms[0].abs() + terms[1].abs()).sum(1) * step
+    return value, magnitude
+
+
+class DynamicReference(nn.Module):
+    """HF's linear replaced by the dynamic modes' product in float64 (``dynamic_int8``,
+    ``dynamic_int4``), in x's dtype: the reference for the engine's int8dq and 8da4w."""
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
         out_features, in_features = layer.out_features, layer.in_features
-        self.codes = int8_quad_codes(layer.qweight, out_features, in_features)
-        self.scale = layer.scale[:out_features].double()
+        self.bits, self.group = layer.bits, layer.group
+        if layer.bits == 8:
+            self.codes = int8_quad_codes(layer.qweight, out_features, in_features)
+            self.scale = layer.scale[:out_features].double()
+        else:
+            self.codes = int4_octet_codes(layer.qweight, out_features, in_features)
+            self.scale, self.low = (per_column(t, out_features) for t in (layer.scale, layer.min))
         self.bias = None if layer.bias is None else layer.bias.double()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        y = dynamic_int8(flat, self.codes, self.scale)
+        if self.bits == 8:
+            y = dynamic_int8(flat, self.codes, self.scale)
+        else:
+            y = dynamic_int4(flat, self.codes, self.scale, self.low, self.group)[0]
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], -1)

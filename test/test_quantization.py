@@ -23,7 +23,7 @@ from conftest import (
     placeholder,
 )
 from PIL import Image
-from quant_reference import DynamicInt8Reference, exact_embedding, exact_weight
+from quant_reference import DynamicReference, exact_embedding, exact_weight
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -43,7 +43,16 @@ from sglang.srt.models.adapters import UnsupportedModelError, check_model
 ONE_TOKEN = {"temperature": 0, "max_new_tokens": 1}
 # Quantized bytes over bfloat16 bytes: int4 is 0.5 byte per weight plus a bf16 scale and min
 # per group; int8 is 1 byte plus a scale per row.
-MAX_BYTES_RATIO = {"int4": 0.35, "int8": 0.55, "int8dq": 0.6}  # int8dq: + an int32 per row
+MAX_BYTES_RATIO = {"int4": 0.35, "int8": 0.55, "int8dq": 0.6, "8da4": 0.35}  # int8dq: + int32s
+
+
+def _dynamic(config: str) -> bool:
+    """Whether the config quantizes activations at run time: int8dq, 8da4w-<group>."""
+    return config == "int8dq" or config.startswith("8da4w")
+
+
+def _int4(config: str) -> bool:
+    return config.startswith(("int4wo", "8da4w"))
 
 
 def _is_quantized(module: nn.Module) -> bool:
@@ -91,7 +100,7 @@ def _hf_with_the_weights_of(family: str, quantized: nn.Module, dtype: torch.dtyp
             # a head tied to the embeddings serves their lookups from its codes
             model.get_submodule(name).weight.data = exact_weight(layer).to(dtype)
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, DynamicInt8Reference(layer))
+            setattr(model.get_submodule(parent), child, DynamicReference(layer))
         elif isinstance(layer, QuantizedLinear):
             linear = model.get_submodule(name)
             linear.weight.data = exact_weight(layer).to(dtype)
@@ -121,6 +130,10 @@ QUANTIZED_CASES = [
     ("qwen2_5_vl", "int4wo-32", "int4"),
     ("glm4v", "int4wo-64", "int4"),
     ("llava", "int8wo", "bfloat16"),
+    # 8da4w: int4 weights times int8 activations, its head in int8 or int4 likewise
+    *[(family, "8da4w-32", "int8") for family in ("qwen2_5_vl", "llava", "gemma3", "glm4v")],
+    ("qwen2_5_vl", "8da4w-64", "int4"),
+    ("llava", "8da4w-32+vision", "int8"),
 ]
 
 
@@ -200,7 +213,7 @@ def test_engine_matches_hf_quantized_the_same_way(
         assert min(gap(ref), gap(ref_exact)) <= bound, (gap(ref), gap(ref_exact), bound)
         if family not in IMAGE_BLIND:
             assert gap(ref_other_image) > bound
-        if config.startswith("int4"):  # int8 moves logprobs by about the bfloat16 noise only
+        if _int4(config):  # int8 moves logprobs by about the bfloat16 noise only
             assert gap(ref_bf16) > bound  # the engine ran the quantized model
         assert statistic(got[1:] - ref[:-1]) > bound
         tied = fp32.get_output_embeddings().weight is fp32.get_input_embeddings().weight
@@ -222,8 +235,8 @@ def _assert_weights_quantized(
     quantized = [m for m in linears if _is_quantized(m)]
     report = engine.get_server_info()["weight_quantization"]
     assert quantized and report["quantized_layers"] == len(quantized)
-    # int8dq: every one multiplies int8 activations (the kernel's own tests check its products)
-    assert all(getattr(m, "dynamic", False) == (config == "int8dq") for m in quantized)
+    # int8dq, 8da4w: every one multiplies int8 activations (the kernel's tests check products)
+    assert all(getattr(m, "dynamic", False) == _dynamic(config) for m in quantized)
     assert report["skipped_layers"] == len(linears) - len(quantized)  # each logged with a reason
     for layer in quantized:
         # stored in whole panels of 64 outputs and pairs of inputs
@@ -235,7 +248,7 @@ def _assert_weights_quantized(
     tower = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.bits == 8]
     tower = [m for m in tower if m is not model.get_output_embeddings() and m not in linears]
     assert report["vision_layers_int8"] == len(tower)
-    assert (len(tower) > 0) == (config.startswith("int4") or vision_int8dq)
+    assert (len(tower) > 0) == (_int4(config) or vision_int8dq)
     assert all(m.dynamic == vision_int8dq for m in tower)
     in_lm = {id(p) for p in language_model.parameters()}
     outside = [p for p in model.parameters() if id(p) not in in_lm]
@@ -259,8 +272,8 @@ def _assert_weights_quantized(
         assert hasattr(embed, "qweight") != tied
         assert report["embeddings"] == ("bfloat16" if tied else "int8")
         assert (getattr(head, "weight", None) is embed.weight) == tied
-    if isinstance(head, QuantizedLinear):  # int8dq's int8 head takes int8 activations too
-        assert head.dynamic == (config == "int8dq" and head.bits == 8)
+    if isinstance(head, QuantizedLinear):  # the dynamic modes' head takes int8 activations too
+        assert head.dynamic == _dynamic(config)
     assert engine.get_server_info()["torchao_config"] == config
     assert (
         report["language_model_weight_bytes_after"] < report["language_model_weight_bytes_before"]
@@ -305,7 +318,8 @@ def test_int4_skips_layers_the_kernel_cannot_take() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["int8wo", "int8dq", "int4wo-32", "int4wo-64", "int4wo-128", "int4wo-256"]
+    "value",
+    ["int8wo", "int8dq", "int4wo-32", "int4wo-64", "int4wo-128", "int4wo-256", "8da4w-128"],
 )
 def test_supported_torchao_values_parse(value: str) -> None:
     args = parse_args(["--torchao-config", value, "--dtype", "bfloat16"])
@@ -319,6 +333,8 @@ def test_supported_torchao_values_parse(value: str) -> None:
         (["--torchao-config", "fp8wo"], "SGLang value not implemented here"),
         (["--torchao-config", "int4wo-100"], "not a known value"),
         (["--torchao-config", "int4wo"], "not a known value"),
+        (["--torchao-config", "8da4w-48"], "not a known value"),
+        (["--torchao-config", "int4wo-64", "--vision-int8dq"], "goes with --torchao-config"),
         (["--torchao-config", "int4wo-64", "--dtype", "float32"], "--dtype bfloat16"),
         (["--torchao-config", "int8wo", "--dtype", "float16"], "--dtype bfloat16"),
         (["--quantization", "fp8"], "'fp8' is an SGLang method not implemented here"),

@@ -195,6 +195,36 @@ def unpack_int4(packed: torch.Tensor, out_features: int, in_features: int) -> to
     return _rows(panels, out_features, in_features)
 
 
+def pack_int4_octets(
+    codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """8da4w's layout (``linear_int8dq.cpp``): codes (out, in), ``in`` a multiple of 32 ->
+    uint8 (panels, in / 32, 8, 4, 32): for each 32 inputs, block b of 8 columns and octet o of
+    inputs, byte 4 e + i holds column 8 b + e's code of input 8 o + i (low nibble) and of input
+    8 o + 4 + i (high nibble); scale and min (panels, groups, 64) as ``pack_int4``'s."""
+    out_features, in_features = codes.shape
+    assert in_features % 32 == 0
+    count = -(-out_features // PANEL_COLS)
+    padded = codes.new_zeros(count * PANEL_COLS, in_features)
+    padded[:out_features] = codes
+    by_octet = padded.view(count, 8, 8, in_features // 32, 4, 2, 4)  # j, b, e, s, o, half, i
+    packed = by_octet[..., 0, :] | (by_octet[..., 1, :] << 4)  # j, b, e, s, o, i
+    return (
+        packed.permute(0, 3, 1, 4, 2, 5).reshape(count, in_features // 32, 8, 4, 32).contiguous(),
+        _per_column(scale),
+        _per_column(low),
+    )
+
+
+def unpack_int4_octets(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """``pack_int4_octets``' codes back to (out, in)."""
+    count, subs = packed.shape[:2]
+    by_byte = packed.view(count, subs, 8, 4, 8, 4)  # j, s, b, o, e, i
+    nibbles = torch.stack((by_byte & 0x0F, by_byte >> 4), dim=-2)  # j, s, b, o, e, half, i
+    rows = nibbles.permute(0, 2, 4, 1, 3, 5, 6).reshape(count * PANEL_COLS, 32 * subs)
+    return rows[:out_features, :in_features]
+
+
 def int4_skip_reason(in_features: int, group: int) -> str | None:
     if in_features % group:
         return f"in_features {in_features} is not a multiple of the group size {group}"
@@ -203,8 +233,9 @@ def int4_skip_reason(in_features: int, group: int) -> str | None:
 
 class QuantizedLinear(nn.Module):
     """An ``nn.Linear`` whose weight is stored int8 or int4 (see the module docstring). With
-    ``dynamic`` (int8 only: SGLang's int8dq), each row of the input is quantized to int8 as it
-    arrives and the product runs in integers (``linear_int8dq.cpp``)."""
+    ``dynamic`` (SGLang's int8dq with int8 weights, 8da4w-<group> with int4), each row of the
+    input is quantized to int8 as it arrives and the product runs in integers
+    (``linear_int8dq.cpp``)."""
 
     def __init__(
         self,
@@ -236,7 +267,7 @@ class QuantizedLinear(nn.Module):
             return cls.from_codes(*quantize_int8(linear.weight), bias, 8, dynamic=dynamic)
         assert group is not None and int4_skip_reason(linear.in_features, group) is None
         codes, scale, low = quantize_int4(linear.weight, group)
-        return cls.from_codes(codes, scale, bias, 4, group, low)
+        return cls.from_codes(codes, scale, bias, 4, group, low, dynamic)
 
     @classmethod
     def from_codes(
@@ -253,8 +284,11 @@ class QuantizedLinear(nn.Module):
         int4 with a scale and min per row and group (bfloat16, or float32 for a published
         checkpoint's exact values)."""
         out_features, in_features = codes.shape
-        if dynamic:
-            assert bits == 8, "dynamic activations are int8 x int8"
+        if dynamic and bits == 4:
+            assert group is not None and low is not None and scale.dtype == torch.bfloat16
+            q, scales, mins = pack_int4_octets(codes, scale, low)
+            tensors = {"qweight": q, "scale": scales, "min": mins}
+        elif dynamic:
             q, offset, scales = pack_int8_quads(codes, scale)
             tensors = {"qweight": q, "scale": scales, "offset": offset}
         elif bits == 8:
@@ -276,17 +310,30 @@ class QuantizedLinear(nn.Module):
     def codes(self) -> torch.Tensor:
         """The codes (out, in)."""
         if self.dynamic:
-            return unpack_int8_quads(self.qweight, self.out_features, self.in_features)
-        unpack = unpack_int8 if self.bits == 8 else unpack_int4
+            unpack = unpack_int8_quads if self.bits == 8 else unpack_int4_octets
+        else:
+            unpack = unpack_int8 if self.bits == 8 else unpack_int4
         return unpack(self.qweight, self.out_features, self.in_features)
 
     def _dynamic_product(self, x: torch.Tensor) -> torch.Tensor:
         """The kernel's result without it: integer sums (exact in float64), then its float32
-        steps (the one rounding left is where the kernel fuses a multiply and an add)."""
+        steps (the roundings left are where the kernel fuses a multiply and an add)."""
         codes, step = quantize_rows(x)
-        sums = (codes.double() @ self.codes().double().T).float()
-        scale = step[:, None] * self.scale[: self.out_features]
-        out = sums * scale
+        if self.bits == 8:
+            sums = (codes.double() @ self.codes().double().T).float()
+            out = sums * (step[:, None] * self.scale[: self.out_features])
+        else:
+            assert self.group is not None and self.min is not None
+            rows, groups = codes.shape[0], self.in_features // self.group
+            by_group = codes.double().reshape(rows, groups, self.group)
+            weight = self.codes().double().reshape(self.out_features, groups, self.group)
+            products = torch.einsum("rgk,cgk->rgc", by_group, weight).float()
+            scale, low = (
+                t.transpose(1, 2).reshape(-1, groups)[: self.out_features].T.float()
+                for t in (self.scale, self.min)
+            )
+            partial = products * scale + by_group.sum(-1, keepdim=True).float() * low
+            out = partial.sum(1) * step[:, None]
         return (out if self.bias is None else out + self.bias.float()).to(x.dtype)
 
     def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -312,9 +359,19 @@ class QuantizedLinear(nn.Module):
             flat = x.to(out_dtype).reshape(rows, self.in_features).contiguous()
             if self._kernel is None:
                 out = self._dynamic_product(flat)
-            else:
+            elif self.bits == 8:
                 out = self._kernel.linear(
                     flat, self.qweight, self.offset, self.scale, self.bias, self.out_features
+                )
+            else:
+                out = self._kernel.linear_int4(
+                    flat,
+                    self.qweight,
+                    self.scale,
+                    self.min,
+                    self.group,
+                    self.bias,
+                    self.out_features,
                 )
             return out.reshape(*x.shape[:-1], self.out_features)
         native = x.dtype == torch.bfloat16 or (float32_in and self._kernel_takes_float32)

@@ -55,15 +55,16 @@ class EngineConfig:
         metadata={
             "help": "Quantization of the language model's linear layers (torchao's names): "
             "int8wo or int4wo-<group> (32, 64, 128; 256 on CUDA), weight-only; int8dq, int8 "
-            "weights times activations quantized to int8 per row at run time. The model runs "
-            "in bfloat16."
+            "weights times activations quantized to int8 per row at run time; 8da4w-<group>, "
+            "int4 weights times int8 activations. The model runs in bfloat16."
         },
     )
     vision_int8dq: bool = field(
         default=False,
         metadata={
-            "help": "With --torchao-config int8dq on a CPU, the vision tower's and projector's "
-            "linears run int8dq too (int8 activations times int8 weights)."
+            "help": "With --torchao-config int8dq or 8da4w-<group> on a CPU, the vision "
+            "tower's and projector's linears run int8dq too (int8 activations times int8 "
+            "weights)."
         },
     )
     quantization: str | None = field(
@@ -266,8 +267,8 @@ class EngineConfig:
         quantization.check_quantization_flag(self.quantization)
         quantization.parse_torchao_config(self.torchao_config)
         quantization.check_torchao_dtype(self.torchao_config, self.dtype)
-        if self.vision_int8dq and self.torchao_config != "int8dq":
-            raise ValueError("--vision-int8dq goes with --torchao-config int8dq")
+        if self.vision_int8dq and not quantization.dynamic_activations(self.torchao_config):
+            raise ValueError("--vision-int8dq goes with --torchao-config int8dq or 8da4w-<group>")
 
     @property
     def resolved_device(self) -> str:

@@ -70,14 +70,14 @@ class Quantization:
     bits: int  # 8 or 4 bits per quantized linear weight element
     group_size: int | None  # int4: columns sharing one scale and zero point
     head_bits: int = 8  # the LM head: 8, 4 (in the groups; a tied one 8) or 0 (dense)
-    dynamic: bool = False  # int8dq: each linear also keeps its column sums (int32)
+    dynamic: bool = False  # int8dq's int8 linears: each also keeps its column sums (int32)
     tower_int8: bool = False  # the vision tower's linears in int8 (int4wo; int8dq + vision)
 
     @classmethod
     def parse(
         cls, spec: str | None, lm_head_dtype: str = "int8", vision_int8dq: bool = False
     ) -> Quantization | None:
-        """``int8wo`` / ``int8dq`` / ``int4wo-<group>`` (torchao config names),
+        """``int8wo`` / ``int8dq`` / ``int4wo-<group>`` / ``8da4w-<group>`` (torchao config names),
         ``--cpu-lm-head-dtype`` and ``--vision-int8dq``; None or an unknown spec: unquantized."""
         if not spec:
             return None
@@ -86,9 +86,11 @@ class Quantization:
             dynamic = spec == "int8dq"
             head = 8 if head_bits == 4 else head_bits
             return cls(8, None, head, dynamic, tower_int8=dynamic and vision_int8dq)
-        if spec.startswith("int4wo"):
+        if spec.startswith(("int4wo", "8da4w")):
             group = spec.rpartition("-")[2]
-            return cls(4, int(group) if group.isdigit() else 128, head_bits, tower_int8=True)
+            group_size = int(group) if group.isdigit() else 128
+            tower_dynamic = spec.startswith("8da4w") and vision_int8dq
+            return cls(4, group_size, head_bits, tower_dynamic, tower_int8=True)
         return None
 
 

@@ -1,5 +1,6 @@
 """Quantization of the language model (SGLang's ``--torchao-config``: weight-only int8wo /
-int4wo-<group>, and int8dq, int8 activations times int8 weights) and the check on
+int4wo-<group>; int8dq, int8 activations times int8 weights; and 8da4w-<group>, int8
+activations times int4 weights, torchao's Int8DynamicActivationInt4Weight) and the check on
 ``--quantization`` (checkpoints published quantized load through ``prequantized.py``).
 
 On a CPU the linears become ``layers.quantized_linear.QuantizedLinear`` (the native kernel's own
@@ -39,7 +40,7 @@ from sglang.srt.model_executor.host_memory import module_bytes
 logger = logging.getLogger(__name__)
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-SUPPORTED_TORCHAO = "int8wo, int8dq, int4wo-<group> (group 32, 64, 128 or 256)"
+SUPPORTED_TORCHAO = "int8wo, int8dq, int4wo-<group>, 8da4w-<group> (group 32, 64, 128 or 256)"
 # SGLang's other --torchao-config values: recognised, so that the error says they exist.
 SGLANG_ONLY_TORCHAO = re.compile(r"fp8wo|fp8dq-per_(tensor|row)|gemlite-[\w-]+")
 # SGLang's --quantization methods (prequantized.METHODS and ALIASES are implemented here).
@@ -66,9 +67,9 @@ SGLANG_QUANTIZATION_METHODS = (
 
 @dataclass(frozen=True)
 class TorchaoSpec:
-    name: str  # "int8wo", "int8dq" or "int4wo-<group>"
+    name: str  # "int8wo", "int8dq", "int4wo-<group>" or "8da4w-<group>"
     group_size: int | None = None  # int4 only
-    dynamic: bool = False  # int8dq: activations quantized to int8 per row at run time
+    dynamic: bool = False  # int8dq, 8da4w: activations quantized to int8 per row at run time
 
 
 @dataclass
@@ -105,14 +106,20 @@ def parse_torchao_config(value: str) -> TorchaoSpec | None:
         return None
     if value in ("int8wo", "int8dq"):
         return TorchaoSpec(value, dynamic=value == "int8dq")
-    match = re.fullmatch(r"int4wo-(\d+)", value)
-    if match and int(match[1]) in INT4_GROUP_SIZES:
-        return TorchaoSpec(value, int(match[1]))
+    match = re.fullmatch(r"(int4wo|8da4w)-(\d+)", value)
+    if match and int(match[2]) in INT4_GROUP_SIZES:
+        return TorchaoSpec(value, int(match[2]), dynamic=match[1] == "8da4w")
     known = "an SGLang value not implemented here" if SGLANG_ONLY_TORCHAO.fullmatch(value) else ""
     raise ValueError(
         f"--torchao-config {value!r} is {known or 'not a known value'}; "
         f"supported: {SUPPORTED_TORCHAO}"
     )
+
+
+def dynamic_activations(torchao_config: str) -> bool:
+    """Whether ``torchao_config`` (a valid value or "") quantizes activations at run time."""
+    spec = parse_torchao_config(torchao_config)
+    return spec is not None and spec.dynamic
 
 
 def check_torchao_dtype(torchao_config: str, dtype: str) -> None:
@@ -146,7 +153,9 @@ def check_lm_head_dtype(head_dtype: str, torchao_config: str) -> None:
         raise ValueError(f"cpu_lm_head_dtype must be one of {', '.join(LM_HEAD_DTYPES)}")
     spec = parse_torchao_config(torchao_config)
     if head_dtype == "int4" and (spec is None or spec.group_size is None):
-        raise ValueError("--cpu-lm-head-dtype int4 needs --torchao-config int4wo-<group>")
+        raise ValueError(
+            "--cpu-lm-head-dtype int4 needs --torchao-config int4wo-<group> or 8da4w-<group>"
+        )
 
 
 def int4_skip_reason(layer: nn.Linear, group_size: int, device: str) -> str | None:
@@ -208,9 +217,10 @@ def quantize_head_and_embeddings(
     panels. It stays int8 with ``head_dtype`` int4 (a lookup would unpack whole groups), and
     the pair stays as it is with bfloat16 or a subclassed embedding (Gemma's scaled one).
 
-    With int8dq the int8 head takes int8 activations too, as the decoder's linears do (and as
-    llama.cpp's Q8_0 head does): on a CPU without VNNI its integer product reads the codes at
-    the copy bandwidth, the float one at about half of it."""
+    With int8dq and 8da4w the head (int8, or int4 in 8da4w's groups) takes int8 activations
+    too, as the decoder's linears do (and as llama.cpp's Q8_0 / Q4_0 heads do): on a CPU
+    without VNNI its integer product reads the codes at the copy bandwidth, the float one at
+    about half of it."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     spec = parse_torchao_config(report.config)
     assert spec is not None
@@ -227,7 +237,7 @@ def quantize_head_and_embeddings(
         if quantize_head:
             group = spec.group_size
             if head_dtype == "int4" and group and not int4_skip_reason(head, group, "cpu"):
-                model.set_output_embeddings(quantized_linear.quantize(head, 4, group))
+                model.set_output_embeddings(quantized_linear.quantize(head, 4, group, spec.dynamic))
                 report.lm_head = f"int4-{group}"
             else:
                 model.set_output_embeddings(quantized_linear.quantize(head, 8, None, spec.dynamic))
@@ -243,12 +253,13 @@ def quantize_vision_tower(
     """On a CPU, every plain ``nn.Linear`` outside the language model and its head (the vision
     tower and projector):
 
-    - with int4 (``int4wo-<group>``), in int8 per output channel: an image's rows run on the
+    - with int4 (``int4wo-<group>``, ``8da4w-<group>``), in int8 per output channel: an
+      image's rows run on the
       same GEMM tile over the codes converted once per panel, at 1.00-1.08x the bfloat16 time
       on the 7B tower's shapes, and the whole int4 checkpoint drops to 0.32 of its bfloat16
       bytes (measured on the 7B shape);
-    - with ``int8dq`` (the language model's) and ``int8dq`` here (``--vision-int8dq``), int8dq
-      too: int8 activations times int8 weights;
+    - with ``int8dq`` or ``8da4w`` (the language model's) and ``int8dq`` here
+      (``--vision-int8dq``), int8dq: int8 activations times int8 weights;
     - otherwise (int8wo, int8dq alone) the tower stays bfloat16."""
     spec = parse_torchao_config(report.config)
     dynamic = spec is not None and spec.dynamic and int8dq
@@ -325,6 +336,13 @@ def _torchao(spec: TorchaoSpec, device: str) -> tuple[Any, Any]:
     """torchao's ``quantize_`` and the config for ``spec`` (torchao is imported here only)."""
     from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
+    if spec.dynamic and spec.group_size is not None:  # 8da4w
+        import torch
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerGroup
+
+        return quantize_, Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4, weight_granularity=PerGroup(spec.group_size)
+        )
     if spec.dynamic:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 

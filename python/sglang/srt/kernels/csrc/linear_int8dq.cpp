@@ -1,5 +1,6 @@
-// Dynamic int8 linears (SGLang's --torchao-config int8dq) on a CPU: y = x W^T (+ b) with x
-// quantized per row as it arrives and W int8 per output channel, multiplied in integers.
+// Dynamic int8 linears on a CPU: y = x W^T (+ b) with x quantized per row as it arrives and
+// W int8 per output channel (SGLang's --torchao-config int8dq) or int4 per group (8da4w-<group>,
+// further below: linear_int4), multiplied in integers.
 //
 //   x:  each row r to int8 codes p[r, k] = round_half_even(x[r, k] / sx[r]), sx[r] = max |x[r]|
 //       / 127 (float32 division, as torch computes it);
@@ -48,6 +49,10 @@
 #define SGLANG_COMPILED_ISA "avx2"
 #else
 #define SGLANG_COMPILED_ISA "portable"
+#endif
+#if defined(__AVX2__) && !defined(SGLANG_PORTABLE_KERNELS)
+#include <immintrin.h>
+#define SGLANG_INT4_AVX2 1  // 8da4w's one vector path, on AVX-512 CPUs too
 #endif
 
 namespace {
@@ -328,6 +333,24 @@ void panel_rows(const uint8_t* a, int64_t lda, const float* row_scale, int64_t r
 #endif
 }
 
+// task(panel j, first row r0, rows) over every panel and block of at most kBlockRows rows; with
+// one block (decode-sized) each thread streams one contiguous run of panels.
+template <typename Task>
+void for_each_block(int64_t panels, int64_t m, const Task& task) {
+  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
+  auto run = [&](int64_t t) {
+    const int64_t r0 = (t % blocks) * kBlockRows;
+    task(t / blocks, r0, std::min(kBlockRows, m - r0));
+  };
+  if (blocks == 1) {
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) run(t);
+    });
+  } else {
+    run_tasks(panels * blocks, [&](int64_t t, int64_t) { run(t); });
+  }
+}
+
 // y (m, n) = x (m, k) quantized per row times the panels, T the element of both: bfloat16 bits
 // (uint16_t) or float32.
 template <typename T>
@@ -337,20 +360,23 @@ void multiply(const T* x, int64_t m, int64_t k, const int8_t* w, int64_t panels,
   std::vector<uint8_t> a(m * lda);
   std::vector<float> row_scales(m);
   quantize_rows(x, m, k, quads, a.data(), row_scales.data());
-  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
-  auto task = [&](int64_t t) {
-    const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows, c0 = j * kPanelCols;
+  for_each_block(panels, m, [&](int64_t j, int64_t r0, int64_t rows) {
+    const int64_t c0 = j * kPanelCols;
     const Panel panel{w + j * quads * kQuadBytes, offset + c0, scale + c0, biases + c0, quads};
-    panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, std::min(kBlockRows, m - r0),
-               panel, y + r0 * n + c0, n, n - c0);
-  };
-  if (blocks == 1) {  // decode-sized: each thread streams one contiguous run of panels
-    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) task(t);
-    });
-  } else {
-    run_tasks(panels * blocks, [&](int64_t t, int64_t) { task(t); });
+    panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, rows, panel, y + r0 * n + c0, n,
+               n - c0);
+  });
+}
+
+// The bias (n) as float32 over whole panels, zero past n and without one.
+std::vector<float> padded_bias(const c10::optional<at::Tensor>& bias, int64_t panels, int64_t n) {
+  std::vector<float> biases(panels * kPanelCols, 0.f);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
+    const auto b = bias->to(at::kFloat).contiguous();
+    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
   }
+  return biases;
 }
 
 // x (M, K) bfloat16 or float32, codes and offset from pack_int8_quads, scale float32 (panels *
@@ -376,12 +402,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
               "offset is int32, scale float32");
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
-  std::vector<float> biases(panels * kPanelCols, 0.f);
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
-    const auto b = bias->to(at::kFloat).contiguous();
-    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
-  }
+  const std::vector<float> biases = padded_bias(bias, panels, n);
   const int8_t* w = codes.data_ptr<int8_t>();
   const int32_t* offsets = offset.data_ptr<int32_t>();
   const float* scales = scale.data_ptr<float>();
@@ -392,6 +413,201 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor
     multiply(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, k, w, panels,
              quads, offsets, scales, biases.data(),
              reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), n);
+  }
+  return out;
+}
+
+
+// ---- int4 weights: 8da4w-<group> -----------------------------------------------------------
+// x quantized per row as above (p[r, k], sx[r]); W int4 per group of `group` inputs:
+//   W[c, k] = s[c, g] q[c, k] + m[c, g], q in 0..15, g = k / group (quantized_linear.quantize_int4,
+//   s and m bfloat16);
+//   y[r, c] = fma(f[r, c], sx[r], b[c]), where f runs over the groups in order from 0:
+//     f = fma(m[c, g], P[r, g], f), then f = fma(s[c, g], I[r, c, g], f),
+//   with the exact integers P[r, g] = sum p[r, k] and I[r, c, g] = sum p[r, k] q[c, k] over the
+//   group's inputs. Every path computes exactly these steps: the same bits on each, for any
+//   batch or thread count.
+//
+// Layout (quantized_linear.pack_int4_octets): panels of 64 output columns, for each 32 inputs a
+// 1 KB block: for each block of 8 columns (b) and octet of those inputs (o), 32 bytes, byte 4 e + i
+// holding column 8 b + e's code of input 8 o + i in its low nibble and of input 8 o + 4 + i in
+// its high one: (panels, in / 32, 8, 4, 32) uint8. One 32-byte load, a mask and a shift give two
+// vpmaddubsw operands of 8 columns x 4 inputs, the codes the unsigned side, p the signed one (a
+// pair's sum is at most 2 x 15 x 127, eight of them fit in 16 bits), so an AVX2 core needs about
+// 8 instructions per 64 weights where the weight-only float path needs 20: decode reads the codes
+// at the memory's speed (llama.cpp's Q4_0 x Q8_0 dot product works the same way, row by row).
+constexpr int64_t kSubInputs = 32;
+constexpr int64_t kSubBytes = kPanelCols * kSubInputs / 2;
+constexpr int64_t kSpanSubs = 16;  // a row's pass over a panel: 16 KB of codes, in L1
+
+struct Panel4 {
+  const uint8_t* codes;   // (in / 32, 8, 4, 32)
+  const uint16_t* scale;  // (groups, 64) bfloat16
+  const uint16_t* low;    // (groups, 64) bfloat16
+  int64_t subs;           // in / 32
+  int64_t group_subs;     // group / 32
+};
+
+#ifdef SGLANG_INT4_AVX2
+inline __m256 load8_bf16(const uint16_t* src) {
+  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+inline __m256i broadcast4(const int8_t* src) {
+  int32_t quad;
+  std::memcpy(&quad, src, sizeof(quad));
+  return _mm256_set1_epi32(quad);
+}
+
+// One row (signed codes p, group sums psum) times a panel's 64 columns over the 32-input blocks
+// [s0, s1) (whole groups), into f (64). With kFetchAhead, the codes a span further on are fetched.
+template <bool kFetchAhead>
+void row4_avx2(const int8_t* p, const int32_t* psum, const Panel4& w, int64_t s0, int64_t s1,
+               float* f) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int64_t g0 = s0; g0 < s1; g0 += w.group_subs) {
+    __m256i acc[8];
+    for (int b = 0; b < 8; ++b) acc[b] = _mm256_setzero_si256();
+    for (int64_t s = g0; s < g0 + w.group_subs; ++s) {
+      const uint8_t* codes = w.codes + s * kSubBytes;
+      const int8_t* x = p + kSubInputs * s;
+      for (int b = 0; b < 8; ++b) {
+        if (kFetchAhead && s + kSpanSubs < w.subs) {
+          const char* ahead = reinterpret_cast<const char*>(codes + kSpanSubs * kSubBytes);
+          _mm_prefetch(ahead + 128 * b, _MM_HINT_T0);
+          _mm_prefetch(ahead + 128 * b + 64, _MM_HINT_T0);
+        }
+        __m256i sum = _mm256_setzero_si256();
+        for (int o = 0; o < 4; ++o) {
+          const __m256i q =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 128 * b + 32 * o));
+          const __m256i first = _mm256_and_si256(q, nibble);
+          const __m256i second = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
+          sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(first, broadcast4(x + 8 * o)));
+          sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(second, broadcast4(x + 8 * o + 4)));
+        }
+        acc[b] = _mm256_add_epi32(acc[b], _mm256_madd_epi16(sum, ones));
+      }
+    }
+    const int64_t g = g0 / w.group_subs;
+    const __m256 group_sum = _mm256_set1_ps(static_cast<float>(psum[g]));
+    for (int b = 0; b < 8; ++b) {
+      __m256 y = _mm256_loadu_ps(f + 8 * b);
+      y = _mm256_fmadd_ps(load8_bf16(w.low + g * kPanelCols + 8 * b), group_sum, y);
+      y = _mm256_fmadd_ps(load8_bf16(w.scale + g * kPanelCols + 8 * b),
+                          _mm256_cvtepi32_ps(acc[b]), y);
+      _mm256_storeu_ps(f + 8 * b, y);
+    }
+  }
+}
+#endif
+
+// Rows [0, rows) times one panel into f (rows, 64), as rows_avx2 takes them: by spans of
+// kSpanSubs blocks, the first row's pass fetching the next span, the other rows reading it from
+// L1.
+void panel_rows4(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t groups, int64_t rows,
+                 const Panel4& w, float* f) {
+#ifdef SGLANG_INT4_AVX2
+  for (int64_t s0 = 0; s0 < w.subs; s0 += kSpanSubs) {
+    const int64_t s1 = std::min(w.subs, s0 + kSpanSubs);  // kSpanSubs is whole groups
+    row4_avx2<true>(p, psum, w, s0, s1, f);
+    for (int64_t r = 1; r < rows; ++r)
+      row4_avx2<false>(p + r * ldp, psum + r * groups, w, s0, s1, f + r * kPanelCols);
+  }
+#else
+  const int64_t group = w.group_subs * kSubInputs;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < kPanelCols; ++c) {
+      const uint8_t* column = w.codes + (c / 8) * 128 + 4 * (c % 8);
+      float y = 0.f;
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t sum = 0;
+        for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+          const int64_t within = k % kSubInputs, o = within / 8, i = within % 8;
+          const uint8_t byte = column[(k / kSubInputs) * kSubBytes + 32 * o + i % 4];
+          sum += static_cast<int32_t>(p[r * ldp + k]) * (i < 4 ? byte & 0x0F : byte >> 4);
+        }
+        y = std::fma(to_float(w.low[g * kPanelCols + c]), static_cast<float>(psum[r * groups + g]),
+                     y);
+        y = std::fma(to_float(w.scale[g * kPanelCols + c]), static_cast<float>(sum), y);
+      }
+      f[r * kPanelCols + c] = y;
+    }
+#endif
+}
+
+template <typename T>
+void multiply_int4(const T* x, int64_t m, int64_t k, int64_t group, const uint8_t* codes,
+                   int64_t panels, const uint16_t* scale, const uint16_t* low,
+                   const float* biases, T* y, int64_t n) {
+  const int64_t quads = k / 4, groups = k / group;
+  std::vector<uint8_t> a(m * k);
+  std::vector<float> row_scales(m);
+  quantize_rows(x, m, k, quads, a.data(), row_scales.data());
+  std::vector<int32_t> psum(m * groups);  // the signed codes' sum per row and group
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t sum = 0;
+        for (int64_t i = r * k + g * group; i < r * k + (g + 1) * group; ++i) {
+          a[i] ^= 0x80;  // p + 128 -> p, two's complement
+          sum += static_cast<int8_t>(a[i]);
+        }
+        psum[r * groups + g] = sum;
+      }
+  });
+  const auto* p = reinterpret_cast<const int8_t*>(a.data());
+  for_each_block(panels, m, [&](int64_t j, int64_t r0, int64_t rows) {
+    const int64_t c0 = j * kPanelCols;
+    const Panel4 panel{codes + j * (k / kSubInputs) * kSubBytes, scale + j * groups * kPanelCols,
+                       low + j * groups * kPanelCols, k / kSubInputs, group / kSubInputs};
+    alignas(32) float f[kBlockRows * kPanelCols];
+    std::fill(f, f + rows * kPanelCols, 0.f);
+    panel_rows4(p + r0 * k, k, psum.data() + r0 * groups, groups, rows, panel, f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < std::min(kPanelCols, n - c0); ++c)
+        store_as(y + (r0 + r) * n + c0 + c,
+                 std::fma(f[r * kPanelCols + c], row_scales[r0 + r], biases[c0 + c]));
+  });
+}
+
+// x (M, K) bfloat16 or float32, K a multiple of `group` (32, 64, 128 or 256); codes uint8
+// (panels, K / 32, 8, 4, 32) and scale, min bfloat16 (panels, K / group, 64) from
+// pack_int4_octets; bias (N) or None -> (M, N) in x's dtype.
+at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                       const at::Tensor& low, int64_t group, const c10::optional<at::Tensor>& bias,
+                       int64_t n) {
+  const bool float32 = x.scalar_type() == at::kFloat;
+  TORCH_CHECK(x.dim() == 2 && (float32 || x.scalar_type() == at::kBFloat16) && x.is_contiguous(),
+              "x must be contiguous bfloat16 or float32 (rows, in)");
+  TORCH_CHECK(group % kSubInputs == 0 && group > 0 && group <= 256, "group must be 32, 64, ..");
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k % group == 0 && k > 0, "x has ", k, " inputs, not whole groups of ", group);
+  TORCH_CHECK(codes.dim() == 5 && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                  codes.size(1) == k / kSubInputs && codes.size(2) == 8 && codes.size(3) == 4 &&
+                  codes.size(4) == 32,
+              "codes must be uint8 (panels, in / 32, 8, 4, 32)");
+  const int64_t panels = codes.size(0);
+  TORCH_CHECK(n > (panels - 1) * kPanelCols && n <= panels * kPanelCols,
+              "n disagrees with the panels");
+  for (const at::Tensor* t : {&scale, &low})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() &&
+                    t->numel() == panels * (k / group) * kPanelCols,
+                "scale and min must be bfloat16 (panels, in / group, 64)");
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  const std::vector<float> biases = padded_bias(bias, panels, n);
+  const auto* scales = reinterpret_cast<const uint16_t*>(scale.data_ptr<c10::BFloat16>());
+  const auto* lows = reinterpret_cast<const uint16_t*>(low.data_ptr<c10::BFloat16>());
+  const uint8_t* w = codes.data_ptr<uint8_t>();
+  if (float32) {
+    multiply_int4(x.data_ptr<float>(), m, k, group, w, panels, scales, lows, biases.data(),
+                  out.data_ptr<float>(), n);
+  } else {
+    multiply_int4(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), m, k, group, w,
+                  panels, scales, lows, biases.data(),
+                  reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()), n);
   }
   return out;
 }
@@ -490,4 +706,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x quantized per row times W int8 per channel, in integers; plus bias -> (M, N)",
         py::arg("x"), py::arg("codes"), py::arg("offset"), py::arg("scale"), py::arg("bias"),
         py::arg("n"));
+  m.def("linear_int4", &linear_int4,
+        "x quantized per row times W int4 per group, in integers; plus bias -> (M, N)",
+        py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("min"), py::arg("group"),
+        py::arg("bias"), py::arg("n"));
+  m.def("int4_isa", [] {
+#ifdef SGLANG_INT4_AVX2
+    return "avx2";
+#else
+    return "portable";
+#endif
+  }, "The instruction set of this build's int4 path");
 }
