@@ -1,9 +1,10 @@
 """Ours against llama.cpp's ``llama-server`` on the same checkpoint, width by width.
 
 Widths: our bfloat16 / ``--torchao-config int8wo`` / ``int4wo-128`` / ``int8dq`` (with
-``--vision-int8dq``) against the GGUF language model in BF16 / Q8_0 / Q4_0 (``--pure``) / Q8_0;
-llama.cpp's vision tower is a BF16 mmproj at every width, ours is bfloat16 except with int4wo
-(int8 linears) and int8dq (int8dq linears). One server runs at a time, in turn across repeats
+``--vision-int8dq``) / ``8da4w-128`` (int4 head, ``--vision-int8dq``) against the GGUF language
+model in BF16 / Q8_0 / Q4_0 (``--pure``) / Q8_0 / Q4_0; llama.cpp's vision tower is a BF16
+mmproj at every width, ours is bfloat16 except with int4wo (int8 linears) and the dynamic modes
+with ``--vision-int8dq`` (int8dq linears). One server runs at a time, in turn across repeats
 (ours bf16, llama BF16, ours int8, llama Q8_0, ...), each
 launched fresh, all through the same HTTP client. Per launch:
 
@@ -63,6 +64,12 @@ WIDTHS: dict[str, tuple[list[str], str]] = {
     "int4-head4": (["--torchao-config", "int4wo-128", "--cpu-lm-head-dtype", "int4"], "q4_0"),
     # int8 compute (activations too), language model and tower, against Q8_0's weights
     "int8dq": (["--torchao-config", "int8dq", "--vision-int8dq"], "q8_0"),
+    # int4 weights times int8 activations, the head int4 too, the tower int8dq: against --pure
+    # Q4_0, whose products take Q8_0 activations the same way
+    "8da4w": (
+        ["--torchao-config", "8da4w-128", "--cpu-lm-head-dtype", "int4", "--vision-int8dq"],
+        "q4_0",
+    ),
 }
 OUR_LABELS = {
     "bf16": "ours:bf16",
@@ -70,6 +77,7 @@ OUR_LABELS = {
     "int4": "ours:int4wo-128",
     "int4-head4": "ours:int4wo-128+int4 head",
     "int8dq": "ours:int8dq+vision",
+    "8da4w": "ours:8da4w-128+int4 head+vision",
 }
 DEFAULT_WIDTHS = ("bf16", "int8", "int4")
 DECODE_PROMPT = "Write a long story about a lighthouse keeper and the sea, chapter by chapter."

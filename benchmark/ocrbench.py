@@ -7,10 +7,10 @@ HME100k (handwritten math), which is case-sensitive with every space removed fro
 ``python -m benchmark.ocrbench_synth`` writes a small synthetic set in the same format.
 
 ``--configs`` runs our server once per named configuration (``CONFIGS``: float32, bfloat16,
-fp8 KV cache, int8wo, int4wo, int8dq (tower too), a chunk size that cuts through images, and
-the model written as AWQ, GPTQ or compressed-tensors W4A16 / W8A8 checkpoints) and cache mode;
-every report gives the accuracy with its 95% (Wilson) interval, and the run writes JSON, a
-markdown table and a plot. The trained reader (``benchmark/models/ocr-reader``,
+fp8 KV cache, int8wo, int4wo, int8dq and 8da4w (tower too), a chunk size that cuts through
+images, and the model written as AWQ, GPTQ or compressed-tensors W4A16 / W8A8 checkpoints)
+and cache mode; every report gives the accuracy with its 95% (Wilson) interval, and the run
+writes JSON, a markdown table and a plot. The trained reader (``benchmark/models/ocr-reader``,
 ``benchmark.train_reader``) on the synthetic set is the run that measures what a mode costs in
 accuracy.
 
@@ -71,6 +71,7 @@ CONFIGS = {
     "int8wo": ("bfloat16", ["--torchao-config", "int8wo"]),
     "int4wo": ("bfloat16", ["--torchao-config", "int4wo-128"]),
     "int8dq": ("bfloat16", ["--torchao-config", "int8dq", "--vision-int8dq"]),
+    "8da4w": ("bfloat16", ["--torchao-config", "8da4w-128", "--vision-int8dq"]),
     "chunk-16": ("float32", ["--chunked-prefill-size", "16"]),
     # the model's language-model linears written in a published format (round to nearest,
     # group 128; sglang.testing.quantized_checkpoints) and served from that checkpoint
