@@ -106,22 +106,19 @@ def dynamic_int8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> t
 def int4_octet_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """Codes (out, in) of 8da4w's layout: in panel j, block s of 32 inputs, column block b and
     octet o, byte 4 e + i holds output 64 j + 8 b + e's code of input 32 s + 8 o + i in its low
-    nibble and of input 32 s + 8 o + 4 + i in its high one."""
-    codes = torch.zeros(out_features, in_features, dtype=torch.int64)
+    nibble and of input 32 s + 8 o + 4 + i in its high one (each byte's place computed from its
+    flat index)."""
     panels, blocks = packed.shape[:2]
-    starts = torch.arange(blocks) * 32
-    for j in range(panels):
-        for b in range(8):
-            for e in range(8):
-                column = 64 * j + 8 * b + e
-                if column >= out_features:
-                    continue
-                for o in range(4):
-                    for i in range(4):
-                        byte = packed[j, :, b, o, 4 * e + i].long()
-                        codes[column, starts + 8 * o + i] = byte & 0x0F
-                        codes[column, starts + 8 * o + 4 + i] = byte >> 4
-    return codes
+    index = torch.arange(packed.numel())
+    e, i = index % 32 // 4, index % 4
+    o, b = index // 32 % 4, index // 128 % 8
+    s, j = index // 1024 % blocks, index // (1024 * blocks)
+    column, first = 64 * j + 8 * b + e, 32 * s + 8 * o + i
+    values = packed.reshape(-1).long()
+    codes = torch.zeros(panels * 64, blocks * 32, dtype=torch.int64)
+    codes[column, first] = values & 0x0F
+    codes[column, first + 4] = values >> 4
+    return codes[:out_features, :in_features]
 
 
 def dynamic_int4(

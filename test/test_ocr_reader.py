@@ -28,6 +28,7 @@ from sglang.testing.quantized_checkpoints import write_quantized
 
 READER = str(DEFAULT_OUT)
 SET_SIZE = 300  # 30 per category: a second or two per engine
+CHUNKED_SET = 100  # the first 10 of each category
 MAX_TOKENS = 16
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_TOKENS}
 # What the checkpoint must score in float32 on this set, about 0.1 below what it measures
@@ -69,8 +70,8 @@ def _prompt(question: str) -> str:
     return _tokenizer().apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def _read(engine: sglang.Engine) -> list[str]:
-    items = _set()
+def _read(engine: sglang.Engine, count: int = SET_SIZE) -> list[str]:
+    items = _set()[:count]
     outs = engine.generate(
         [_prompt(s.question) for s in items], GREEDY, image_data=[[s.image] for s in items]
     )
@@ -83,8 +84,8 @@ def _accuracy(answers: list[str], categories: tuple[str, ...] | None = None) -> 
 
 
 @functools.cache
-def _answers(**kwargs) -> tuple[str, ...]:
-    return tuple(_read(sglang.Engine(model_path=READER, **kwargs)))
+def _answers(count: int = SET_SIZE, **kwargs) -> tuple[str, ...]:
+    return tuple(_read(sglang.Engine(model_path=READER, **kwargs), count))
 
 
 def _float32(**kwargs) -> tuple[str, ...]:
@@ -128,7 +129,10 @@ def test_float32_answers_equal_hf_generate() -> None:
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
 def test_same_answers_in_every_cache_mode_and_chunk_size(kwargs: dict) -> None:
-    assert _float32(**kwargs) == _float32()
+    """Every answer the same bits as the defaults'; the small chunks on the first
+    ``CHUNKED_SET`` questions (ten of each category: a prompt runs as a dozen chunks)."""
+    count = CHUNKED_SET if "chunked_prefill_size" in kwargs else SET_SIZE
+    assert _answers(count, dtype="float32", **kwargs) == _float32()[:count]
 
 
 @pytest.mark.parametrize(
@@ -196,7 +200,7 @@ def test_a_shifted_position_fails_the_threshold(monkeypatch) -> None:
 
     monkeypatch.setattr(ModelRunner, "forward", shift_later_chunks)
     engine = sglang.Engine(model_path=READER, dtype="float32", chunked_prefill_size=CHUNK)
-    assert _accuracy(_read(engine)) < MIN_ACCURACY
+    assert _accuracy(_read(engine, CHUNKED_SET)) < MIN_ACCURACY  # measured 0.17
 
 
 # The training pieces ------------------------------------------------------------------------------
