@@ -150,7 +150,7 @@ def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path, interleave: bool
     out = tmp_path / "mt"
     main(["--model-path", tiny_model, "--resolutions", "64x64", "--rounds", "3",
           "--max-tokens", "4", "--modes", "per-image,combined", "--out", str(out)]
-         + ["--interleave"] * interleave)  # fmt: skip
+         + (["--interleave"] if interleave else ["--no-probe"]))  # fmt: skip
     data = _load(out)
     assert [run["label"] for run in data["runs"]] == ["ours:per-image", "ours:combined"]
     assert data["config"]["interleaved"] is interleave
@@ -169,13 +169,17 @@ def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path, interleave: bool
     assert data["goals"]["64x64"]["per_image_one_item_per_round"] is True
     assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".md").exists()
     config = data["config"]
-    assert config["matmul_peak"]["gflop_per_s"] > 0 and config["memory_bandwidth"]["gb_per_s"] > 0
     assert config["cpu"]["model_name"] and _isa_as_cpuinfo_says(config["cpu"]["isa"])
-    for r in per_image:  # the round's work, its MFU and where its time went
-        assert r["round_gflops"] > 0 and 0 < r["mfu"] < 1
+    for r in per_image:  # where the round's time went
         parts = ("api_other_ms", "preprocess_ms", "vision_ms", "lm_ms", "sampling_ms")
         assert all(r[k] >= 0 for k in parts)
         assert sum(r[k] for k in parts) == pytest.approx(r["ttft_ms"], rel=0.05)
+    if not interleave:  # --no-probe: no peak or bandwidth to count against (5 s of probes)
+        assert config["matmul_peak"] is None and config["memory_bandwidth"] is None
+        return
+    assert config["matmul_peak"]["gflop_per_s"] > 0 and config["memory_bandwidth"]["gb_per_s"] > 0
+    for r in per_image:  # the round's work and its MFU
+        assert r["round_gflops"] > 0 and 0 < r["mfu"] < 1
         assert r["decode_ms_per_step"] > 0 and 0 < r["decode_of_bandwidth"] < 1
     assert "MFU" in out.with_suffix(".md").read_text()
 
@@ -269,14 +273,15 @@ def test_ocrbench_same_accuracy_in_every_mode(tiny_model: str, tmp_path: Path) -
 
     data = generate(tmp_path / "ocr", count=12)
     out = tmp_path / "ocr-report"
+    # two of the three cache modes (test_ocr_reader compares all three on the trained reader)
     main(["--data", str(data), "--model-path", tiny_model, "--max-tokens", "8",
-          "--concurrency", "4", "--out", str(out)])  # fmt: skip
+          "--concurrency", "4", "--modes", "per-image,off", "--out", str(out)])  # fmt: skip
     reports = _load(out)["reports"]
-    assert [r["label"] for r in reports] == ["ours:per-image", "ours:combined", "ours:off"]
+    assert [r["label"] for r in reports] == ["ours:per-image", "ours:off"]
     assert all(r["errors"] == 0 and r["total"] == 12 for r in reports)
     assert len({r["correct"] for r in reports}) == 1
     predictions = [[p["prediction"] for p in r["predictions"]] for r in reports]
-    assert predictions[0] == predictions[1] == predictions[2]  # greedy: identical outputs
+    assert predictions[0] == predictions[1]  # greedy: identical outputs
 
 
 def test_constraint_cost_smoke(tiny_model: str, tmp_path: Path) -> None:
