@@ -98,8 +98,9 @@ class EngineConfig:
         default="int8",
         metadata={
             "help": "With --torchao-config on a CPU, the untied LM head: int8 (per output "
-            "channel), int4 (with int4wo-<group>: the same groups, as llama.cpp's --pure Q4_0 "
-            "head; moves logprobs several times more than int8) or bfloat16."
+            "channel), int4 (with int4wo-<group> or 8da4w-<group>: the same groups, as "
+            "llama.cpp's --pure Q4_0 head; moves logprobs several times more than int8) or "
+            "bfloat16."
         },
     )
     cpu_packed_lm_weights: str = field(
