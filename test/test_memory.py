@@ -46,6 +46,8 @@ def test_estimate_matches_loaded_bytes(dtype: torch.dtype) -> None:
         ("int8wo", "bfloat16", False),
         ("int8dq", "int8", False),
         ("int8dq", "int8", True),
+        ("8da4w-64", "int8", False),
+        ("8da4w-32", "int4", True),
     ],
 )
 def test_quantized_estimate_matches_loaded_bytes(config: str, head: str, vision: bool) -> None:
@@ -80,6 +82,10 @@ def _int4_bytes(name: str, shape: tuple[int, int], untied_head: bool = False) ->
 
 def test_int4_estimate_halves_divisible_linears() -> None:
     assert memory.Quantization.parse("int4wo-128") == memory.Quantization(4, 128, tower_int8=True)
+    # 8da4w: int4wo's bytes; with --vision-int8dq the tower's int8 linears keep column sums
+    assert memory.Quantization.parse("8da4w-128") == memory.Quantization(4, 128, tower_int8=True)
+    with_tower = memory.Quantization.parse("8da4w-64", vision_int8dq=True)
+    assert with_tower == memory.Quantization(4, 64, dynamic=True, tower_int8=True)
     # half a byte per element + a bfloat16 scale and min per group of 128 columns, any rows
     assert _int4_bytes("model.layers.0.mlp.up_proj.weight", (256, 512)) == 128 * 512 + 4096
     assert _int4_bytes("model.layers.0.self_attn.k_proj.weight", (8, 128)) == 8 * 64 + 8 * 4
