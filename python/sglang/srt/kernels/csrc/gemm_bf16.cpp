@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "gemm_tile.h"
+#include "panel_bias.h"
 #include "run_tasks.h"
 
 #ifdef SGLANG_GEMM_TILE
@@ -122,12 +123,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed,
               "x, packed and n disagree on the sizes");
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
-  std::vector<float> biases(panels * kPanelCols, 0.f);
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "the bias must have n elements");
-    const auto b = bias->to(at::kFloat).contiguous();
-    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
-  }
+  const std::vector<float> biases = padded_bias(bias, panels, n);
 #ifdef SGLANG_GEMM_BF16
   const auto* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
   const auto* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<c10::BFloat16>());

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "gemm_tile.h"
+#include "panel_bias.h"
 #include "run_tasks.h"
 
 #if defined(SGLANG_GEMM_TILE) && defined(__AVX512VNNI__)
@@ -366,17 +367,6 @@ void multiply(const T* x, int64_t m, int64_t k, const int8_t* w, int64_t panels,
     panel_rows(a.data() + r0 * lda, lda, row_scales.data() + r0, rows, panel, y + r0 * n + c0, n,
                n - c0);
   });
-}
-
-// The bias (n) as float32 over whole panels, zero past n and without one.
-std::vector<float> padded_bias(const c10::optional<at::Tensor>& bias, int64_t panels, int64_t n) {
-  std::vector<float> biases(panels * kPanelCols, 0.f);
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
-    const auto b = bias->to(at::kFloat).contiguous();
-    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
-  }
-  return biases;
 }
 
 // x (M, K) bfloat16 or float32, codes and offset from pack_int8_quads, scale float32 (panels *

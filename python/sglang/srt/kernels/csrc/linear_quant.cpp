@@ -24,6 +24,7 @@
 
 #include "gemm_tile.h"
 #include "linear_quant_avx2.h"
+#include "panel_bias.h"
 #include "run_tasks.h"
 
 #ifdef SGLANG_GEMM_TILE
@@ -68,17 +69,6 @@ void check_x(const at::Tensor& x, int64_t k, int64_t n, int64_t panels) {
   TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " inputs, the weight ", k);
   TORCH_CHECK(n > (panels - 1) * kPanelCols && n <= panels * kPanelCols,
               "n disagrees with the panels");
-}
-
-// The bias in float32, zero-padded to whole panels.
-std::vector<float> padded_bias(const c10::optional<at::Tensor>& bias, int64_t n, int64_t panels) {
-  std::vector<float> biases(panels * kPanelCols, 0.f);
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias has the wrong size");
-    const auto b = bias->to(at::kFloat).contiguous();
-    std::copy(b.data_ptr<float>(), b.data_ptr<float>() + n, biases.begin());
-  }
-  return biases;
 }
 
 #ifdef SGLANG_GEMM_TILE
@@ -248,7 +238,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const int64_t m = x.size(0);
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
-  const std::vector<float> biases = padded_bias(bias, n, panels);
+  const std::vector<float> biases = padded_bias(bias, panels, n);
   const auto* codes = q.data_ptr<int8_t>();
   const float* scales = scale.data_ptr<float>();
   if (x.scalar_type() == at::kFloat) {
@@ -475,7 +465,7 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const int64_t m = x.size(0);
   auto out = at::empty({m, n}, x.options());
   if (m == 0) return out;
-  const std::vector<float> biases = padded_bias(bias, n, panels);
+  const std::vector<float> biases = padded_bias(bias, panels, n);
   const auto* codes = q.data_ptr<uint8_t>();
   auto product = [&](auto* a, auto* y) {
     if (scale.scalar_type() == at::kFloat) {
