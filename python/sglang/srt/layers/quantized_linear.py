@@ -323,15 +323,12 @@ class QuantizedLinear(nn.Module):
             sums = (codes.double() @ self.codes().double().T).float()
             out = sums * (step[:, None] * self.scale[: self.out_features])
         else:
-            assert self.group is not None and self.min is not None
+            assert self.group is not None
             rows, groups = codes.shape[0], self.in_features // self.group
             by_group = codes.double().reshape(rows, groups, self.group)
             weight = self.codes().double().reshape(self.out_features, groups, self.group)
             products = torch.einsum("rgk,cgk->rgc", by_group, weight).float()
-            scale, low = (
-                t.transpose(1, 2).reshape(-1, groups)[: self.out_features].T.float()
-                for t in (self.scale, self.min)
-            )
+            scale, low = (t.T.float() for t in self._group_scales())
             partial = products * scale + by_group.sum(-1, keepdim=True).float() * low
             out = partial.sum(1) * step[:, None]
         return (out if self.bias is None else out + self.bias.float()).to(x.dtype)
@@ -341,13 +338,17 @@ class QuantizedLinear(nn.Module):
         if self.bits == 8:
             scale = self.scale[: self.out_features, None]
             return (self.codes().float() * scale).to(dtype)
-        assert self.group is not None and self.min is not None
-        per_input = [
+        assert self.group is not None
+        scale, low = (t.float().repeat_interleave(self.group, dim=1) for t in self._group_scales())
+        return torch.addcmul(low, self.codes().float(), scale).to(dtype)
+
+    def _group_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """int4: the scale and min (out, groups) from their (panels, groups, 64) layout."""
+        assert self.min is not None
+        return tuple(
             t.transpose(1, 2).reshape(-1, t.shape[1])[: self.out_features]
             for t in (self.scale, self.min)
-        ]
-        scale, low = (t.float().repeat_interleave(self.group, dim=1) for t in per_input)
-        return torch.addcmul(low, self.codes().float(), scale).to(dtype)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """y in bfloat16, or in float32 for float32 x (a model served in float32 on a CPU
