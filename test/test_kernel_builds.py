@@ -97,6 +97,47 @@ def test_a_first_build_says_so_before_and_after(tmp_path, monkeypatch, caplog) -
     assert len(compiles) == 2 and caplog.records == []
 
 
+def test_a_killed_build_is_not_waited_for_and_a_live_one_is(tmp_path, monkeypatch) -> None:
+    """torch's builder waits while its ``lock`` file exists: one that a killed build left is
+    removed before building; one that a live build holds (it holds the flock too) is waited
+    for."""
+    import fcntl
+    import threading
+
+    import torch.utils.cpp_extension
+
+    lock_seen: list[bool] = []
+
+    def fake_build(name: str, build_directory: str, **_: object) -> object:
+        lock_seen.append((Path(build_directory) / "lock").exists())
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+        return object()
+
+    def fresh_load() -> threading.Thread:
+        monkeypatch.setattr(kernels, "_build", functools.cache(kernels._build.__wrapped__))
+        loader = threading.Thread(target=kernels.load, args=("quick_gelu",))
+        loader.start()
+        return loader
+
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_build)
+    directory = kernels._library("quick_gelu", False).parent
+    directory.mkdir(parents=True)
+    (directory / "lock").touch()  # left by a killed build
+    fresh_load().join(10)
+    assert lock_seen == [False]
+
+    (directory / "lock").touch()
+    with open(directory / "build.flock", "w") as live_build:
+        fcntl.flock(live_build, fcntl.LOCK_EX)
+        loader = fresh_load()
+        loader.join(0.5)
+        assert loader.is_alive() and (directory / "lock").exists() and len(lock_seen) == 1
+        (directory / "lock").unlink()  # the live build ends
+    loader.join(10)
+    assert not loader.is_alive() and lock_seen == [False, False]
+
+
 def test_the_expected_isa_follows_the_cpu_flags(monkeypatch) -> None:
     avx512 = {"avx512f", "avx512dq", "avx512bw", "avx512vl"}
     cases = [  # flags, the shared rule's ISA, linear_bf16's, linear_quant's

@@ -13,6 +13,8 @@ compiler's output. Each module's ``isa()`` names the instruction set it was comp
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -21,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -155,6 +157,19 @@ def _library(name: str, portable: bool) -> Path:
     return _build_dir(variant, CSRC / f"{name}.cpp") / f"sglang_{variant}.so"
 
 
+@contextlib.contextmanager
+def _sole_builder(directory: Path) -> Iterator[None]:
+    """Held while loading or building into ``directory``. torch's builder marks a build with a
+    ``lock`` file and waits, without limit, while one exists: a build that was killed (a server
+    stopped during its first start) would leave every later start waiting forever. This lock is
+    an ``flock``, which the kernel drops when its holder dies, so its holder knows that any
+    ``lock`` file there is stale, and removes it."""
+    with open(directory / "build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        (directory / "lock").unlink(missing_ok=True)
+        yield
+
+
 @functools.cache
 def _build(name: str, portable: bool = False) -> ModuleType | None:
     source = CSRC / f"{name}.cpp"
@@ -176,14 +191,15 @@ def _build(name: str, portable: bool = False) -> ModuleType | None:
             )
         start = time.perf_counter()
         defines = ["-DSGLANG_PORTABLE_KERNELS"] if portable else []
-        module = build(
-            name=f"sglang_{variant}",
-            sources=[str(source)],
-            build_directory=str(directory),
-            extra_cflags=["-O3", "-march=native", "-fopenmp", *defines],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        with _sole_builder(directory):
+            module = build(
+                name=f"sglang_{variant}",
+                sources=[str(source)],
+                build_directory=str(directory),
+                extra_cflags=["-O3", "-march=native", "-fopenmp", *defines],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
         if fresh:
             seconds = time.perf_counter() - start
             logger.info("built native CPU kernel %s in %.1f s", variant, seconds)
