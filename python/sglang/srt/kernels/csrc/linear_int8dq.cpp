@@ -291,15 +291,11 @@ void row_avx2(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t
 void rows_avx2(const uint8_t* a, int64_t lda, int64_t rows, const Panel& p, int32_t* total) {
   for (int64_t q0 = 0; q0 < p.quads; q0 += kRowSpanQuads) {
     const int64_t q1 = std::min(p.quads, q0 + kRowSpanQuads);
-    if (rows == 1) {
-      row_avx2<1, true>(a, lda, p, q0, q1, total);
-      continue;
-    }
-    row_avx2<2, true>(a, lda, p, q0, q1, total);
-    int64_t r = 2;
-    for (; r + 2 <= rows; r += 2)
-      row_avx2<2, false>(a + r * lda, lda, p, q0, q1, total + r * kPanelCols);
-    if (r < rows) row_avx2<1, false>(a + r * lda, lda, p, q0, q1, total + r * kPanelCols);
+    gemm_tile::row_tiles<2>(rows, [&](auto tile_rows, int64_t r) {
+      constexpr int kRows = decltype(tile_rows)::value;
+      const auto pass = r == 0 ? row_avx2<kRows, true> : row_avx2<kRows, false>;
+      pass(a + r * lda, lda, p, q0, q1, total + r * kPanelCols);
+    });
   }
 }
 #endif
@@ -530,18 +526,11 @@ void panel_rows4(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t grou
 #ifdef SGLANG_INT4_AVX2
   for (int64_t s0 = 0; s0 < w.subs; s0 += kSpanSubs) {
     const int64_t s1 = std::min(w.subs, s0 + kSpanSubs);  // kSpanSubs is whole groups
-    if (rows == 1) {
-      rows4_avx2<1, true>(p, ldp, psum, groups, w, s0, s1, f);
-      continue;
-    }
-    rows4_avx2<2, true>(p, ldp, psum, groups, w, s0, s1, f);
-    int64_t r = 2;
-    for (; r + 2 <= rows; r += 2)
-      rows4_avx2<2, false>(p + r * ldp, ldp, psum + r * groups, groups, w, s0, s1,
-                           f + r * kPanelCols);
-    if (r < rows)
-      rows4_avx2<1, false>(p + r * ldp, ldp, psum + r * groups, groups, w, s0, s1,
-                           f + r * kPanelCols);
+    gemm_tile::row_tiles<2>(rows, [&](auto tile_rows, int64_t r) {
+      constexpr int kRows = decltype(tile_rows)::value;
+      const auto pass = r == 0 ? rows4_avx2<kRows, true> : rows4_avx2<kRows, false>;
+      pass(p + r * ldp, ldp, psum + r * groups, groups, w, s0, s1, f + r * kPanelCols);
+    });
   }
 #else
   const int64_t group = w.group_subs * kSubInputs;
