@@ -6,9 +6,9 @@ import functools
 import os
 from pathlib import Path
 
-# Before torch loads OpenMP: idle workers sleep rather than spin, so that the test process and
-# the server processes it starts do not slow each other down on a 2-core machine (the scheduler
-# process sets the same for itself).
+# Before torch loads OpenMP: idle workers sleep at once rather than spin, so that the test
+# workers and the server processes they start, more threads than the 2 cores, do not slow each
+# other down (a server's scheduler inherits it in place of its own short spin).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np

@@ -8,7 +8,13 @@ import torch
 from conftest import make_image, model_dir, placeholder
 
 import sglang
-from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
+from sglang.srt.managers.compute_env import (
+    WAIT_SPINS,
+    compute_env_defaults,
+    decode_threads,
+    intra_op_threads,
+)
+from sglang.srt.model_executor.host_memory import FORWARD_MALLOC_ENV
 
 
 def test_decode_thread_rule() -> None:
@@ -17,6 +23,17 @@ def test_decode_thread_rule() -> None:
     assert decode_threads(0, 768) is None  # wider models keep every thread
     assert decode_threads(0, 1536) is None
     assert decode_threads(3, 256) == 3 and decode_threads(2, 4096) == 2
+
+
+def test_compute_process_waits_briefly_unless_the_environment_says_otherwise() -> None:
+    assert compute_env_defaults({}) == {"GOMP_SPINCOUNT": WAIT_SPINS, **FORWARD_MALLOC_ENV}
+    # Either OpenMP variable decides alone: PASSIVE must not gain a spin count (libgomp would
+    # then spin despite it), nor a chosen count be replaced.
+    for chosen in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"GOMP_SPINCOUNT": "0"}):
+        assert "GOMP_SPINCOUNT" not in compute_env_defaults(chosen)
+        assert "OMP_WAIT_POLICY" not in compute_env_defaults(chosen)
+    malloc_name = next(iter(FORWARD_MALLOC_ENV))
+    assert malloc_name not in compute_env_defaults({malloc_name: "1"})
 
 
 def test_intra_op_threads_restores_even_on_error() -> None:
