@@ -63,6 +63,13 @@ using gemm_tile::kTileRows;
 constexpr int64_t kQuadBytes = 4 * kPanelCols;
 constexpr int64_t kBlockRows = 14 * kTileRows;
 
+// Which blocks of a span's successor a pass over the span fetches: every `every`-th from the
+// `phase`-th, so that the passes over a span (one per tile of rows) share the fetching.
+struct FetchShare {
+  int64_t phase;
+  int64_t every;
+};
+
 inline float to_float(uint16_t bf16) {
   uint32_t bits = static_cast<uint32_t>(bf16) << 16;
   float f;
@@ -240,24 +247,28 @@ void tile6(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t q1
 // (|p| <= 127). vpmaddubsw multiplies unsigned by signed bytes and saturates the sum of each pair
 // to 16 bits, so it takes |q| (<= 128) against p carrying q's sign: a pair's sum stays within
 // 2 x 128 x 127 < 2^15, and vpmaddwd adds the pairs into int32. The sums are exact: the same
-// integers as VNNI's once its offset is taken off. With kFetchAhead, the codes one span
-// (kRowSpanQuads) further on are fetched too.
+// integers as VNNI's once its offset is taken off. The pass also fetches the codes one span
+// (kRowSpanQuads) further on: of every quad, or with kShared of the quads `fetch` names.
 constexpr int64_t kRowSpanQuads = 64;
-template <int kRows, bool kFetchAhead>
+template <int kRows, bool kShared>
 void row_avx2(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t q1,
-              int32_t* total) {
+              FetchShare fetch, int32_t* total) {
   __m256i acc[kRows][8];
   for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < 8; ++v)
       acc[r][v] =
           _mm256_load_si256(reinterpret_cast<const __m256i*>(total + r * kPanelCols + 8 * v));
   const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
+  int64_t next_fetch = q0 + fetch.phase;
   for (int64_t i = q0; i < q1; ++i) {
     const int8_t* q = p.codes + i * kQuadBytes;  // 4 codes per column
-    if (kFetchAhead && i + kRowSpanQuads < p.quads)
-      for (int line = 0; line < 4; ++line)
-        _mm_prefetch(reinterpret_cast<const char*>(q + kRowSpanQuads * kQuadBytes + 64 * line),
-                     _MM_HINT_T0);
+    if (!kShared || i == next_fetch) {
+      next_fetch += fetch.every;
+      if (i + kRowSpanQuads < p.quads)
+        for (int line = 0; line < 4; ++line)
+          _mm_prefetch(reinterpret_cast<const char*>(q + kRowSpanQuads * kQuadBytes + 64 * line),
+                       _MM_HINT_T0);
+    }
     __m256i x[kRows];
     for (int r = 0; r < kRows; ++r) {
       int32_t quad;
@@ -279,22 +290,26 @@ void row_avx2(const uint8_t* a, int64_t lda, const Panel& p, int64_t q0, int64_t
 }
 
 // Every row times a panel, rows taking all 64 columns at once (8 accumulators each), by spans of
-// kRowSpanQuads quads (16 KB of codes, in L1): the first pass fetches the next span while it
-// multiplies, the others read the span from L1. Tiles of more rows sharing each code vector need
-// more accumulators than AVX2 has registers, so they took the columns in several passes, each
-// reading a part of every cache line, memory and arithmetic taking turns: on a 7B-shaped layer
-// (Zen 3, 2 threads, A/B in one session) rows one at a time took 23-27 ms for 5 rows against 47,
-// 51 against 75 for 16, 1,254 against 1,275 for a 512-row chunk, and one row reads the weights
-// at 0.8-1.0 of the copy bandwidth (12.5-13.4 ms against 23). Two rows at a time (16 accumulators,
-// some spilled to L1) load each code vector and take its magnitude once for both: 2-16 rows
-// 13-21% faster than one at a time (A/B in one process), one row unchanged.
+// kRowSpanQuads quads (16 KB of codes, in L1), two rows a pass: each pass reads the span from L1
+// (the first from memory, as it arrives) and fetches its share of the next span, every
+// passes-th quad. Tiles of more rows sharing each code vector need more accumulators than AVX2
+// has registers, so they took the columns in several passes, each reading a part of every
+// cache line, memory and arithmetic taking turns: on a 7B-shaped layer (Zen 3, 2 threads, A/B
+// in one session) rows one at a time took 23-27 ms for 5 rows against 47, 51 against 75 for 16,
+// 1,254 against 1,275 for a 512-row chunk, and one row reads the weights at 0.8-1.0 of the copy
+// bandwidth (12.5-13.4 ms against 23). Two rows at a time (16 accumulators, some spilled to L1)
+// load each code vector and take its magnitude once for both: 2-16 rows 13-21% faster than one
+// at a time (A/B in one process), one row unchanged. When only the first pass fetched the next
+// span, memory idled while the later passes multiplied: sharing the fetch took 4-16 rows 4-13%
+// faster (A/B in one process, float32 rows), 1-2 and 32-128 rows unchanged.
 void rows_avx2(const uint8_t* a, int64_t lda, int64_t rows, const Panel& p, int32_t* total) {
   for (int64_t q0 = 0; q0 < p.quads; q0 += kRowSpanQuads) {
     const int64_t q1 = std::min(p.quads, q0 + kRowSpanQuads);
+    const int64_t passes = (rows + 1) / 2;
     gemm_tile::row_tiles<2>(rows, [&](auto tile_rows, int64_t r) {
       constexpr int kRows = decltype(tile_rows)::value;
-      const auto pass = r == 0 ? row_avx2<kRows, true> : row_avx2<kRows, false>;
-      pass(a + r * lda, lda, p, q0, q1, total + r * kPanelCols);
+      const auto pass = passes == 1 ? row_avx2<kRows, false> : row_avx2<kRows, true>;
+      pass(a + r * lda, lda, p, q0, q1, {r / 2, passes}, total + r * kPanelCols);
     });
   }
 }
