@@ -25,8 +25,10 @@ limit. For:
 - <width>-portable (int8, int8dq, int4-<group>, 8da4w-<group>): the kernel's plain C++ build,
   what a CPU with none of its vector paths runs.
 
-On such a CPU (AVX2 only) the quantized kernels multiply in float32 FMAs, so every width's
-compute peak is the float32 GEMM's (int8dq's too, whose portable loop has no ``vpdpbusd``).
+On a CPU without native bfloat16 (AVX2 only) the weight-only widths multiply in float32 FMAs,
+so their compute peak is the float32 GEMM's; int8dq and 8da4w multiply with ``vpmaddubsw``, and
+their peak is ``peak_ops``'s chain of it (vpmaddubsw, vpmaddwd, vpaddd: an upper bound, since
+int8dq's product also moves each weight's sign onto the activation, a fourth instruction).
 
 ``--rows`` above 16 (e.g. 512) time prompt chunks: there ``of_bandwidth`` means little, and
 ``tflops`` (2 x rows x weights / time) is the figure to read. The widths alternate within each
@@ -160,15 +162,16 @@ def _compute_peaks(widths: list[str]) -> dict[str, float]:
     """GFLOP/s each width's products can reach on this machine (see the module's docstring)."""
     from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 
-    if cpu_bfloat16_isa() is None:  # every product is float32 FMAs
-        peak = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
-        return dict.fromkeys(widths, peak)
-    probes = {"bf16": matmul_peak_gflops(dtype="bfloat16")["gflop_per_s"]}
     dynamic = [w for w in widths if w == "int8dq" or w.startswith("8da4w")]
+    probes = {}
     if dynamic:
         probes["int8"] = matmul_peak_gflops(dtype="int8")["gflop_per_s"]
-    if "f32" in widths:
-        probes["f32"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
+    if cpu_bfloat16_isa() is None:  # the weight-only widths multiply in float32 FMAs
+        probes["bf16"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
+    else:
+        probes["bf16"] = matmul_peak_gflops(dtype="bfloat16")["gflop_per_s"]
+        if "f32" in widths:
+            probes["f32"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
     return {w: probes.get("int8" if w in dynamic else w, probes["bf16"]) for w in widths}
 
 
@@ -230,7 +233,12 @@ def markdown(result: dict[str, Any]) -> str:
     headers = ["width", "rows", "ms / layer", "weights MiB", "weight GB/s", "of bandwidth",
                "TFLOP/s", "of roofline"]  # fmt: skip
     title = f"{result['shape']}-shaped decoder layer, {cpu_line(result['cpu'])}"
-    return f"{title}, {result['threads']} threads\n\n" + markdown_table(headers, rows)
+    peaks = {r["width"]: r["compute_peak_tflops"] for r in result["results"]}
+    peak_line = "; ".join(f"{width} {peak:.3f}" for width, peak in peaks.items())
+    return (
+        f"{title}, {result['threads']} threads; compute peaks (TFLOP/s): {peak_line}\n\n"
+        + markdown_table(headers, rows)
+    )
 
 
 def plot(result: dict[str, Any], png: Path) -> None:
