@@ -43,8 +43,12 @@ BF16_ONLY = {
 # Kernels whose vector path is AVX512-VNNI's integer products (on the bfloat16 tile's helpers).
 VNNI_ONLY = {"linear_int8dq": ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni")}
 # Kernels with an AVX2 path where their AVX-512 one cannot be built (linear_quant: float32
-# FMAs; linear_int8dq: vpmaddubsw).
-AVX2_FALLBACK = {"linear_quant": ("avx2", "fma"), "linear_int8dq": ("avx2",)}
+# FMAs; linear_int8dq: vpmaddubsw; decode_attention: its float32 task).
+AVX2_FALLBACK = {
+    "linear_quant": ("avx2", "fma"),
+    "linear_int8dq": ("avx2",),
+    "decode_attention": ("avx2", "fma"),
+}
 
 
 @functools.cache
@@ -100,7 +104,7 @@ def expected_isa(name: str) -> str:
             return "avx512_bf16"
         return "avx2" if avx2 else "portable"
     if not all(f in flags for f in AVX512):
-        return "portable"
+        return "avx2" if avx2 else "portable"
     return "avx512_bf16" if "avx512_bf16" in flags else "avx512"
 
 

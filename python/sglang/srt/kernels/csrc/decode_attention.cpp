@@ -10,7 +10,9 @@
 //
 // bfloat16 pools on CPUs with AVX512-BF16 take their own task: scores with vdpbf16ps (32
 // bfloat16 pairs per instruction, straight from the pool's rows), the softmax with a vector exp,
-// P.V as float32 FMAs over each value row widened once for all the group's heads.
+// P.V as float32 FMAs over each value row widened once for all the group's heads. float32 pools
+// on CPUs with AVX2 and FMA take theirs: scores as 8-lane FMAs straight from the pool's rows
+// (fetched a few keys ahead), the softmax with an AVX2 vector exp, P.V as 8-lane FMAs.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -93,6 +95,120 @@ void task_generic(const Task& t, const T* q, const T* k, const T* v, T* out, Scr
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t i = 0; i < dim; ++i) out[g * dim + i] = static_cast<T>(w.acc[g * dim + i]);
 }
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(SGLANG_PORTABLE_KERNELS)
+#include <immintrin.h>
+#define SGLANG_F32_AVX2 1
+#ifndef SGLANG_AVX512
+#undef SGLANG_COMPILED_ISA
+#define SGLANG_COMPILED_ISA "avx2"  // its float32 task: the build's one vector path
+#endif
+
+constexpr int64_t kAheadF32 = 8;  // rows of the pool are scattered: fetch this many keys ahead
+
+inline void prefetch_f32_row(const float* row, int64_t dim) {
+  for (int64_t i = 0; i < dim; i += 16)
+    _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+}
+
+// The first min(left, 8) floats at src; zeros past them.
+inline __m256 load8(const float* src, int64_t left) {
+  if (left >= 8) return _mm256_loadu_ps(src);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane);
+  return _mm256_maskload_ps(src, mask);
+}
+
+inline void store8(float* dst, __m256 v, int64_t left) {
+  if (left >= 8) {
+    _mm256_storeu_ps(dst, v);
+    return;
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  _mm256_maskstore_ps(dst, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane), v);
+}
+
+inline float sum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// e^x for x <= 0 (scores minus their maximum): 2^t = 2^floor(t) 2^f, 2^f by the degree-5
+// polynomial of vector_math.h's exp2_512 (relative error < 8e-8), 2^floor(t) put into the
+// exponent bits; t is held at -126 and above (e^x below 2^-126 counts as 2^-126 against a sum
+// of at least 1, the maximum's own term).
+inline __m256 exp8_nonpositive(__m256 x) {
+  const __m256 t = _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
+                                 _mm256_set1_ps(-126.f));
+  const __m256 whole = _mm256_floor_ps(t);
+  const __m256 f = _mm256_sub_ps(t, whole);
+  __m256 p = _mm256_set1_ps(1.8775764619931579e-3f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(8.989340625703335e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.582631751894951e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4015361070632935e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931530833244324e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.999999403953552e-1f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(whole), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+void task_f32(const Task& t, const float* q, const float* k, const float* v, float* out,
+              Scratch& w) {
+  const int64_t groups = t.groups, dim = t.dim, n = t.n;
+  const float scale = t.scale, cap = t.cap;
+  w.scores.resize(groups * n);
+  w.acc.assign(groups * dim, 0.f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* row = k + t.slots[j] * t.k_stride;
+    if (j + kAheadF32 < n) prefetch_f32_row(k + t.slots[j + kAheadF32] * t.k_stride, dim);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* qg = q + g * dim;
+      __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+      int64_t c = 0;
+      for (; c + 16 <= dim; c += 16) {
+        even = _mm256_fmadd_ps(_mm256_loadu_ps(qg + c), _mm256_loadu_ps(row + c), even);
+        odd = _mm256_fmadd_ps(_mm256_loadu_ps(qg + c + 8), _mm256_loadu_ps(row + c + 8), odd);
+      }
+      for (; c < dim; c += 8)
+        even = _mm256_fmadd_ps(load8(qg + c, dim - c), load8(row + c, dim - c), even);
+      float s = sum8(_mm256_add_ps(even, odd)) * scale;
+      if (cap > 0.f) s = std::tanh(s / cap) * cap;
+      w.scores[g * n + j] = s;
+    }
+  }
+  w.inv_total.resize(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    float* row = w.scores.data() + g * n;
+    const float top = *std::max_element(row, row + n);
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) {
+      const __m256 e = exp8_nonpositive(_mm256_sub_ps(load8(row + j, n - j), _mm256_set1_ps(top)));
+      const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+          _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n - j, 8))),
+          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+      store8(row + j, kept, n - j);
+      total = _mm256_add_ps(total, kept);
+    }
+    w.inv_total[g] = 1.f / sum8(total);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const float* row = v + t.slots[j] * t.v_stride;
+    if (j + kAheadF32 < n) prefetch_f32_row(v + t.slots[j + kAheadF32] * t.v_stride, dim);
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m256 p = _mm256_set1_ps(w.scores[g * n + j]);
+      float* acc = w.acc.data() + g * dim;
+      for (int64_t c = 0; c < dim; c += 8)
+        store8(acc + c, _mm256_fmadd_ps(p, load8(row + c, dim - c), load8(acc + c, dim - c)),
+               dim - c);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < dim; ++i) out[g * dim + i] = w.acc[g * dim + i] * w.inv_total[g];
+}
+#endif
 
 #ifdef SGLANG_AVX512_BF16
 constexpr int64_t kMaxBf16Dim = 256;  // value rows widened in registers: 16 vectors of 16
@@ -222,6 +338,12 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
           task_bf16(t, qg, kg, vg, og, scratch);
           continue;
         }
+      }
+#endif
+#ifdef SGLANG_F32_AVX2
+      if constexpr (std::is_same_v<T, float>) {
+        task_f32(t, qg, kg, vg, og, scratch);
+        continue;
       }
 #endif
       task_generic(t, qg, kg, vg, og, scratch);
