@@ -319,3 +319,30 @@ def test_perf_counters_count_prefill_flops_and_decode_time_apart() -> None:
     assert perf.lm_attention_flops == pytest.approx(want)
     assert perf.decode_steps == 4 and perf.decode_attention_seconds > 0
     engine.shutdown()
+
+
+def test_nan_logits_fail_their_request_alone(engine: sglang.Engine) -> None:
+    """A NaN anywhere in a request's logits row (here one vocabulary entry, not the largest)
+    ends that request with an error; the other request of the batch decodes as it would alone."""
+    prompts = ["plain text", "another prompt"]
+    alone = engine.generate(prompts[1], GREEDY)["output_ids"]
+    forward = engine.runner.forward
+
+    def nan_forward(batch):
+        logits = forward(batch)
+        for row, req in enumerate(batch.reqs):
+            if req.sampling_params.max_new_tokens == 5 and len(req.output_ids) == 2:
+                logits[row, 7] = float("nan")
+        return logits
+
+    engine.runner.forward = nan_forward
+    try:
+        failed, kept = engine.generate(prompts, [{"temperature": 0, "max_new_tokens": 5}, GREEDY])
+    finally:
+        engine.runner.forward = forward
+    assert failed["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "NaN" in failed["meta_info"]["finish_reason"]["message"]
+    assert len(failed["output_ids"]) == 2
+    assert kept["output_ids"] == alone
+    assert kept["meta_info"]["finish_reason"]["type"] == "length"
+    engine.scheduler.check_integrity()

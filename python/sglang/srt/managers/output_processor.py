@@ -52,7 +52,9 @@ class OutputProcessor:
                 rows.append(i)
         if not rows:
             return [], []
-        reqs, logits = [batch.reqs[i] for i in rows], logits[rows]
+        reqs = [batch.reqs[i] for i in rows]
+        if len(rows) < logits.shape[0]:
+            logits = logits[rows]
         tokens, failed = self._sample(reqs, logits)
         logprobs = None
         if any(r.return_logprob for r in reqs):
@@ -103,8 +105,11 @@ class OutputProcessor:
         shaped = self.constraints.shaped(logits, reqs)
         tokens: list[int | None] = [None] * len(reqs)
         failed: list[StepFailure] = []
-        bad = torch.isnan(logits).any(dim=-1).tolist()
-        greedy = shaped.argmax(dim=-1).tolist()  # what ``sample`` gives a greedy row
+        greedy_ids = shaped.argmax(dim=-1)  # what ``sample`` gives a greedy row
+        # argmax takes a NaN for the largest value: a row holds a NaN iff its argmax points at one
+        top_ids = greedy_ids if shaped is logits else logits.argmax(dim=-1)
+        bad = logits.gather(-1, top_ids.unsqueeze(-1)).isnan().squeeze(-1).tolist()
+        greedy = greedy_ids.tolist()
         for i, req in enumerate(reqs):
             if req.sampling_params.max_new_tokens == 0:
                 continue
