@@ -4,12 +4,13 @@ layouts and the torch paths, on a checkpoint with a real model's per-layer dims 
 A decode step must read the language model's weights once plus every request's KV, and multiply
 each row by them: its floor (the roofline) is the larger of (weight bytes + KV bytes) /
 bandwidth and the linears' FLOPs / the GEMM peak in the model's dtype (2 x multiply-adds of the
-LM and the head per row; attention's few FLOPs left out). A copy probe runs before each repeat (the
-bandwidth of a shared machine drifts; a row's floor takes the probe of its fastest run), the
-GEMM peak (``matmul_peak_gflops``) once. For each batch size the offline engine prefills the
-prompts, then the step time is taken from the runner's counters over the decode steps;
-``of_roofline`` = floor / step time (1.0 at the limit). The paths, in one process, alternating,
-best of ``--repeats``:
+LM and the head per row; attention's few FLOPs left out; under int8dq and 8da4w, whose
+activations are int8, the int8 product's peak, ``peak_ops``). A copy probe runs before each
+repeat (the bandwidth of a shared machine drifts; a row's floor takes the probe of its fastest
+run), the GEMM peak (``matmul_peak_gflops``) once. For each batch size the offline engine
+prefills the prompts, then the step time is taken from the runner's counters over the decode
+steps; ``of_roofline`` = floor / step time (1.0 at the limit). The paths, in one process,
+alternating, best of ``--repeats``:
 
 - ``packed``: the engine as served (bfloat16 on a CPU with the native GEMM: each linear held
   once, packed, prompts and decode rows on the GEMM);
@@ -106,7 +107,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     path = args.model_path or str(cached_checkpoint(dims, args.shape))
     engines = _engines(args, path)
     runner = engines["packed"].runner
-    peak = matmul_peak_gflops(dtype=str(runner.dtype).removeprefix("torch."))  # the model's
+    # the products' peak: the int8 product's for int8 activations, else the model dtype's GEMM
+    dynamic = (args.torchao_config or "").startswith(("int8dq", "8da4w"))
+    peak = matmul_peak_gflops(dtype="int8" if dynamic else str(runner.dtype).removeprefix("torch."))
     flops_per_row = 2 * (runner.lm_linear_macs + runner.lm_head_macs)
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(args.batch_sizes) * len(PATHS) * args.repeats, desc="decode_step")
@@ -195,7 +198,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layers", type=int, default=4, help="language-model layers")
     p.add_argument("--model-path", help="use this checkpoint instead of building one")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--torchao-config", default="", help="int8wo or int4wo-<group>: quantized")
+    p.add_argument(
+        "--torchao-config", default="", help="int8wo, int4wo-<group>, int8dq or 8da4w-<group>"
+    )
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 2, 4, 8, 16, 32])  # fmt: skip
     p.add_argument("--prompt-len", type=int, default=512)
