@@ -98,6 +98,7 @@ def _engines(args: argparse.Namespace, path: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmark.common import matmul_peak_gflops
+    from sglang.srt.model_executor.quantization import dynamic_activations
 
     cpu = cpu_info()
     print(cpu_line(cpu))
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engines = _engines(args, path)
     runner = engines["packed"].runner
     # the products' peak: the int8 product's for int8 activations, else the model dtype's GEMM
-    dynamic = (args.torchao_config or "").startswith(("int8dq", "8da4w"))
+    dynamic = dynamic_activations(args.torchao_config)
     peak = matmul_peak_gflops(dtype="int8" if dynamic else str(runner.dtype).removeprefix("torch."))
     flops_per_row = 2 * (runner.lm_linear_macs + runner.lm_head_macs)
     rows: list[dict[str, Any]] = []

@@ -166,13 +166,12 @@ def _compute_peaks(widths: list[str]) -> dict[str, float]:
     probes = {}
     if dynamic:
         probes["int8"] = matmul_peak_gflops(dtype="int8")["gflop_per_s"]
-    if cpu_bfloat16_isa() is None:  # the weight-only widths multiply in float32 FMAs
-        probes["bf16"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
-    else:
-        probes["bf16"] = matmul_peak_gflops(dtype="bfloat16")["gflop_per_s"]
-        if "f32" in widths:
-            probes["f32"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
-    return {w: probes.get("int8" if w in dynamic else w, probes["bf16"]) for w in widths}
+    # the weight-only widths' products: bfloat16 dot products, or float32 FMAs without bfloat16
+    float_dtype = "float32" if cpu_bfloat16_isa() is None else "bfloat16"
+    probes["float"] = matmul_peak_gflops(dtype=float_dtype)["gflop_per_s"]
+    if "f32" in widths and float_dtype != "float32":
+        probes["f32"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
+    return {w: probes.get("int8" if w in dynamic else w, probes["float"]) for w in widths}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -111,21 +111,24 @@ inline void prefetch_f32_row(const float* row, int64_t dim) {
     _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
 }
 
+// All ones in the first min(left, 8) lanes.
+inline __m256i lanes_below(int64_t left) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int count = static_cast<int>(std::min<int64_t>(left, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane);
+}
+
 // The first min(left, 8) floats at src; zeros past them.
 inline __m256 load8(const float* src, int64_t left) {
-  if (left >= 8) return _mm256_loadu_ps(src);
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane);
-  return _mm256_maskload_ps(src, mask);
+  return left >= 8 ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, lanes_below(left));
 }
 
 inline void store8(float* dst, __m256 v, int64_t left) {
   if (left >= 8) {
     _mm256_storeu_ps(dst, v);
-    return;
+  } else {
+    _mm256_maskstore_ps(dst, lanes_below(left), v);
   }
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  _mm256_maskstore_ps(dst, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane), v);
 }
 
 inline float sum8(__m256 v) {
@@ -135,21 +138,17 @@ inline float sum8(__m256 v) {
   return _mm_cvtss_f32(x);
 }
 
-// e^x for x <= 0 (scores minus their maximum): 2^t = 2^floor(t) 2^f, 2^f by the degree-5
-// polynomial of vector_math.h's exp2_512 (relative error < 8e-8), 2^floor(t) put into the
-// exponent bits; t is held at -126 and above (e^x below 2^-126 counts as 2^-126 against a sum
-// of at least 1, the maximum's own term).
+// e^x for x <= 0 (scores minus their maximum): 2^t = 2^floor(t) 2^f, 2^f by vector_math.h's
+// degree-5 polynomial (relative error < 8e-8), 2^floor(t) put into the exponent bits; t is held
+// at -126 and above (e^x below 2^-126 counts as 2^-126 against a sum of at least 1, the
+// maximum's own term).
 inline __m256 exp8_nonpositive(__m256 x) {
   const __m256 t = _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
                                  _mm256_set1_ps(-126.f));
   const __m256 whole = _mm256_floor_ps(t);
   const __m256 f = _mm256_sub_ps(t, whole);
-  __m256 p = _mm256_set1_ps(1.8775764619931579e-3f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(8.989340625703335e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.582631751894951e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4015361070632935e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931530833244324e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.999999403953552e-1f));
+  __m256 p = _mm256_set1_ps(vec::kExp2Degree5[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(vec::kExp2Degree5[i]));
   const __m256i bits = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(whole), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
@@ -186,9 +185,7 @@ void task_f32(const Task& t, const float* q, const float* k, const float* v, flo
     __m256 total = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; j += 8) {
       const __m256 e = exp8_nonpositive(_mm256_sub_ps(load8(row + j, n - j), _mm256_set1_ps(top)));
-      const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-          _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n - j, 8))),
-          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+      const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(lanes_below(n - j)));
       store8(row + j, kept, n - j);
       total = _mm256_add_ps(total, kept);
     }
