@@ -53,7 +53,7 @@
 #endif
 #if defined(__AVX2__) && !defined(SGLANG_PORTABLE_KERNELS)
 #include <immintrin.h>
-#define SGLANG_INT4_AVX2 1  // 8da4w's one vector path, on AVX-512 CPUs too
+#define SGLANG_INT4_AVX2 1  // 8da4w's AVX2 path (and its helpers for the VNNI one)
 #endif
 
 namespace {
@@ -483,11 +483,13 @@ inline __m256i broadcast4(const int8_t* src) {
 // kRows rows (signed codes p, ldp apart; group sums psum, `groups` apart) times a panel's 64
 // columns over the 32-input blocks [s0, s1) (whole groups), into f (kRows, 64): two rows share
 // each code vector's unpacking (a fifth fewer instructions per row than one at a time). With
-// kFetchAhead, the codes a span further on are fetched.
+// kFetchAhead, the codes a span further on are fetched. A VNNI build takes the products in 256-bit
+// vpdpbusd straight into int32 (one instruction for vpmaddubsw, its 16-bit sum and vpmaddwd):
+// a single row's pass, where the 512-bit form below reads ~5% slower.
 template <int kRows, bool kFetchAhead>
 void rows4_avx2(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t groups,
                 const Panel4& w, int64_t s0, int64_t s1, float* f) {
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
   for (int64_t g0 = s0; g0 < s1; g0 += w.group_subs) {
     __m256i acc[kRows][8];
     for (int r = 0; r < kRows; ++r)
@@ -500,8 +502,10 @@ void rows4_avx2(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t group
           _mm_prefetch(ahead + 128 * b, _MM_HINT_T0);
           _mm_prefetch(ahead + 128 * b + 64, _MM_HINT_T0);
         }
-        __m256i sum[kRows];
+#ifndef SGLANG_INT8_TILE
+        __m256i sum[kRows];  // 16-bit pair sums, eight per lane at most
         for (int r = 0; r < kRows; ++r) sum[r] = _mm256_setzero_si256();
+#endif
         for (int o = 0; o < 4; ++o) {
           const __m256i q =
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 128 * b + 32 * o));
@@ -509,12 +513,19 @@ void rows4_avx2(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t group
           const __m256i second = _mm256_and_si256(_mm256_srli_epi16(q, 4), nibble);
           for (int r = 0; r < kRows; ++r) {
             const int8_t* x = p + r * ldp + kSubInputs * s + 8 * o;
+#ifdef SGLANG_INT8_TILE
+            acc[r][b] = _mm256_dpbusd_epi32(acc[r][b], first, broadcast4(x));
+            acc[r][b] = _mm256_dpbusd_epi32(acc[r][b], second, broadcast4(x + 4));
+#else
             sum[r] = _mm256_add_epi16(sum[r], _mm256_maddubs_epi16(first, broadcast4(x)));
             sum[r] = _mm256_add_epi16(sum[r], _mm256_maddubs_epi16(second, broadcast4(x + 4)));
+#endif
           }
         }
+#ifndef SGLANG_INT8_TILE
         for (int r = 0; r < kRows; ++r)
-          acc[r][b] = _mm256_add_epi32(acc[r][b], _mm256_madd_epi16(sum[r], ones));
+          acc[r][b] = _mm256_add_epi32(acc[r][b], _mm256_madd_epi16(sum[r], _mm256_set1_epi16(1)));
+#endif
       }
     }
     const int64_t g = g0 / w.group_subs;
@@ -533,6 +544,72 @@ void rows4_avx2(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t group
 }
 #endif
 
+#ifdef SGLANG_INT8_TILE
+// The VNNI form of rows4_avx2: vpdpbusd takes the codes as its unsigned side and p as the signed
+// one straight into int32, so a 64-byte load (octets o and o + 1 of 8 columns) and its two
+// nibble halves meet four activation vectors per row made once per 32 inputs (a vpermd each:
+// lanes 0-7 a quad of octet o, lanes 8-15 the same quad of octet o + 1). Each accumulator holds
+// the sums of two octets for 8 columns; its halves are added at the group's end. Two rows keep
+// 16 accumulators and 8 activation vectors in registers: from two rows up, 1.3-1.8x the 256-bit
+// form's speed on a 7B-shaped layer (Zen 5).
+template <int kRows, bool kFetchAhead>
+void rows4_vnni(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t groups,
+                const Panel4& w, int64_t s0, int64_t s1, float* f) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  // For each vector j: lanes 0-7 the activations' quad 2 j' (octet pair (0, 1) or (2, 3), first
+  // or second nibble), lanes 8-15 the quad two further on.
+  const __m512i pick[4] = {
+      _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+      _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
+      _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
+      _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
+  for (int64_t g0 = s0; g0 < s1; g0 += w.group_subs) {
+    __m512i acc[kRows][8];
+    for (int r = 0; r < kRows; ++r)
+      for (int b = 0; b < 8; ++b) acc[r][b] = _mm512_setzero_si512();
+    for (int64_t s = g0; s < g0 + w.group_subs; ++s) {
+      const uint8_t* codes = w.codes + s * kSubBytes;
+      __m512i x[kRows][4];
+      for (int r = 0; r < kRows; ++r) {
+        const __m512i block = _mm512_castsi256_si512(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(p + r * ldp + kSubInputs * s)));
+        for (int j = 0; j < 4; ++j) x[r][j] = _mm512_permutexvar_epi32(pick[j], block);
+      }
+      for (int b = 0; b < 8; ++b) {
+        if (kFetchAhead && s + kSpanSubs < w.subs) {
+          const char* ahead = reinterpret_cast<const char*>(codes + kSpanSubs * kSubBytes);
+          _mm_prefetch(ahead + 128 * b, _MM_HINT_T0);
+          _mm_prefetch(ahead + 128 * b + 64, _MM_HINT_T0);
+        }
+        for (int h = 0; h < 2; ++h) {
+          const __m512i q = _mm512_loadu_si512(codes + 128 * b + 64 * h);
+          const __m512i first = _mm512_and_si512(q, nibble);
+          const __m512i second = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
+          for (int r = 0; r < kRows; ++r) {
+            acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], first, x[r][2 * h]);
+            acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], second, x[r][2 * h + 1]);
+          }
+        }
+      }
+    }
+    const int64_t g = g0 / w.group_subs;
+    for (int r = 0; r < kRows; ++r) {
+      const __m256 group_sum = _mm256_set1_ps(static_cast<float>(psum[r * groups + g]));
+      for (int b = 0; b < 8; ++b) {
+        const __m256i sum = _mm256_add_epi32(_mm512_castsi512_si256(acc[r][b]),
+                                             _mm512_extracti64x4_epi64(acc[r][b], 1));
+        float* out = f + r * kPanelCols + 8 * b;
+        __m256 y = _mm256_loadu_ps(out);
+        y = _mm256_fmadd_ps(load8_bf16(w.low + g * kPanelCols + 8 * b), group_sum, y);
+        y = _mm256_fmadd_ps(load8_bf16(w.scale + g * kPanelCols + 8 * b),
+                            _mm256_cvtepi32_ps(sum), y);
+        _mm256_storeu_ps(out, y);
+      }
+    }
+  }
+}
+#endif
+
 // Rows [0, rows) times one panel into f (rows, 64), as rows_avx2 takes them: by spans of
 // kSpanSubs blocks, two rows at a time, the first pass fetching the next span, the other rows
 // reading it from L1.
@@ -543,7 +620,13 @@ void panel_rows4(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t grou
     const int64_t s1 = std::min(w.subs, s0 + kSpanSubs);  // kSpanSubs is whole groups
     gemm_tile::row_tiles<2>(rows, [&](auto tile_rows, int64_t r) {
       constexpr int kRows = decltype(tile_rows)::value;
+#ifdef SGLANG_INT8_TILE
+      const auto pass = rows == 1   ? rows4_avx2<kRows, true>
+                        : r == 0    ? rows4_vnni<kRows, true>
+                                    : rows4_vnni<kRows, false>;
+#else
       const auto pass = r == 0 ? rows4_avx2<kRows, true> : rows4_avx2<kRows, false>;
+#endif
       pass(p + r * ldp, ldp, psum + r * groups, groups, w, s0, s1, f + r * kPanelCols);
     });
   }
@@ -743,7 +826,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("min"), py::arg("group"),
         py::arg("bias"), py::arg("n"));
   m.def("int4_isa", [] {
-#ifdef SGLANG_INT4_AVX2
+#if defined(SGLANG_INT8_TILE)
+    return "avx512_vnni";
+#elif defined(SGLANG_INT4_AVX2)
     return "avx2";
 #else
     return "portable";
