@@ -484,8 +484,8 @@ inline __m256i broadcast4(const int8_t* src) {
 // columns over the 32-input blocks [s0, s1) (whole groups), into f (kRows, 64): two rows share
 // each code vector's unpacking (a fifth fewer instructions per row than one at a time). With
 // kFetchAhead, the codes a span further on are fetched. A VNNI build takes the products in 256-bit
-// vpdpbusd straight into int32 (one instruction for vpmaddubsw, its 16-bit sum and vpmaddwd):
-// a single row's pass, where the 512-bit form below reads ~5% slower.
+// vpdpbusd straight into int32 (one instruction for vpmaddubsw, its 16-bit sum and vpmaddwd);
+// one or two rows stream faster through this form than through the 512-bit one below.
 template <int kRows, bool kFetchAhead>
 void rows4_avx2(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t groups,
                 const Panel4& w, int64_t s0, int64_t s1, float* f) {
@@ -545,65 +545,69 @@ void rows4_avx2(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t group
 #endif
 
 #ifdef SGLANG_INT8_TILE
-// The VNNI form of rows4_avx2: vpdpbusd takes the codes as its unsigned side and p as the signed
-// one straight into int32, so a 64-byte load (octets o and o + 1 of 8 columns) and its two
-// nibble halves meet four activation vectors per row made once per 32 inputs (a vpermd each:
-// lanes 0-7 a quad of octet o, lanes 8-15 the same quad of octet o + 1). Each accumulator holds
-// the sums of two octets for 8 columns; its halves are added at the group's end. Two rows keep
-// 16 accumulators and 8 activation vectors in registers: from two rows up, 1.3-1.8x the 256-bit
-// form's speed on a 7B-shaped layer (Zen 5).
+inline __m512 load16_bf16(const uint16_t* src) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+// acc += codes (unsigned) . the signed quad at x broadcast to every lane: vpdpbusd with its
+// broadcast from memory, in place (GCC's intrinsic neither folds the broadcast nor, once many
+// accumulators are live, keeps them from being copied around each product).
+inline void dpbusd_quad(__m512i& acc, __m512i codes, const int8_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(codes), "m"(*reinterpret_cast<const int32_t*>(x)));
+}
+
+// The 512-bit VNNI form of rows4_avx2, for three rows and more: vpdpbusd takes the codes as its
+// unsigned side and a quad of p, broadcast from memory, as the signed one, straight into int32.
+// A vector holds one octet of 16 columns (two 8-column blocks, 128 bytes apart), so one
+// accumulator per row covers 16 columns over a group, and up to 8 rows share each unpacking of
+// the codes. 7B-shaped layer, Zen 5: 4 / 8 / 16 rows 0.88 / 0.84 / 0.78 of the 256-bit form's
+// time; one or two rows 1.2-1.4x slower, so those stay with the 256-bit form.
 template <int kRows, bool kFetchAhead>
 void rows4_vnni(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t groups,
                 const Panel4& w, int64_t s0, int64_t s1, float* f) {
+  // Two accumulators per row where there are few rows, so that the products do not wait on
+  // vpdpbusd's latency.
+  constexpr int kChains = kRows <= 4 ? 2 : 1;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  // For each vector j: lanes 0-7 the activations' quad 2 j' (octet pair (0, 1) or (2, 3), first
-  // or second nibble), lanes 8-15 the quad two further on.
-  const __m512i pick[4] = {
-      _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-      _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
-      _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
-      _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
   for (int64_t g0 = s0; g0 < s1; g0 += w.group_subs) {
-    __m512i acc[kRows][8];
-    for (int r = 0; r < kRows; ++r)
-      for (int b = 0; b < 8; ++b) acc[r][b] = _mm512_setzero_si512();
-    for (int64_t s = g0; s < g0 + w.group_subs; ++s) {
-      const uint8_t* codes = w.codes + s * kSubBytes;
-      __m512i x[kRows][4];
-      for (int r = 0; r < kRows; ++r) {
-        const __m512i block = _mm512_castsi256_si512(_mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(p + r * ldp + kSubInputs * s)));
-        for (int j = 0; j < 4; ++j) x[r][j] = _mm512_permutexvar_epi32(pick[j], block);
-      }
-      for (int b = 0; b < 8; ++b) {
+    const int64_t g = g0 / w.group_subs;
+    for (int pair = 0; pair < 4; ++pair) {  // columns 16 pair .. 16 pair + 15
+      __m512i acc[kRows][kChains];
+      for (int r = 0; r < kRows; ++r)
+        for (int c = 0; c < kChains; ++c) acc[r][c] = _mm512_setzero_si512();
+      for (int64_t s = g0; s < g0 + w.group_subs; ++s) {
+        const uint8_t* codes = w.codes + s * kSubBytes + 256 * pair;
         if (kFetchAhead && s + kSpanSubs < w.subs) {
           const char* ahead = reinterpret_cast<const char*>(codes + kSpanSubs * kSubBytes);
-          _mm_prefetch(ahead + 128 * b, _MM_HINT_T0);
-          _mm_prefetch(ahead + 128 * b + 64, _MM_HINT_T0);
+          for (int line = 0; line < 4; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
         }
-        for (int h = 0; h < 2; ++h) {
-          const __m512i q = _mm512_loadu_si512(codes + 128 * b + 64 * h);
+        for (int o = 0; o < 4; ++o) {
+          const __m512i q = _mm512_inserti64x4(
+              _mm512_castsi256_si512(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * o))),
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 128 + 32 * o)), 1);
           const __m512i first = _mm512_and_si512(q, nibble);
           const __m512i second = _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble);
           for (int r = 0; r < kRows; ++r) {
-            acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], first, x[r][2 * h]);
-            acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], second, x[r][2 * h + 1]);
+            const int8_t* x = p + r * ldp + kSubInputs * s + 8 * o;
+            dpbusd_quad(acc[r][(2 * o) % kChains], first, x);
+            dpbusd_quad(acc[r][(2 * o + 1) % kChains], second, x + 4);
           }
         }
       }
-    }
-    const int64_t g = g0 / w.group_subs;
-    for (int r = 0; r < kRows; ++r) {
-      const __m256 group_sum = _mm256_set1_ps(static_cast<float>(psum[r * groups + g]));
-      for (int b = 0; b < 8; ++b) {
-        const __m256i sum = _mm256_add_epi32(_mm512_castsi512_si256(acc[r][b]),
-                                             _mm512_extracti64x4_epi64(acc[r][b], 1));
-        float* out = f + r * kPanelCols + 8 * b;
-        __m256 y = _mm256_loadu_ps(out);
-        y = _mm256_fmadd_ps(load8_bf16(w.low + g * kPanelCols + 8 * b), group_sum, y);
-        y = _mm256_fmadd_ps(load8_bf16(w.scale + g * kPanelCols + 8 * b),
-                            _mm256_cvtepi32_ps(sum), y);
-        _mm256_storeu_ps(out, y);
+      const __m512 scale = load16_bf16(w.scale + g * kPanelCols + 16 * pair);
+      const __m512 low = load16_bf16(w.low + g * kPanelCols + 16 * pair);
+      for (int r = 0; r < kRows; ++r) {
+        float* out = f + r * kPanelCols + 16 * pair;
+        __m512 y = _mm512_loadu_ps(out);
+        y = _mm512_fmadd_ps(low, _mm512_set1_ps(static_cast<float>(psum[r * groups + g])), y);
+        __m512i sum = acc[r][0];
+        for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, acc[r][c]);
+        y = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), y);
+        _mm512_storeu_ps(out, y);
       }
     }
   }
@@ -611,22 +615,26 @@ void rows4_vnni(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t group
 #endif
 
 // Rows [0, rows) times one panel into f (rows, 64), as rows_avx2 takes them: by spans of
-// kSpanSubs blocks, two rows at a time, the first pass fetching the next span, the other rows
-// reading it from L1.
+// kSpanSubs blocks, two rows at a time (eight in the 512-bit form), the first pass fetching the
+// next span, the other rows reading it from L1.
 void panel_rows4(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t groups, int64_t rows,
                  const Panel4& w, float* f) {
 #ifdef SGLANG_INT4_AVX2
   for (int64_t s0 = 0; s0 < w.subs; s0 += kSpanSubs) {
     const int64_t s1 = std::min(w.subs, s0 + kSpanSubs);  // kSpanSubs is whole groups
+#ifdef SGLANG_INT8_TILE
+    if (rows > 2) {
+      gemm_tile::row_tiles<8>(rows, [&](auto tile_rows, int64_t r) {
+        constexpr int kRows = decltype(tile_rows)::value;
+        const auto pass = r == 0 ? rows4_vnni<kRows, true> : rows4_vnni<kRows, false>;
+        pass(p + r * ldp, ldp, psum + r * groups, groups, w, s0, s1, f + r * kPanelCols);
+      });
+      continue;
+    }
+#endif
     gemm_tile::row_tiles<2>(rows, [&](auto tile_rows, int64_t r) {
       constexpr int kRows = decltype(tile_rows)::value;
-#ifdef SGLANG_INT8_TILE
-      const auto pass = rows == 1   ? rows4_avx2<kRows, true>
-                        : r == 0    ? rows4_vnni<kRows, true>
-                                    : rows4_vnni<kRows, false>;
-#else
       const auto pass = r == 0 ? rows4_avx2<kRows, true> : rows4_avx2<kRows, false>;
-#endif
       pass(p + r * ldp, ldp, psum + r * groups, groups, w, s0, s1, f + r * kPanelCols);
     });
   }
@@ -652,6 +660,21 @@ void panel_rows4(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t grou
 #endif
 }
 
+// A row's codes p + 128 -> p (two's complement) in place, and the sum of p over each group of
+// `group` inputs. Raw, unaliased pointers: the byte stores would otherwise make the compiler
+// reload a container's data pointer at every element instead of vectorizing the loop.
+void to_signed(uint8_t* __restrict codes, int64_t k, int64_t group, int32_t* __restrict sums) {
+  for (int64_t g = 0; g < k / group; ++g) {
+    uint8_t* __restrict c = codes + g * group;
+    int32_t sum = 0;
+    for (int64_t i = 0; i < group; ++i) {
+      sum += c[i];
+      c[i] ^= 0x80;
+    }
+    sums[g] = sum - 128 * static_cast<int32_t>(group);
+  }
+}
+
 template <typename T>
 void multiply_int4(const T* x, int64_t m, int64_t k, int64_t group, const uint8_t* codes,
                    int64_t panels, const uint16_t* scale, const uint16_t* low,
@@ -661,16 +684,11 @@ void multiply_int4(const T* x, int64_t m, int64_t k, int64_t group, const uint8_
   std::vector<float> row_scales(m);
   quantize_rows(x, m, k, quads, a.data(), row_scales.data());
   std::vector<int32_t> psum(m * groups);  // the signed codes' sum per row and group
-  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+  uint8_t* rows_codes = a.data();
+  int32_t* sums = psum.data();
+  at::parallel_for(0, m, 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      for (int64_t g = 0; g < groups; ++g) {
-        int32_t sum = 0;
-        for (int64_t i = r * k + g * group; i < r * k + (g + 1) * group; ++i) {
-          a[i] ^= 0x80;  // p + 128 -> p, two's complement
-          sum += static_cast<int8_t>(a[i]);
-        }
-        psum[r * groups + g] = sum;
-      }
+      to_signed(rows_codes + r * k, k, group, sums + r * groups);
   });
   const auto* p = reinterpret_cast<const int8_t*>(a.data());
   for_each_block(panels, m, [&](int64_t j, int64_t r0, int64_t rows) {
