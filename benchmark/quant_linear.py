@@ -163,15 +163,15 @@ def _compute_peaks(widths: list[str]) -> dict[str, float]:
     from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 
     dynamic = [w for w in widths if w == "int8dq" or w.startswith("8da4w")]
-    probes = {}
+    probes = {}  # keyed apart from the widths' names: the weight-only "int8" is a float product
     if dynamic:
-        probes["int8"] = matmul_peak_gflops(dtype="int8")["gflop_per_s"]
+        probes["int8 product"] = matmul_peak_gflops(dtype="int8")["gflop_per_s"]
     # the weight-only widths' products: bfloat16 dot products, or float32 FMAs without bfloat16
     float_dtype = "float32" if cpu_bfloat16_isa() is None else "bfloat16"
     probes["float"] = matmul_peak_gflops(dtype=float_dtype)["gflop_per_s"]
     if "f32" in widths and float_dtype != "float32":
         probes["f32"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
-    return {w: probes.get("int8" if w in dynamic else w, probes["float"]) for w in widths}
+    return {w: probes.get("int8 product" if w in dynamic else w, probes["float"]) for w in widths}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

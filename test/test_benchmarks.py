@@ -139,6 +139,23 @@ def test_matmul_peak_takes_the_faster_product() -> None:
     assert ("native_gflop_per_s" in peak) == NATIVE_GEMM_EXPECTED
 
 
+def test_quant_linear_counts_each_width_against_its_products_peak(monkeypatch) -> None:
+    """Weight-only int8 / int4 multiply in the float product (bfloat16, or float32 without it);
+    only int8dq and 8da4w count against the int8 product's peak."""
+    import benchmark.quant_linear as quant_linear
+    from sglang.srt.model_executor import dtypes
+
+    rates = {"int8": 300.0, "bfloat16": 100.0, "float32": 50.0}
+    monkeypatch.setattr(
+        quant_linear, "matmul_peak_gflops", lambda dtype: {"gflop_per_s": rates[dtype]}
+    )
+    for isa, float_peak in (("avx512_bf16", 100.0), (None, 50.0)):
+        monkeypatch.setattr(dtypes, "cpu_bfloat16_isa", lambda isa=isa: isa)
+        peaks = quant_linear._compute_peaks(["bf16", "int8", "int4-128", "int8dq", "8da4w-128"])
+        assert peaks == {"bf16": float_peak, "int8": float_peak, "int4-128": float_peak,
+                         "int8dq": 300.0, "8da4w-128": 300.0}  # fmt: skip
+
+
 @needs_server
 @needs_plots
 @pytest.mark.parametrize("interleave", [False, True])
