@@ -5,7 +5,8 @@ real shapes and random bfloat16 weights, never materialised in float32: the mode
 on the meta device and each tensor is created in bfloat16 and written shard by shard. The
 tokenizer and processor are the tiny models' (a small BPE, Qwen's image processor with its real
 pixel range). Then, per setting (bfloat16, and int8wo / int4wo-128 where the server has
-``--torchao-config``; on request bfloat16-plain, the language model's plain weights as served
+``--torchao-config``; on request int8dq / 8da4w-128 (int8 activations, the tower's too),
+bfloat16-plain, the language model's plain weights as served
 on CPUs without the native GEMM, float32, and awq / gptq: a twin of the checkpoint in that
 published format, built beside it), it launches the server and records the peak RSS
 of its processes once ready and after one chat request with two 448x448 JPEGs, that request's
@@ -132,6 +133,7 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "int8wo": ("bfloat16", ["--torchao-config", "int8wo"]),
     "int4wo-128": ("bfloat16", ["--torchao-config", "int4wo-128"]),
     "int8dq": ("bfloat16", ["--torchao-config", "int8dq", "--vision-int8dq"]),
+    "8da4w-128": ("bfloat16", ["--torchao-config", "8da4w-128", "--vision-int8dq"]),
     "bfloat16-plain": ("bfloat16", ["--cpu-packed-lm-weights", "off"]),  # no native GEMM
     "float32": ("float32", []),
     # the same weights' shapes published quantized (random codes, group 128), loaded as they are

@@ -563,8 +563,9 @@ inline void dpbusd_quad(__m512i& acc, __m512i codes, const int8_t* x) {
 // unsigned side and a quad of p, broadcast from memory, as the signed one, straight into int32.
 // A vector holds one octet of 16 columns (two 8-column blocks, 128 bytes apart), so one
 // accumulator per row covers 16 columns over a group, and up to 8 rows share each unpacking of
-// the codes. 7B-shaped layer, Zen 5: 4 / 8 / 16 rows 0.88 / 0.84 / 0.78 of the 256-bit form's
-// time; one or two rows 1.2-1.4x slower, so those stay with the 256-bit form.
+// the codes. 7B-shaped layer, Zen 5: 4 / 8 / 16 rows in 0.70 / 0.48 / 0.41 of the AVX2 passes'
+// time. One or two rows, which read at the memory's speed, stream 1.2-1.4x slower through this
+// form than through the 256-bit one, so they stay there.
 template <int kRows, bool kFetchAhead>
 void rows4_vnni(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t groups,
                 const Panel4& w, int64_t s0, int64_t s1, float* f) {
