@@ -18,7 +18,11 @@ alternating, best of ``--repeats``:
   the native GEMM run);
 - ``torch``: that engine with the native decode attention and linears off.
 
+``--paths`` picks some of them (``packed`` is always run): under ``--torchao-config`` the torch
+path simulates the quantized product in plain torch ops, which takes minutes per prompt batch.
+
     python -m benchmark.decode_step --shape 2b --layers 4 --batch-sizes 1,2,4,8,16,32
+    python -m benchmark.decode_step --shape 2b --torchao-config 8da4w-128 --paths packed
 """
 
 from __future__ import annotations
@@ -75,9 +79,9 @@ def _use_kernels(runner: Any, on: bool) -> None:
             module.use_kernel(saved[module] if on else None)
 
 
-def _engines(args: argparse.Namespace, path: str) -> dict[str, Any]:
+def _engines(args: argparse.Namespace, path: str, paths: list[str]) -> dict[str, Any]:
     """The engine each path runs on: ``packed`` the default one, ``plain`` and ``torch`` one
-    with the plain weights."""
+    with the plain weights (built only where one of them is asked for)."""
     import sglang
 
     tokens = max(args.batch_sizes) * (args.prompt_len + args.new_tokens + 8)
@@ -88,12 +92,14 @@ def _engines(args: argparse.Namespace, path: str) -> dict[str, Any]:
         "max_running_requests": max(args.batch_sizes),
         "max_total_tokens": tokens,
     }
-    packed = sglang.Engine(**common)
-    plain = sglang.Engine(**common, cpu_packed_lm_weights="off")
-    for engine in (packed, plain):
+    engines = {"packed": sglang.Engine(**common)}
+    if "plain" in paths or "torch" in paths:
+        plain = sglang.Engine(**common, cpu_packed_lm_weights="off")
+        engines.update({kind: plain for kind in ("plain", "torch") if kind in paths})
+    for engine in engines.values():
         if engine.runner.attn_backend.decode_kernel is None:
             raise RuntimeError("the native decode kernel could not be built on this machine")
-    return {"packed": packed, "plain": plain, "torch": plain}
+    return engines
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,14 +112,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     probes = [bandwidth["gb_per_s"]]
     dims = shape_config(args.shape, args.layers, 2)
     path = args.model_path or str(cached_checkpoint(dims, args.shape))
-    engines = _engines(args, path)
+    paths = ["packed", *(p for p in PATHS[1:] if p in args.paths.split(","))]
+    engines = _engines(args, path, paths)
     runner = engines["packed"].runner
     # the products' peak: the int8 product's for int8 activations, else the model dtype's GEMM
     dynamic = dynamic_activations(args.torchao_config)
     peak = matmul_peak_gflops(dtype="int8" if dynamic else str(runner.dtype).removeprefix("torch."))
     flops_per_row = 2 * (runner.lm_linear_macs + runner.lm_head_macs)
     rows: list[dict[str, Any]] = []
-    bar = tqdm(total=len(args.batch_sizes) * len(PATHS) * args.repeats, desc="decode_step")
+    bar = tqdm(total=len(args.batch_sizes) * len(paths) * args.repeats, desc="decode_step")
     for batch in args.batch_sizes:
         best: dict[str, dict] = {}
         for _ in range(args.repeats):
@@ -121,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # with a probe taken just before it, and a row's floor uses its fastest run's probe.
             gb_per_s = memory_bandwidth_gbs(seconds=0.3)["gb_per_s"]
             probes.append(gb_per_s)
-            for kind in PATHS:
+            for kind in paths:
                 engine = engines[kind]
                 got = _step(engine, batch, args.prompt_len, args.new_tokens, kind != "torch")
                 got["gb_per_s"] = gb_per_s
@@ -134,11 +141,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         floor_ms = max(bytes_ms, flops_ms)
         row = {"batch": batch, "gb_per_s": gb_per_s, "bytes_ms": bytes_ms, "flops_ms": flops_ms,
                "floor_ms": floor_ms}  # fmt: skip
-        for kind in PATHS:
+        for kind in paths:
             row[f"{kind}_ms"] = best[kind]["ms_per_step"]
             row[f"{kind}_of_roofline"] = floor_ms / best[kind]["ms_per_step"]
-        row["plain_over_packed"] = row["plain_ms"] / row["packed_ms"]
-        row["torch_over_packed"] = row["torch_ms"] / row["packed_ms"]
+            if kind != "packed":
+                row[f"{kind}_over_packed"] = row[f"{kind}_ms"] / row["packed_ms"]
         rows.append(row)
     bar.close()
     for one in rows:  # tokens/s of the batch over one stream's
@@ -157,13 +164,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    others = [kind for kind in PATHS[1:] if f"{kind}_ms" in result["rows"][0]]
     head = ["batch", "copy GB/s", "bytes ms", "FLOPs ms", "packed ms", "packed / roofline",
-            "tok/s x batch 1", "plain ms", "plain / roofline", "torch ms", "torch / roofline",
-            "plain / packed", "torch / packed"]  # fmt: skip
+            "tok/s x batch 1"]  # fmt: skip
+    head += [f"{kind} {col}" for kind in others for col in ("ms", "/ roofline", "/ packed")]
     rows = [
         [r["batch"], r["gb_per_s"], r["bytes_ms"], r["flops_ms"], r["packed_ms"],
-         r["packed_of_roofline"], r["packed_x_batch1"], r["plain_ms"], r["plain_of_roofline"],
-         r["torch_ms"], r["torch_of_roofline"], r["plain_over_packed"], r["torch_over_packed"]]
+         r["packed_of_roofline"], r["packed_x_batch1"]]
+        + [r[f"{kind}_{key}"] for kind in others for key in ("ms", "of_roofline", "over_packed")]
         for r in result["rows"]
     ]  # fmt: skip
     probes = result["memory_bandwidth"]["probes_gb_per_s"]
@@ -183,6 +191,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for key, label in (("floor_ms", "roofline"), ("packed_ms", "packed (one layout)"),
                        ("plain_ms", "plain weights, decode kernel"),
                        ("torch_ms", "torch paths")):  # fmt: skip
+        if key not in result["rows"][0]:
+            continue
         ax.plot(batches, [r[key] for r in result["rows"]], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
@@ -207,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--paths", default=",".join(PATHS), help=f"of {', '.join(PATHS)}")
     p.add_argument("--out", default="benchmark/results/decode_step")
     return run_and_write(p.parse_args(argv), run, markdown, plot)
 

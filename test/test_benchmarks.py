@@ -426,6 +426,13 @@ def test_decode_step_smoke(tmp_path: Path) -> None:
         assert min(r["packed_ms"], r["plain_ms"], r["torch_ms"]) > 0
     assert data["rows"][0]["packed_x_batch1"] == 1
     assert data["wall_s"] > 0 and out.with_suffix(".png").stat().st_size > 0
+    # the served path alone: no plain-weights engine, no torch columns
+    main(["--shape", "tiny", "--layers", "1", "--batch-sizes", "2", "--repeats", "1",
+          "--new-tokens", "3", "--prompt-len", "16", "--paths", "packed",
+          "--out", str(out)])  # fmt: skip
+    (row,) = _load(out)["rows"]
+    assert row["packed_ms"] > 0 and not any(k.startswith(("plain", "torch")) for k in row)
+    assert "torch" not in out.with_suffix(".md").read_text()
 
 
 def test_fleet_smoke(tiny_model: str, tmp_path: Path) -> None:
