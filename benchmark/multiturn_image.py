@@ -368,6 +368,19 @@ def compute_dtype(dtype: str) -> str:
     return dtype_name(resolve_dtype(dtype, transformers.PretrainedConfig(), "cpu").dtype)
 
 
+def our_dtype(args: argparse.Namespace) -> str:
+    """The ``--dtype`` our server runs with: one in ``--server-args`` follows the benchmark's own
+    on its command line, so the last of them wins."""
+    flags = args.server_args.split()
+    given = [args.dtype]
+    for i, flag in enumerate(flags):
+        if flag == "--dtype" and i + 1 < len(flags):
+            given.append(flags[i + 1])
+        elif flag.startswith("--dtype="):
+            given.append(flag.removeprefix("--dtype="))
+    return given[-1]
+
+
 def _launch(args: argparse.Namespace, engine: str, mode: str, model_path: str | None) -> Any:
     return launch(
         engine, model_path, mode or "per-image", args.server_args.split(), dtype=args.dtype
@@ -469,7 +482,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         None if args.base_url else default_model(args.model_size or preset["size"], args.family)
     )
     # int8dq's linears multiply int8: its MFU is counted against vpdpbusd's own rate
-    probe_dtype = "int8" if "int8dq" in args.server_args else compute_dtype(args.dtype)
+    probe_dtype = "int8" if "int8dq" in args.server_args else compute_dtype(our_dtype(args))
     peak = None if args.no_probe else matmul_peak_gflops(dtype=probe_dtype)
     bandwidth = None if args.no_probe else memory_bandwidth_gbs()
     extra = think_mode_body(args.think_mode)

@@ -139,6 +139,22 @@ def test_matmul_peak_takes_the_faster_product() -> None:
     assert ("native_gflop_per_s" in peak) == NATIVE_GEMM_EXPECTED
 
 
+@pytest.mark.parametrize(
+    ("dtype", "server_args", "want"),
+    [("float32", "", "float32"), ("bfloat16", "--chunked-prefill-size 64", "bfloat16"),
+     ("float32", "--dtype bfloat16", "bfloat16"), ("auto", "--dtype=float32", "float32"),
+     ("float32", "--dtype bfloat16 --dtype float16", "float16")],
+)  # fmt: skip
+def test_multiturn_image_probes_the_dtype_our_server_runs(dtype, server_args, want) -> None:
+    """A --dtype among our server's extra flags comes after the benchmark's own and wins: the
+    matmul probe that MFU is counted against must take it too."""
+    import argparse
+
+    from benchmark.multiturn_image import our_dtype
+
+    assert our_dtype(argparse.Namespace(dtype=dtype, server_args=server_args)) == want
+
+
 def test_quant_linear_counts_each_width_against_its_products_peak(monkeypatch) -> None:
     """Weight-only int8 / int4 multiply in the float product (bfloat16, or float32 without it);
     only int8dq and 8da4w count against the int8 product's peak."""
