@@ -545,11 +545,6 @@ void rows4_avx2(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t group
 #endif
 
 #ifdef SGLANG_INT8_TILE
-inline __m512 load16_bf16(const uint16_t* src) {
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-
 // acc += codes (unsigned) . the signed quad at x broadcast to every lane: vpdpbusd with its
 // broadcast from memory, in place (GCC's intrinsic neither folds the broadcast nor, once many
 // accumulators are live, keeps them from being copied around each product).
@@ -599,8 +594,8 @@ void rows4_vnni(const int8_t* p, int64_t ldp, const int32_t* psum, int64_t group
           }
         }
       }
-      const __m512 scale = load16_bf16(w.scale + g * kPanelCols + 16 * pair);
-      const __m512 low = load16_bf16(w.low + g * kPanelCols + 16 * pair);
+      const __m512 scale = load16(w.scale + g * kPanelCols + 16 * pair, 16);
+      const __m512 low = load16(w.low + g * kPanelCols + 16 * pair, 16);
       for (int r = 0; r < kRows; ++r) {
         float* out = f + r * kPanelCols + 16 * pair;
         __m512 y = _mm512_loadu_ps(out);
