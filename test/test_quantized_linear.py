@@ -259,6 +259,26 @@ def test_rows_are_the_same_bits_alone_or_in_any_batch(
     assert torch.equal(layer(wider)[:rows], whole)
 
 
+@pytest.mark.parametrize("bits, group", [(8, None), (4, 32), (4, 128), (4, 512)])
+def test_spans_of_a_long_input_keep_a_rows_bits(bits: int, group: int | None) -> None:
+    """Decode batches of more than one tile take each panel by spans of 128 input pairs, their
+    codes converted once for every tile: 2,048 inputs are eight spans (int4 group 512: one
+    group a span). One row alone, a batch of one tile, of two and three tiles, and a prompt
+    chunk give a row the same bits, within rounding of float64."""
+    torch.manual_seed(3)
+    layer = QuantizedLinear.from_linear(nn.Linear(2048, 70, bias=True), bits, group)
+    layer.use_kernel(KERNEL)
+    x = torch.randn(40, 2048).bfloat16()
+    whole = layer(x)
+    terms = None
+    if bits == 4:
+        scale, low = (per_column(t, 70) for t in (layer.scale, layer.min))
+        terms = _int4_terms(layer.codes(), scale, low, group)
+    _assert_within_rounding(whole, x, exact_weight(layer), layer.bias, terms)
+    for rows in (1, 6, 7, 8, 13, 16):
+        assert torch.equal(layer(x[:rows]), whole[:rows])
+
+
 @settings(max_examples=examples(40), deadline=None)
 @given(
     out_features=st.integers(1, 70),
