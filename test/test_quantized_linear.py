@@ -234,10 +234,9 @@ def test_packing_round_trips_and_matches_the_layouts_definition(bits, group, out
 def test_rows_are_the_same_bits_alone_or_in_any_batch(
     rows, out_features, in_features, spec, bias, seed
 ) -> None:
-    """Decode rows (codes converted in registers) and prompt chunks (each panel converted once
-    into a buffer) multiply the same exact codes in the same order: a row's outputs are the
-    same bits alone or in a batch of any size, tile tails and odd sizes included; all within
-    rounding of float64."""
+    """Decode rows and prompt chunks multiply the same exact codes in the same order (tile by
+    tile over spans of each panel): a row's outputs are the same bits alone or in a batch of
+    any size, tile tails and odd sizes included; all within rounding of float64."""
     bits, group = spec
     if bits == 4:
         in_features = max(group, in_features // group * group)
@@ -261,10 +260,11 @@ def test_rows_are_the_same_bits_alone_or_in_any_batch(
 
 @pytest.mark.parametrize("bits, group", [(8, None), (4, 32), (4, 128), (4, 512)])
 def test_spans_of_a_long_input_keep_a_rows_bits(bits: int, group: int | None) -> None:
-    """Decode batches of more than one tile take each panel by spans of 128 input pairs, their
-    codes converted once for every tile: 2,048 inputs are eight spans (int4 group 512: one
-    group a span). One row alone, a batch of one tile, of two and three tiles, and a prompt
-    chunk give a row the same bits, within rounding of float64."""
+    """Rows take each panel by spans of 128 input pairs, every tile of rows over a span in
+    turn, their sums carried between spans: 2,048 inputs are eight spans (int4 group 512: one
+    group a span). One row alone, batches of one, two and three tiles, 40 rows, and 1,100 rows
+    (three blocks of rows, tasks from a shared counter) give a row the same bits, within
+    rounding of float64."""
     torch.manual_seed(3)
     layer = QuantizedLinear.from_linear(nn.Linear(2048, 70, bias=True), bits, group)
     layer.use_kernel(KERNEL)
@@ -277,6 +277,8 @@ def test_spans_of_a_long_input_keep_a_rows_bits(bits: int, group: int | None) ->
     _assert_within_rounding(whole, x, exact_weight(layer), layer.bias, terms)
     for rows in (1, 6, 7, 8, 13, 16):
         assert torch.equal(layer(x[:rows]), whole[:rows])
+    long = torch.cat([x, torch.randn(1060, 2048).bfloat16()])
+    assert torch.equal(layer(long)[:40], whole)
 
 
 @settings(max_examples=examples(40), deadline=None)

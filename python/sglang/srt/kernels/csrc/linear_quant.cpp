@@ -1,10 +1,9 @@
 // Weight-only quantized linears on a CPU: y = x W^T (+ b) for bfloat16 x and int8 or int4 W,
 // both stored in the native GEMM's panel order (gemm_bf16.cpp, gemm_tile.h: panels of 64 output
 // columns, for each pair of inputs the two weights of a column side by side) and run on its
-// tile at every row count: the codes become exact bfloat16 in registers as they stream (a
-// decode step's few rows) or, for more than kCodeRows rows, once per panel into a buffer that
-// stays in cache (prompt chunks); the products are the same either way, so a row's outputs are
-// the same bits whatever the batch. Scales (and int4's mins) are applied to float32 sums, never
+// tile at every row count: the codes become exact bfloat16 in registers as they stream, tile by
+// tile over spans of the panel that stay in L1, so a row's outputs are the same bits whatever
+// the batch, decode step or prompt chunk. Scales (and int4's mins) are applied to float32 sums, never
 // to the weights: no weight is ever rounded to bfloat16. Sums are float32 in a fixed order per
 // output: results depend neither on the batch nor on the thread count. Without AVX512-BF16 a
 // portable loop computes the same sums.
@@ -38,7 +37,6 @@
 namespace {
 
 using gemm_tile::kPanelCols;
-constexpr int64_t kCodeRows = 16;  // up to this many rows convert the codes in registers
 
 inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -72,57 +70,46 @@ void check_x(const at::Tensor& x, int64_t k, int64_t n, int64_t panels) {
 }
 
 #ifdef SGLANG_GEMM_TILE
-// Decode rows read the codes from memory as they convert them: each loop fetches the codes
-// kFetchAhead bytes further on (the hardware's prefetcher alone left a 7B-shaped layer's int4 at
-// 2-4 rows waiting on memory: 0.6 of the time with it). A decode batch of more than one tile goes
-// over each panel by spans of kSpanPairs input pairs (16 KB of int8 codes, in L1), every tile
-// over a span in turn: the codes come from memory once, not once per tile (a 7B down
-// projection's int8 panel is 1.2 MB). A tile's sums pass through `total` between spans
-// unchanged: the same float32 sums in the same order, so a row's bits do not depend on the
-// batch. (Converting each span once into a bfloat16 buffer for all the tiles was slower: the
-// tiles then load every weight vector once per row.)
-constexpr int64_t kFetchAhead = 16384;
+// Rows go over each panel by spans of kSpanPairs input pairs (16 KB of int8 codes, in L1), every
+// tile of rows over a span in turn: the codes come from memory once, each tile converting them
+// in registers, and a tile's sums pass through `total` (64 float32 per row) between spans
+// unchanged: the same float32 sums in the same order, whatever the number of rows. Converting
+// each panel once into a bfloat16 buffer for all the tiles, instead, was 5-30% slower at 16-512
+// rows (a 7B down projection's panel is 2.4 MB of bfloat16, out of L2), and so was converting
+// each span once into an L1 buffer at 8-16 rows (the tiles then load every weight vector once
+// per row). The codes' loop fetches them kFetchAhead bytes further on: the hardware's
+// prefetcher alone left a 7B-shaped layer's int4 at 2-4 rows waiting on memory (0.6 of the time
+// with it).
 constexpr int64_t kSpanPairs = 128;
+constexpr int64_t kFetchAhead = 16384;
+constexpr int64_t kBlockRows = 512;  // rows per task: their totals (128 KB) stay in L2
 
 inline void fetch_ahead(const void* codes) {
   _mm_prefetch(static_cast<const char*>(codes) + kFetchAhead, _MM_HINT_T0);
 }
 
-// Every panel on the threads. With at most kCodeRows rows each thread takes one contiguous run
-// of panels (one sequential stream: taking panels in turn across threads read a 7B-shaped
-// layer's int4 codes at ~0.8 of the rate) and rows(j, nullptr) multiplies panel j straight from
-// its codes. With more, convert(j, buffer) first writes the whole panel's bfloat16 (pairs x 128
-// values, the GEMM's order) into the worker's buffer and rows(j, buffer) reads it.
-template <typename Convert, typename Rows>
-void run_panels(int64_t panels, int64_t m, int64_t pairs, const Convert& convert,
-                const Rows& rows) {
-  if (m <= kCodeRows) {
+// Every panel on the threads, rows by blocks of kBlockRows: rows(j, r0, count, total) multiplies
+// rows [r0, r0 + count) by panel j, total a worker's scratch for count x 64 float32. One block
+// (decode steps, most prompt chunks): each thread takes one contiguous run of panels, a single
+// sequential stream of the codes (taking panels in turn across threads read a 7B-shaped layer's
+// int4 codes at ~0.8 of the rate); more: tasks (panel, block) from a shared counter, panel by
+// panel.
+template <typename Rows>
+void run_panels(int64_t panels, int64_t m, const Rows& rows) {
+  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
+  if (blocks == 1) {
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t j = begin; j < end; ++j) rows(j, nullptr);
+      std::vector<float> total(m * kPanelCols);
+      for (int64_t j = begin; j < end; ++j) rows(j, 0, m, total.data());
     });
     return;
   }
-  std::vector<std::vector<uint16_t>> scratch(at::get_num_threads());
-  run_tasks(panels, [&](int64_t j, int64_t worker) {
-    std::vector<uint16_t>& buffer = scratch[worker];
-    buffer.resize(pairs * 2 * kPanelCols);
-    convert(j, buffer.data());
-    rows(j, buffer.data());
+  std::vector<std::vector<float>> scratch(at::get_num_threads(),
+                                          std::vector<float>(kBlockRows * kPanelCols));
+  run_tasks(panels * blocks, [&](int64_t t, int64_t worker) {
+    const int64_t j = t / blocks, r0 = (t % blocks) * kBlockRows;
+    rows(j, r0, std::min(kBlockRows, m - r0), scratch[worker].data());
   });
-}
-
-// Panel j of codes (pair_bytes per input pair) converted pair by pair, pair(codes, w), its four
-// vectors stored in turn into buffer.
-template <typename Code, typename PairFn>
-void convert_panel(const Code* codes, int64_t j, int64_t pairs, int64_t pair_bytes,
-                   uint16_t* buffer, const PairFn& pair) {
-  const Code* panel = codes + j * pairs * pair_bytes;
-  for (int64_t i = 0; i < pairs; ++i) {
-    __m512bh w[4];
-    pair(panel + i * pair_bytes, w);
-    for (int v = 0; v < 4; ++v)
-      _mm512_storeu_si512(buffer + i * 2 * kPanelCols + 32 * v, (__m512i)w[v]);
-  }
 }
 #endif
 
@@ -131,10 +118,8 @@ void convert_panel(const Code* codes, int64_t j, int64_t pairs, int64_t pair_byt
 // (2p, 2p + 1) the two codes of a column side by side (gemm_bf16.cpp's order); codes past the
 // weight's out or in are 0. scale float32 (panels * 64), 0 past out. y[c] = bfloat16(scale[c] *
 // sum_k q[c, k] x[k] + b[c]): the codes are exact in bfloat16, the sum is float32 over the pairs
-// in turn, the scale applied once. Rows are taken 1-7 at a time by the GEMM's tile; up to
-// kCodeRows rows convert the codes in registers as they stream, more rows convert each panel
-// once into a buffer that stays in cache: the same products, so a row's outputs are the same
-// bits whatever the batch, decode or prompt.
+// in turn, the scale applied once. Rows are taken 1-7 at a time by the GEMM's tile, the codes
+// converted in registers as they stream.
 constexpr int64_t kPairBytes = 2 * kPanelCols;
 
 #ifdef SGLANG_GEMM_TILE
@@ -149,67 +134,45 @@ inline void code_pair(const int8_t* src, __m512bh* w) {
   }
 }
 
-// Rows [0, R): total (R x 64 float32) += their products with the panel's pairs [p0, p1); the
-// panel is codes (Codes) or their bfloat16 (a buffer).
-template <int R, bool Codes>
-void int8_span(const uint16_t* a, int64_t lda, const void* panel, int64_t p0, int64_t p1,
+// Rows [0, R): total (R x 64 float32) += their products with the panel's pairs [p0, p1).
+template <int R>
+void int8_span(const uint16_t* a, int64_t lda, const int8_t* panel, int64_t p0, int64_t p1,
                float* total) {
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_load_ps(total + r * kPanelCols + 16 * v);
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(total + r * kPanelCols + 16 * v);
   if (p1 <= p0) __builtin_unreachable();  // keeps the accumulators out of stack slots
   for (int64_t p = p0; p < p1; ++p) {
+    const int8_t* src = panel + p * kPairBytes;
+    fetch_ahead(src);
+    fetch_ahead(src + 64);
     __m512bh w[4];
-    if constexpr (Codes) {
-      const int8_t* src = static_cast<const int8_t*>(panel) + p * kPairBytes;
-      fetch_ahead(src);
-      fetch_ahead(src + 64);
-      code_pair(src, w);
-    } else {
-      const uint16_t* b = static_cast<const uint16_t*>(panel) + p * kPairBytes;
-      for (int v = 0; v < 4; ++v) w[v] = (__m512bh)_mm512_loadu_si512(b + 32 * v);
-    }
+    code_pair(src, w);
     gemm_tile::multiply_pair<R>(acc, a, lda, p, w);
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < 4; ++v) _mm512_store_ps(total + r * kPanelCols + 16 * v, acc[r][v]);
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(total + r * kPanelCols + 16 * v, acc[r][v]);
 }
 
-// Rows [0, rows): out = scale total + bias, rounded to bfloat16.
-inline void store_scaled(const float* total, int64_t rows, const float* scale, const float* bias,
-                         uint16_t* out, int64_t ldo, int64_t cols) {
+// Rows [0, rows) x one panel, by spans: out = bfloat16(scale total + bias).
+void int8_rows(const uint16_t* x, int64_t lda, int64_t rows, const int8_t* panel, int64_t pairs,
+               const float* scale, const float* bias, float* total, uint16_t* out, int64_t ldo,
+               int64_t cols) {
+  std::fill(total, total + rows * kPanelCols, 0.f);
+  for (int64_t p0 = 0; p0 < pairs; p0 += kSpanPairs) {
+    const int64_t p1 = std::min(pairs, p0 + kSpanPairs);
+    gemm_tile::row_tiles<gemm_tile::kTileRows>(rows, [&](auto tile_rows, int64_t r) {
+      int8_span<decltype(tile_rows)::value>(x + r * lda, lda, panel, p0, p1,
+                                            total + r * kPanelCols);
+    });
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int v = 0; v < 4; ++v) {
-      const __m512 y = _mm512_fmadd_ps(_mm512_load_ps(total + r * kPanelCols + 16 * v),
+      const __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(total + r * kPanelCols + 16 * v),
                                        _mm512_loadu_ps(scale + 16 * v),
                                        _mm512_loadu_ps(bias + 16 * v));
       gemm_tile::store16(y, out + r * ldo + 16 * v, cols - 16 * v);
     }
-}
-
-// Rows [0, rows) x one panel. From codes (decode batches, at most kCodeRows rows), several tiles
-// go over the panel span by span; otherwise each tile takes the whole panel.
-template <bool Codes>
-void int8_rows(const uint16_t* x, int64_t lda, int64_t rows, const void* panel, int64_t pairs,
-               const float* scale, const float* bias, uint16_t* out, int64_t ldo, int64_t cols) {
-  if (Codes && rows > gemm_tile::kTileRows) {
-    alignas(64) float total[kCodeRows * kPanelCols] = {};
-    for (int64_t p0 = 0; p0 < pairs; p0 += kSpanPairs) {
-      const int64_t p1 = std::min(pairs, p0 + kSpanPairs);
-      gemm_tile::row_tiles<gemm_tile::kTileRows>(rows, [&](auto tile_rows, int64_t r) {
-        int8_span<decltype(tile_rows)::value, Codes>(x + r * lda, lda, panel, p0, p1,
-                                                     total + r * kPanelCols);
-      });
-    }
-    store_scaled(total, rows, scale, bias, out, ldo, cols);
-    return;
-  }
-  gemm_tile::row_tiles<gemm_tile::kTileRows>(rows, [&](auto tile_rows, int64_t r) {
-    constexpr int R = decltype(tile_rows)::value;
-    alignas(64) float total[R * kPanelCols] = {};
-    int8_span<R, Codes>(x + r * lda, lda, panel, 0, pairs, total);
-    store_scaled(total, R, scale, bias, out + r * ldo, ldo, cols);
-  });
 }
 #endif
 
@@ -224,19 +187,10 @@ void int8_product(const T* a, int64_t m, const int8_t* codes, const float* scale
   if constexpr (!std::is_same_v<T, uint16_t>) {
     TORCH_CHECK(false, "this build takes bfloat16 x only");
   } else {
-  auto convert = [&](int64_t j, uint16_t* buffer) {
-    convert_panel(codes, j, pairs, kPairBytes, buffer,
-                  [](const int8_t* pair, __m512bh* w) { code_pair(pair, w); });
-  };
-  run_panels(panels, m, pairs, convert, [&](int64_t j, const uint16_t* buffer) {
+  run_panels(panels, m, [&](int64_t j, int64_t r0, int64_t rows, float* total) {
     const int64_t c0 = j * kPanelCols;
-    const float* s = scales + c0;
-    const float* b = biases.data() + c0;
-    if (buffer == nullptr) {
-      int8_rows<true>(a, k, m, codes + j * pairs * kPairBytes, pairs, s, b, y + c0, n, n - c0);
-    } else {
-      int8_rows<false>(a, k, m, buffer, pairs, s, b, y + c0, n, n - c0);
-    }
+    int8_rows(a + r0 * k, k, rows, codes + j * pairs * kPairBytes, pairs, scales + c0,
+              biases.data() + c0, total, y + r0 * n + c0, n, n - c0);
   });
   }
 #elif defined(SGLANG_QUANT_AVX2)
@@ -367,16 +321,16 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 
 template <typename Scale>
 struct Int4Panel {
-  const void* codes;  // this panel's codes (uint8), or their bfloat16 in a buffer
+  const uint8_t* codes;  // this panel's codes
   const Scale* scale;  // (groups, 64)
   const Scale* min;
-  int64_t pairs, group_pairs;
+  int64_t group_pairs;
 };
 
 // Rows [0, R) x one panel's groups [g0, g1): per group, the codes' sums in registers, then the
 // group's offset taken off and its scale and min applied to the running totals (total, R x 64
 // float32, touched once per group).
-template <int R, bool Codes, typename Scale>
+template <int R, typename Scale>
 void int4_groups(const uint16_t* a, int64_t lda, const Int4Panel<Scale>& p, const float* sums,
                  int64_t groups, int64_t g0, int64_t g1, float* total) {
   for (int64_t g = g0; g < g1; ++g) {
@@ -384,15 +338,10 @@ void int4_groups(const uint16_t* a, int64_t lda, const Int4Panel<Scale>& p, cons
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
     for (int64_t i = g * p.group_pairs; i < (g + 1) * p.group_pairs; ++i) {
+      const uint8_t* src = p.codes + i * kPanelCols;
+      fetch_ahead(src);
       __m512bh w[4];
-      if constexpr (Codes) {
-        const uint8_t* src = static_cast<const uint8_t*>(p.codes) + i * kPanelCols;
-        fetch_ahead(src);
-        nibble_pair(src, w);
-      } else {
-        const uint16_t* b = static_cast<const uint16_t*>(p.codes) + i * 2 * kPanelCols;
-        for (int v = 0; v < 4; ++v) w[v] = (__m512bh)_mm512_loadu_si512(b + 32 * v);
-      }
+      nibble_pair(src, w);
       gemm_tile::multiply_pair<R>(acc, a, lda, i, w);
     }
     for (int v = 0; v < 4; ++v) {
@@ -400,52 +349,36 @@ void int4_groups(const uint16_t* a, int64_t lda, const Int4Panel<Scale>& p, cons
       const __m512 lo = load16(p.min + g * kPanelCols + 16 * v);
       for (int r = 0; r < R; ++r) {
         const float sum = sums[r * groups + g];
-        __m512 t = _mm512_load_ps(total + r * kPanelCols + 16 * v);
+        __m512 t = _mm512_loadu_ps(total + r * kPanelCols + 16 * v);
         t = _mm512_fmadd_ps(_mm512_sub_ps(acc[r][v], _mm512_set1_ps(128.f * sum)), s, t);
         t = _mm512_fmadd_ps(lo, _mm512_set1_ps(sum), t);
-        _mm512_store_ps(total + r * kPanelCols + 16 * v, t);
+        _mm512_storeu_ps(total + r * kPanelCols + 16 * v, t);
       }
     }
   }
 }
 
-// Rows [0, rows): out = total + bias, rounded to bfloat16.
-inline void store_totals(const float* total, int64_t rows, const float* bias, uint16_t* out,
-                         int64_t ldo, int64_t cols) {
+// Rows [0, rows) x one panel, by spans of whole groups (kSpanPairs pairs, or one group where a
+// group is longer): out = bfloat16(total + bias).
+template <typename Scale>
+void int4_rows(const uint16_t* x, int64_t lda, int64_t rows, const Int4Panel<Scale>& p,
+               const float* sums, int64_t groups, const float* bias, float* total, uint16_t* out,
+               int64_t ldo, int64_t cols) {
+  std::fill(total, total + rows * kPanelCols, 0.f);
+  const int64_t span_groups = std::max<int64_t>(1, kSpanPairs / p.group_pairs);
+  for (int64_t g0 = 0; g0 < groups; g0 += span_groups) {
+    const int64_t g1 = std::min(groups, g0 + span_groups);
+    gemm_tile::row_tiles<kInt4TileRows>(rows, [&](auto tile_rows, int64_t r) {
+      int4_groups<decltype(tile_rows)::value>(x + r * lda, lda, p, sums + r * groups, groups, g0,
+                                              g1, total + r * kPanelCols);
+    });
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int v = 0; v < 4; ++v) {
-      const __m512 y = _mm512_add_ps(_mm512_load_ps(total + r * kPanelCols + 16 * v),
+      const __m512 y = _mm512_add_ps(_mm512_loadu_ps(total + r * kPanelCols + 16 * v),
                                      _mm512_loadu_ps(bias + 16 * v));
       gemm_tile::store16(y, out + r * ldo + 16 * v, cols - 16 * v);
     }
-}
-
-// Rows [0, rows) x one panel. From codes (decode batches, at most kCodeRows rows), several tiles
-// go over the panel span by span (whole groups: kSpanPairs pairs, or one group where a group is
-// longer); otherwise each tile takes the whole panel.
-template <bool Codes, typename Scale>
-void int4_rows(const uint16_t* x, int64_t lda, int64_t rows, const Int4Panel<Scale>& p,
-               const float* sums, int64_t groups, const float* bias, uint16_t* out, int64_t ldo,
-               int64_t cols) {
-  if (Codes && rows > kInt4TileRows) {
-    alignas(64) float total[kCodeRows * kPanelCols] = {};
-    const int64_t span_groups = std::max<int64_t>(1, kSpanPairs / p.group_pairs);
-    for (int64_t g0 = 0; g0 < groups; g0 += span_groups) {
-      const int64_t g1 = std::min(groups, g0 + span_groups);
-      gemm_tile::row_tiles<kInt4TileRows>(rows, [&](auto tile_rows, int64_t r) {
-        int4_groups<decltype(tile_rows)::value, Codes>(x + r * lda, lda, p, sums + r * groups,
-                                                       groups, g0, g1, total + r * kPanelCols);
-      });
-    }
-    store_totals(total, rows, bias, out, ldo, cols);
-    return;
-  }
-  gemm_tile::row_tiles<kInt4TileRows>(rows, [&](auto tile_rows, int64_t r) {
-    constexpr int R = decltype(tile_rows)::value;
-    alignas(64) float total[R * kPanelCols] = {};
-    int4_groups<R, Codes>(x + r * lda, lda, p, sums + r * groups, groups, 0, groups, total);
-    store_totals(total, R, bias, out + r * ldo, ldo, cols);
-  });
 }
 #endif
 
@@ -465,21 +398,12 @@ void int4_product(const T* a, int64_t m, int64_t k, const uint8_t* codes,
   if constexpr (!std::is_same_v<T, uint16_t>) {
     TORCH_CHECK(false, "this build takes bfloat16 x only");
   } else {
-  auto convert = [&](int64_t j, uint16_t* buffer) {
-    convert_panel(codes, j, pairs, kPanelCols, buffer,
-                  [](const uint8_t* pair, __m512bh* w) { nibble_pair(pair, w); });
-  };
-  run_panels(panels, m, pairs, convert, [&](int64_t j, const uint16_t* buffer) {
+  run_panels(panels, m, [&](int64_t j, int64_t r0, int64_t rows, float* total) {
     const int64_t c0 = j * kPanelCols;
-    Int4Panel<Scale> panel{codes + j * pairs * kPanelCols, scales + j * groups * kPanelCols,
-                           mins + j * groups * kPanelCols, pairs, group / 2};
-    const float* b = biases.data() + c0;
-    if (buffer == nullptr) {
-      int4_rows<true>(a, k, m, panel, sums.data(), groups, b, y + c0, n, n - c0);
-    } else {
-      panel.codes = buffer;
-      int4_rows<false>(a, k, m, panel, sums.data(), groups, b, y + c0, n, n - c0);
-    }
+    const Int4Panel<Scale> panel{codes + j * pairs * kPanelCols, scales + j * groups * kPanelCols,
+                                 mins + j * groups * kPanelCols, group / 2};
+    int4_rows(a + r0 * k, k, rows, panel, sums.data() + r0 * groups, groups, biases.data() + c0,
+              total, y + r0 * n + c0, n, n - c0);
   });
   }
 #elif defined(SGLANG_QUANT_AVX2)
