@@ -3,10 +3,10 @@
 // columns, for each pair of inputs the two weights of a column side by side) and run on its
 // tile at every row count: the codes become exact bfloat16 in registers as they stream, tile by
 // tile over spans of the panel that stay in L1, so a row's outputs are the same bits whatever
-// the batch, decode step or prompt chunk. Scales (and int4's mins) are applied to float32 sums, never
-// to the weights: no weight is ever rounded to bfloat16. Sums are float32 in a fixed order per
-// output: results depend neither on the batch nor on the thread count. Without AVX512-BF16 a
-// portable loop computes the same sums.
+// the batch, decode step or prompt chunk. Scales (and int4's mins) are applied to float32 sums,
+// never to the weights: no weight is ever rounded to bfloat16. Sums are float32 in a fixed order
+// per output: results depend neither on the batch nor on the thread count. Without AVX512-BF16
+// a portable loop computes the same sums.
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
