@@ -369,16 +369,14 @@ def compute_dtype(dtype: str) -> str:
 
 
 def our_dtype(args: argparse.Namespace) -> str:
-    """The ``--dtype`` our server runs with: one in ``--server-args`` follows the benchmark's own
-    on its command line, so the last of them wins."""
-    flags = args.server_args.split()
-    given = [args.dtype]
-    for i, flag in enumerate(flags):
-        if flag == "--dtype" and i + 1 < len(flags):
-            given.append(flags[i + 1])
-        elif flag.startswith("--dtype="):
-            given.append(flag.removeprefix("--dtype="))
-    return given[-1]
+    """The ``--dtype`` our server runs with, read by the server's own parser: one in
+    ``--server-args`` follows the benchmark's own on its command line, so the last of them wins."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    flags = ["--dtype", args.dtype, *args.server_args.split()]
+    return parser.parse_known_args(flags)[0].dtype
 
 
 def _launch(args: argparse.Namespace, engine: str, mode: str, model_path: str | None) -> Any:
