@@ -347,6 +347,59 @@ def test_released_checkpoint_pages_leave_the_resident_set_and_read_back(tmp_path
     assert torch.equal(anonymous, values)
 
 
+def test_a_mapped_tensor_is_cast_a_slice_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    """A float16 tensor on a checkpoint's mapping cast to bfloat16: the same values as
+    ``.to``, and when each slice's pages are released, no more than a slice of the file and the
+    kernel's read-ahead is resident (casting it whole would hold all 64 MiB of it beside the
+    copy)."""
+    from safetensors.torch import load_file, save_file
+
+    values = torch.randn(32 * 2**20, generator=torch.Generator().manual_seed(0)).half()
+    save_file({"w": values}, tmp_path / "w.safetensors")
+    mapped = load_file(tmp_path / "w.safetensors")["w"]
+    checkpoint_formats.release_file_pages(mapped)  # start with none of it resident
+    base = _resident_file_mb()
+    resident = []
+    release = checkpoint_formats.release_file_pages
+
+    def recording(tensor: torch.Tensor) -> bool:
+        resident.append(_resident_file_mb() - base)
+        return release(tensor)
+
+    monkeypatch.setattr(checkpoint_formats, "release_file_pages", recording)
+    cast = checkpoint_formats.cast_releasing(mapped, torch.bfloat16, slice_bytes=4 * 2**20)
+    assert torch.equal(cast, values.to(torch.bfloat16))
+    assert len(resident) == 16 + 1 and max(resident) < 16, resident
+    assert _resident_file_mb() - base < 4
+    anonymous = values.clone()
+    assert torch.equal(checkpoint_formats.cast_releasing(anonymous, torch.bfloat16), cast)
+
+
+def test_only_tensors_on_a_mapping_or_views_are_copied_off_the_checkpoint(tmp_path: Path) -> None:
+    """``copy_out_of_checkpoint``: a tensor on a safetensors mapping gets memory of its own
+    (same values), a view of a larger block gets its own storage, and a tensor that owns its
+    memory already is left where it is (no second copy of it, even for a moment)."""
+    from safetensors.torch import load_file, save_file
+
+    from sglang.srt.model_executor.quantization import copy_out_of_checkpoint
+
+    values = torch.arange(2**20, dtype=torch.float32)
+    save_file({"w": values}, tmp_path / "w.safetensors")
+    module = torch.nn.Module()
+    module.mapped = torch.nn.Parameter(load_file(tmp_path / "w.safetensors")["w"])
+    module.own = torch.nn.Parameter(values.clone())
+    module.view = torch.nn.Parameter(values.clone().view(4, -1)[1])
+    own_address = module.own.data_ptr()
+    assert checkpoint_formats.on_checkpoint_mapping(module.mapped)
+    assert copy_out_of_checkpoint(module) == 4 * 2**20 + 2**20
+    assert not checkpoint_formats.on_checkpoint_mapping(module.mapped)
+    assert torch.equal(module.mapped, values)
+    assert module.own.data_ptr() == own_address
+    assert module.view.untyped_storage().nbytes() == 2**20 and torch.equal(
+        module.view, values[2**18 : 2**19]
+    )
+
+
 def test_an_encoder_worker_loads_a_published_checkpoints_tower(root: Path) -> None:
     """``--encoder-only`` on an AWQ checkpoint: the tower loads (as stored: unquantized) without
     the quantized decoder, equal to the language worker's tower."""

@@ -335,6 +335,33 @@ def release_file_pages(tensor: torch.Tensor) -> bool:
     return _libc().madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED) == 0
 
 
+def cast_releasing(
+    source: torch.Tensor, dtype: torch.dtype, slice_bytes: int = 64 << 20
+) -> torch.Tensor:
+    """A copy of ``source`` in ``dtype``; for a tensor on a safetensors mapping, made
+    ``slice_bytes`` of the source at a time, each slice's pages released once copied: the
+    source's pages and the copy are never both resident beyond one slice (casting a 1 GiB
+    float16 head at once would hold both, 2 GiB)."""
+    if not source.is_contiguous() or not on_checkpoint_mapping(source):
+        return source.to(dtype, copy=True)
+    target = torch.empty(source.shape, dtype=dtype)
+    flat, out = source.view(-1), target.view(-1)
+    step = max(1, slice_bytes // source.itemsize)
+    for first in range(0, flat.numel(), step):
+        out[first : first + step].copy_(flat[first : first + step])
+        release_file_pages(flat[first : first + step])
+    release_file_pages(source)  # the pages two slices shared
+    return target
+
+
+def on_checkpoint_mapping(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s bytes lie in a private mapping of a safetensors file."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return False
+    start = tensor.data_ptr()
+    return _in_checkpoint_mapping(start, start + tensor.numel() * tensor.itemsize)
+
+
 @functools.cache
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)

@@ -22,8 +22,8 @@ from torch import nn
 from sglang.srt.layers.checkpoint_formats import (
     CheckpointLinear,
     PrequantizedFormat,
+    cast_releasing,
     refuse,
-    release_file_pages,
 )
 from sglang.srt.model_executor.memory import safetensors_headers
 
@@ -164,17 +164,15 @@ def convert_checkpoint_linears(model: nn.Module) -> int:
 
 def cast_as_declared(model: nn.Module, declared: dict[str, torch.dtype]) -> int:
     """Give each floating tensor the dtype the model declared for it (the checkpoint's float16
-    embeddings, head and tower to bfloat16), one at a time, each source's checkpoint pages
-    released as soon as it is copied: the load never holds a whole second copy of them.
-    Returns how many were cast."""
+    embeddings, head and tower to bfloat16), one at a time and a slice at a time, each slice's
+    checkpoint pages released as soon as it is copied: the load never holds a second copy of
+    more than one slice. Returns how many were cast."""
     count = 0
     for name, tensor in model.state_dict(keep_vars=True).items():
         want = declared.get(name)
         if want is None or not tensor.is_floating_point() or tensor.dtype == want:
             continue
-        source = tensor.data
-        tensor.data = source.to(want)
-        release_file_pages(source)
+        tensor.data = cast_releasing(tensor.data, want)
         count += 1
     return count
 

@@ -34,7 +34,7 @@ from typing import Any
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from sglang.srt.layers import packed_linear, quantized_linear
+from sglang.srt.layers import checkpoint_formats, packed_linear, quantized_linear
 from sglang.srt.model_executor.host_memory import module_bytes
 
 logger = logging.getLogger(__name__)
@@ -291,16 +291,25 @@ def copy_out_of_checkpoint(model: nn.Module) -> int:
     file mapped: the bfloat16 pages the quantizer read stay resident and counted in the
     process (on a 7B model 13-15 GB of reclaimable file pages on top of the real footprint).
     Copying the dense tensors lets the mappings go. The same holds in bfloat16 once the big
-    matrices are packed (``packed_linear``): what is left on the mappings is small. Weights
-    whose storage a packed layout released (an expanded scalar) are left as they are."""
+    matrices are packed (``packed_linear``): what is left on the mappings is small. A tensor
+    on a mapping is copied a slice at a time, each slice's pages released once copied. Weights
+    whose storage a packed layout released (an expanded scalar) are left as they are, and so
+    are tensors that own memory already (cast at load, or made by a quantizer): a copy would
+    only double them for a moment (1 GiB for a 7B's embeddings)."""
     copied = 0
     for tensor in [*model.parameters(), *model.buffers()]:
         if is_traceable_wrapper_subclass(tensor) or tensor.device.type != "cpu":
             continue
         size = tensor.numel() * tensor.element_size()
-        if tensor.untyped_storage().nbytes() < size:  # released by packed_linear
+        storage = tensor.untyped_storage().nbytes()
+        if storage < size:  # released by packed_linear
             continue
-        tensor.data = tensor.data.clone()
+        if checkpoint_formats.on_checkpoint_mapping(tensor):
+            tensor.data = checkpoint_formats.cast_releasing(tensor.data, tensor.dtype)
+        elif storage > size:  # a view that keeps a larger block alive
+            tensor.data = tensor.data.clone()
+        else:
+            continue
         copied += size
     return copied
 
