@@ -32,16 +32,16 @@ CHUNKED_SET = 100  # the first 10 of each category
 MAX_TOKENS = 16
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_TOKENS}
 # What the checkpoint must score in float32 on this set, about 0.1 below what it measures
-# (docs/ocr_reader.md: 0.727 overall, 0.706 text recognition, 0.933 digit strings).
-MIN_ACCURACY = 0.62
-MIN_RECOGNITION = 0.62  # the six text-recognition categories
+# (docs/ocr_reader.md: 0.753 overall, 0.739 text recognition, 0.933 digit strings).
+MIN_ACCURACY = 0.65
+MIN_RECOGNITION = 0.64  # the six text-recognition categories
 MIN_DIGITS = 0.83
 # bfloat16, fp8 KV and the quantized modes: accuracy at most MAX_ACCURACY_DROP below float32's,
 # and the same answer as float32 on at least this share of the questions. The shares follow each
 # mode's rounding: bfloat16 and int8 weights (2^-8 and 2^-7 of a channel's range) flip a few
 # near-tied answers, int8 activations (2^-7 of a row's range) a few more, an fp8 KV cache
 # (2^-4) and int4 weights (1/15 of a group's range) more again (measured 0.99, 0.99, 0.98 /
-# 0.97, 0.97, 0.94; AWQ / GPTQ 0.95, W8A8 0.98).
+# 0.96, 0.95; AWQ / GPTQ 0.96, W8A8 0.98).
 MAX_ACCURACY_DROP = 0.05
 MIN_SAME_ANSWERS = {
     "bfloat16": 0.95,
@@ -49,7 +49,7 @@ MIN_SAME_ANSWERS = {
     "int8dq": 0.93,  # the language model; with the tower too
     "fp8_e4m3": 0.9,
     "int4wo-128": 0.83,
-    "8da4w-128": 0.83,  # int4 weights, int8 activations (measured 0.93, int4wo 0.94 beside it)
+    "8da4w-128": 0.83,  # int4 weights, int8 activations (measured 0.96, int4wo 0.95 beside it)
 }
 CHUNK = 8  # prompt chunks of 8 tokens cut through most images
 
@@ -200,7 +200,7 @@ def test_a_shifted_position_fails_the_threshold(monkeypatch) -> None:
 
     monkeypatch.setattr(ModelRunner, "forward", shift_later_chunks)
     engine = sglang.Engine(model_path=READER, dtype="float32", chunked_prefill_size=CHUNK)
-    assert _accuracy(_read(engine, CHUNKED_SET)) < MIN_ACCURACY  # measured 0.23
+    assert _accuracy(_read(engine, CHUNKED_SET)) < MIN_ACCURACY  # measured 0.27
 
 
 # The training pieces ------------------------------------------------------------------------------
@@ -316,7 +316,7 @@ def test_heldout_split_uses_other_fonts_and_sizes() -> None:
 
 
 def test_training_paths_compute_hfs_loss_and_gradients() -> None:
-    """The tower's one-call attention and matmul patch embedding, and the eager language-model
+    """The tower's grouped attention and matmul patch embedding, and the eager language-model
     attention, that training runs on: the same loss and gradients as HF's own paths (float32),
     on a batch of images of different sizes; an image attending across its neighbour would not
     be."""
@@ -343,6 +343,8 @@ def test_training_paths_compute_hfs_loss_and_gradients() -> None:
         results.append((loss.detach(), [p.grad for p in model.parameters()]))
     (want, want_grads), (got, got_grads) = results
     assert len(set(batch["image_grid_thw"][:, 2].tolist())) > 1  # images of several widths
+    patches = batch["image_grid_thw"].prod(-1).tolist()
+    assert len({(max(16, n) - 1).bit_length() for n in patches}) > 1  # in several length groups
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6 * float(w.abs().max()) + 1e-9)
@@ -352,7 +354,7 @@ def test_training_run_writes_a_servable_checkpoint(tmp_path) -> None:
     from benchmark.train_reader import main
 
     report = main(["--out", str(tmp_path), "--steps", "3", "--batch-size", "4",
-                   "--eval-every", "1", "--curriculum-steps", "2"])  # fmt: skip
+                   "--eval-every", "1", "--curriculum-steps", "2", "--no-compile"])  # fmt: skip
     assert [h["step"] for h in report["history"]] == [0, 1, 2]
     assert report["history"][-1]["heldout_tokens"] > report["history"][0]["heldout_tokens"]
     engine = sglang.Engine(model_path=str(tmp_path), dtype="float32")
