@@ -256,3 +256,54 @@ def test_native_gemm_rejects_what_it_cannot_take() -> None:
         GEMM.linear(torch.zeros(3, 6, dtype=torch.bfloat16), packed, None, 65)
     odd = nn.Linear(5, 8).to(torch.bfloat16)  # odd input size: oneDNN's packing
     assert packed_linear.install([odd]) == 1 and odd.packed_gemm is None
+
+
+class _ReferencePanels:
+    """gemm_bf16's panel layout in torch: (N, K) -> (ceil(N / 64), K / 2, 64, 2), zero-padded."""
+
+    @staticmethod
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        rows, cols = weight.shape
+        padded = torch.zeros(-(-rows // 64) * 64, cols, dtype=weight.dtype)
+        padded[:rows] = weight
+        return padded.view(-1, 64, cols // 2, 2).transpose(1, 2).contiguous()
+
+
+def _resident_anon_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon")
+
+
+@pytest.mark.parametrize("rows", [1000, 1024, 1100])
+def test_a_consumed_weight_is_packed_slice_by_slice_and_given_back(rows, monkeypatch) -> None:
+    """``pack_panels(consume=True)``: the same panels as packing the weight whole (a last
+    slice of a partial panel included), and as each slice is packed its pages go back to the
+    system (the process's anonymous memory shrinks by the slice then and there), so the weight
+    and its panels are never both whole in memory; without ``consume`` nothing goes."""
+    from sglang.srt.layers import checkpoint_formats
+
+    cols = 8192  # 16 KiB a row: 64-row panels of 1 MiB, slices of 4 panels (4 MiB)
+    weight = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
+    weight = weight.to(torch.bfloat16)
+    want = _ReferencePanels.pack(weight)
+    assert torch.equal(packed_linear.pack_panels(_ReferencePanels, weight), want)
+    assert torch.equal(_ReferencePanels.pack(weight), want)  # left as it was
+    source = weight.clone()
+    freed = []
+    drop = checkpoint_formats.drop_pages
+
+    def measured(tensor: torch.Tensor) -> bool:
+        before = _resident_anon_mb()
+        done = drop(tensor)
+        freed.append(before - _resident_anon_mb())
+        return done
+
+    monkeypatch.setattr(checkpoint_formats, "drop_pages", measured)
+    got = packed_linear.pack_panels(_ReferencePanels, source, consume=True, slice_bytes=4 << 20)
+    assert torch.equal(got, want)
+    slices = [min(256, rows - first) * cols * 2 / 2**20 for first in range(0, rows, 256)]
+    assert len(freed) == len(slices)
+    assert all(f > size - 0.1 for f, size in zip(freed, slices)), (freed, slices)
+    assert source[300:500].abs().max() == 0  # inside a slice: anonymous pages read back as 0

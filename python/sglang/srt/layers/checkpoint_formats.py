@@ -327,10 +327,21 @@ def release_file_pages(tensor: torch.Tensor) -> bool:
     whether it did. Memory of any other kind is left alone."""
     if tensor.device.type != "cpu" or tensor.numel() == 0 or not tensor.is_contiguous():
         return False
+    if not on_checkpoint_mapping(tensor):
+        return False
+    return drop_pages(tensor)
+
+
+def drop_pages(tensor: torch.Tensor) -> bool:
+    """Give the whole pages of a contiguous CPU ``tensor`` back to the system
+    (``MADV_DONTNEED``): for memory nothing reads again. Anonymous pages read back as zeros, a
+    private file mapping's as the file's bytes. Returns whether any page went."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0 or not tensor.is_contiguous():
+        return False
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.itemsize
     low, high = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
-    if high <= low or not _in_checkpoint_mapping(start, end):
+    if high <= low:
         return False
     return _libc().madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED) == 0
 

@@ -50,6 +50,8 @@ from torch import nn
 
 from sglang.srt import kernels
 
+PANEL_ROWS = 64  # output rows per panel of the native GEMM's layout (gemm_bf16.cpp)
+
 
 def available() -> bool:
     """Whether bfloat16 weights can be packed here: the native GEMM takes them, or oneDNN's
@@ -73,7 +75,7 @@ def install(modules: Iterable[nn.Module], native_only: bool = False) -> int:
     count = 0
     for module in modules:
         if _eligible(module) and not (native_only and module.weight.shape[1] % 2):
-            _pack(module)
+            _pack(module, consume=True)
             weight = module.weight
             weight.data = stand_in(weight)
             module.forward = types.MethodType(_forward, module)
@@ -157,18 +159,44 @@ def native_gemm() -> Any | None:
     return kernel if kernel is not None and kernel.supported() else None
 
 
-def _pack(module: nn.Linear) -> None:
+def _pack(module: nn.Linear, consume: bool = False) -> None:
     """The packed copy of the module's weight (the native GEMM's where it applies, else
-    oneDNN's), and its bytes for the memory report."""
+    oneDNN's), and its bytes for the memory report. ``consume``: the caller drops the weight
+    once packed, so its pages may go as the panels are made."""
     weight = module.weight.detach()
     gemm = None if weight.shape[1] % 2 else native_gemm()
     if gemm is not None:
-        module.packed_weight = gemm.pack(weight)
+        module.packed_weight = pack_panels(gemm, weight, consume)
         module.packed_weight_bytes = module.packed_weight.numel() * weight.element_size()
     else:
         module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         module.packed_weight_bytes = _weight_bytes(module)
     module.packed_gemm = gemm
+
+
+def pack_panels(
+    gemm: Any, weight: torch.Tensor, consume: bool = False, slice_bytes: int = 64 << 20
+) -> torch.Tensor:
+    """``gemm.pack(weight)``. With ``consume``, made a slice of whole panels at a time, each
+    slice's rows of the weight given back to the system once packed (its file pages, or its
+    anonymous pages where the weight owns all of its storage): the weight and its panels are
+    never both whole in memory (2 GiB at once for a 7B's head). For a weight nothing reads
+    afterwards."""
+    from sglang.srt.layers import checkpoint_formats  # which imports this module
+
+    rows, cols = weight.shape
+    step = PANEL_ROWS * max(1, slice_bytes // (PANEL_ROWS * cols * weight.element_size()))
+    if not consume or rows <= step or not weight.is_contiguous():
+        return gemm.pack(weight)
+    owned = weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+    packed = torch.empty(-(-rows // PANEL_ROWS), cols // 2, PANEL_ROWS, 2, dtype=weight.dtype)
+    for first in range(0, rows, step):
+        piece = weight[first : first + step]
+        panel = first // PANEL_ROWS
+        packed[panel : panel + -(-piece.shape[0] // PANEL_ROWS)] = gemm.pack(piece)
+        if not checkpoint_formats.release_file_pages(piece) and owned:
+            checkpoint_formats.drop_pages(piece)
+    return packed
 
 
 def _weight_bytes(module: nn.Linear) -> int:
