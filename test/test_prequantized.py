@@ -360,13 +360,13 @@ def test_a_mapped_tensor_is_cast_a_slice_at_a_time(tmp_path: Path, monkeypatch) 
     checkpoint_formats.release_file_pages(mapped)  # start with none of it resident
     base = _resident_file_mb()
     resident = []
-    release = checkpoint_formats.release_file_pages
+    drop = checkpoint_formats.drop_pages
 
     def recording(tensor: torch.Tensor) -> bool:
         resident.append(_resident_file_mb() - base)
-        return release(tensor)
+        return drop(tensor)
 
-    monkeypatch.setattr(checkpoint_formats, "release_file_pages", recording)
+    monkeypatch.setattr(checkpoint_formats, "drop_pages", recording)
     cast = checkpoint_formats.cast_releasing(mapped, torch.bfloat16, slice_bytes=4 * 2**20)
     assert torch.equal(cast, values.to(torch.bfloat16))
     assert len(resident) == 16 + 1 and max(resident) < 16, resident

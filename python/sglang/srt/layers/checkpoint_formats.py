@@ -325,11 +325,7 @@ def release_file_pages(tensor: torch.Tensor) -> bool:
     mapping of a safetensors file (safetensors maps files copy-on-write and nothing writes a
     checkpoint's tensors, so a later read faults the same bytes in from the file); returns
     whether it did. Memory of any other kind is left alone."""
-    if tensor.device.type != "cpu" or tensor.numel() == 0 or not tensor.is_contiguous():
-        return False
-    if not on_checkpoint_mapping(tensor):
-        return False
-    return drop_pages(tensor)
+    return on_checkpoint_mapping(tensor) and drop_pages(tensor)
 
 
 def drop_pages(tensor: torch.Tensor) -> bool:
@@ -358,10 +354,10 @@ def cast_releasing(
     target = torch.empty(source.shape, dtype=dtype)
     flat, out = source.view(-1), target.view(-1)
     step = max(1, slice_bytes // source.itemsize)
-    for first in range(0, flat.numel(), step):
+    for first in range(0, flat.numel(), step):  # on the mapping, as the whole source is
         out[first : first + step].copy_(flat[first : first + step])
-        release_file_pages(flat[first : first + step])
-    release_file_pages(source)  # the pages two slices shared
+        drop_pages(flat[first : first + step])
+    drop_pages(source)  # the pages two slices shared
     return target
 
 

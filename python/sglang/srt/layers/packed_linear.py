@@ -189,12 +189,13 @@ def pack_panels(
     if not consume or rows <= step or not weight.is_contiguous():
         return gemm.pack(weight)
     owned = weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+    give_back = owned or checkpoint_formats.on_checkpoint_mapping(weight)
     packed = torch.empty(-(-rows // PANEL_ROWS), cols // 2, PANEL_ROWS, 2, dtype=weight.dtype)
     for first in range(0, rows, step):
         piece = weight[first : first + step]
         panel = first // PANEL_ROWS
         packed[panel : panel + -(-piece.shape[0] // PANEL_ROWS)] = gemm.pack(piece)
-        if not checkpoint_formats.release_file_pages(piece) and owned:
+        if give_back:
             checkpoint_formats.drop_pages(piece)
     return packed
 
