@@ -236,6 +236,8 @@ def counter_delta(
 PERF_KEYS = (
     "vision_seconds",
     "vision_flops",
+    "vision_attention_seconds",
+    "vision_attention_flops",
     "lm_attention_seconds",
     "lm_attention_flops",
     "lm_linear_flops",
@@ -267,6 +269,53 @@ def achieved(delta: dict[str, float] | None, peak_gflops: float | None) -> dict[
         out[f"{part}_gflops"] = flops / 1e9 if delta else None
         out[f"{part}_gflop_per_s"] = rate
         out[f"{part}_of_peak"] = rate / peak_gflops if rate and peak_gflops else None
+    return out
+
+
+ROUND_PARTS = ("vision_attention", "vision_dense", "lm_attention", "lm_dense")
+
+
+def parts_of_round(
+    perf: dict[str, float] | None,
+    encoder: dict[str, float] | None,
+    ttft_s: float,
+    peaks: dict[str, float | None],
+) -> dict[str, Any]:
+    """A prefill round's work in four parts (``ROUND_PARTS``), each against ``peaks[part]``,
+    the peak of the arithmetic it runs in: the vision tower's attention and the LM's attention;
+    the rest of the tower (linears, patch embedding, and the norms and activations between
+    them) and of the LM forward (linears, head, norms, KV stores), which under int8dq multiply
+    int8. Each part: ``<part>_ms``, ``<part>_gflop_per_s``, ``<part>_of_peak``.
+    ``mfu_at_part_peaks``: the round's time if every part ran at its own peak, over TTFT (1.0 =
+    no time lost anywhere, API and preprocessing included)."""
+    if perf is None:
+        return {}
+    encoder_s = encoder["encoder_seconds"] if encoder else perf["vision_seconds"]
+    lm_s = max(perf["prefill_forward_seconds"] - encoder_s, 0.0)
+    vision_attention_s = perf["vision_attention_seconds"]
+    work = {
+        "vision_attention": (vision_attention_s, perf["vision_attention_flops"]),
+        "vision_dense": (
+            perf["vision_seconds"] - vision_attention_s,
+            perf["vision_flops"] - perf["vision_attention_flops"],
+        ),
+        "lm_attention": (perf["lm_attention_seconds"], perf["lm_attention_flops"]),
+        "lm_dense": (
+            lm_s - perf["lm_attention_seconds"],
+            perf["lm_linear_flops"] + perf["lm_head_flops"],
+        ),
+    }
+    out: dict[str, Any] = {}
+    ideal_s: float | None = 0.0
+    for part, (seconds, flops) in work.items():
+        peak = peaks.get(part)
+        rate = flops / seconds / 1e9 if seconds > 0 else None
+        out[f"{part}_ms"] = seconds * 1e3
+        out[f"{part}_gflop_per_s"] = rate
+        out[f"{part}_of_peak"] = rate / peak if rate and peak else None
+        if ideal_s is not None:
+            ideal_s = ideal_s + flops / (peak * 1e9) if peak else (None if flops else ideal_s)
+    out["mfu_at_part_peaks"] = ideal_s / ttft_s if ideal_s is not None and ttft_s > 0 else None
     return out
 
 

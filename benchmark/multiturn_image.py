@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from benchmark.common import (
     CACHE_MODES,
+    ROUND_PARTS,
     THINK_MODES,
     achieved,
     chat,
@@ -44,6 +45,7 @@ from benchmark.common import (
     matmul_peak_gflops,
     memory_bandwidth_gbs,
     parse_resolution,
+    parts_of_round,
     paused,
     perf_counters,
     process_tree_cpu_seconds,
@@ -87,6 +89,7 @@ def conversation_rounds(
     peak_gflops: float | None = None,
     server_pid: int | None = None,
     bandwidth_gbs: float | None = None,
+    part_peaks: dict[str, float | None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Warm up with an unrelated image, flush the caches, then play the rounds, yielding each
     when it is done (image ids ``image_offset + round``: repetitions use new images, so no engine
@@ -136,6 +139,7 @@ def conversation_rounds(
                 "gc_collections": int(gc["collections"]) if gc else None,
                 **achieved(perf, peak_gflops),
                 **round_breakdown(perf, delta, res.ttft, peak_gflops, bandwidth_gbs),
+                **parts_of_round(perf, delta, res.ttft, part_peaks or {}),
             }
         )
         if progress is not None:
@@ -322,9 +326,39 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
                     split_rows,
                 )  # fmt: skip
             )
+        part_rows = [
+            [lb, r, e["mfu"], e["mfu_at_part_peaks"],
+             *[e[f"{part}_{k}"] for part in ROUND_PARTS for k in ("ms", "of_peak")]]
+            for lb in labels if lb.startswith("ours")
+            for r, e in enumerate(by.get(lb, [])) if e.get("mfu_at_part_peaks") is not None
+        ]  # fmt: skip
+        if part_rows:
+            parts.append(
+                "MFU per part: each part's ms and its rate over the peak of the arithmetic it "
+                "runs in (config.part_dtypes); MFU at part peaks = the round at every part's "
+                "peak over TTFT:\n\n"
+                + markdown_table(
+                    [
+                        "run",
+                        "round",
+                        "MFU",
+                        "MFU at part peaks",
+                        *[f"{PART_NAMES[p]} {k}" for p in ROUND_PARTS for k in ("ms", "/ peak")],
+                    ],
+                    part_rows,
+                )  # fmt: skip
+            )
         ratios = {k: v for k, v in s.items() if isinstance(v, float)}
         parts.append("ratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in ratios.items()))
     return "\n\n".join(parts) + "\n"
+
+
+PART_NAMES = {
+    "vision_attention": "ViT attn",
+    "vision_dense": "ViT rest",
+    "lm_attention": "LM attn",
+    "lm_dense": "LM rest",
+}
 
 
 def plot(runs: list[dict[str, Any]], resolutions: list[str], path: Path) -> None:
@@ -368,15 +402,38 @@ def compute_dtype(dtype: str) -> str:
     return dtype_name(resolve_dtype(dtype, transformers.PretrainedConfig(), "cpu").dtype)
 
 
-def our_dtype(args: argparse.Namespace) -> str:
-    """The ``--dtype`` our server runs with, read by the server's own parser: one in
-    ``--server-args`` follows the benchmark's own on its command line, so the last of them wins."""
+def our_server_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Our server's flags, read by the server's own parser: ``--server-args`` follows the
+    benchmark's own ``--dtype`` on its command line, so the last of them wins."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(add_help=False)
     ServerArgs.add_cli_args(parser)
     flags = ["--dtype", args.dtype, *args.server_args.split()]
-    return parser.parse_known_args(flags)[0].dtype
+    return parser.parse_known_args(flags)[0]
+
+
+def our_dtype(args: argparse.Namespace) -> str:
+    """The ``--dtype`` our server runs with."""
+    return our_server_args(args).dtype
+
+
+def part_dtypes(args: argparse.Namespace) -> dict[str, str]:
+    """The arithmetic each part of a round (``ROUND_PARTS``) runs in, whose matmul peak it is
+    counted against: int8 for the linears that take int8 activations (int8dq and 8da4w in the
+    language model, the tower too with ``--vision-int8dq``), the compute dtype elsewhere
+    (attention always)."""
+    from sglang.srt.model_executor.quantization import dynamic_activations
+
+    ours = our_server_args(args)
+    compute = compute_dtype(ours.dtype)
+    dynamic = bool(ours.torchao_config) and dynamic_activations(ours.torchao_config)
+    return {
+        "vision_attention": compute,
+        "vision_dense": "int8" if dynamic and ours.vision_int8dq else compute,
+        "lm_attention": compute,
+        "lm_dense": "int8" if dynamic else compute,
+    }
 
 
 def _launch(args: argparse.Namespace, engine: str, mode: str, model_path: str | None) -> Any:
@@ -479,9 +536,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model_path = args.model_path or (
         None if args.base_url else default_model(args.model_size or preset["size"], args.family)
     )
-    # int8dq's linears multiply int8: its MFU is counted against vpdpbusd's own rate
-    probe_dtype = "int8" if "int8dq" in args.server_args else compute_dtype(our_dtype(args))
-    peak = None if args.no_probe else matmul_peak_gflops(dtype=probe_dtype)
+    # int8dq's linears multiply int8: its MFU is counted against vpdpbusd's own rate, and each
+    # part of a round against the peak of its own arithmetic
+    dtypes = part_dtypes(args)
+    probes = {} if args.no_probe else {d: matmul_peak_gflops(dtype=d) for d in {*dtypes.values()}}
+    peak = probes.get(dtypes["lm_dense"])
     bandwidth = None if args.no_probe else memory_bandwidth_gbs()
     extra = think_mode_body(args.think_mode)
     plan = [("external", "")] if args.base_url else targets(args)
@@ -493,6 +552,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     common = {
         "max_tokens": args.max_tokens, "progress": bar, "extra": extra,
         "peak_gflops": peak["gflop_per_s"] if peak else None,
+        "part_peaks": {part: probes[d]["gflop_per_s"] if probes else None
+                       for part, d in dtypes.items()},
         "bandwidth_gbs": bandwidth["gb_per_s"] if bandwidth else None,
     }  # fmt: skip
     interleaved = args.interleave and not args.base_url
@@ -537,6 +598,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "engines": [run["label"] for run in runs if run["resolution"] == resolutions[0]],
             "interleaved": interleaved,
             "matmul_peak": peak,
+            "matmul_peaks": probes,
+            "part_dtypes": dtypes,
             "memory_bandwidth": bandwidth,
             "cpu": cpu,
             "gpu": gpu,

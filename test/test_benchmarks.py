@@ -155,6 +155,60 @@ def test_multiturn_image_probes_the_dtype_our_server_runs(dtype, server_args, wa
     assert our_dtype(argparse.Namespace(dtype=dtype, server_args=server_args)) == want
 
 
+@pytest.mark.parametrize(
+    ("dtype", "server_args", "vision_dense", "lm_dense", "attention"),
+    [("bfloat16", "", "bfloat16", "bfloat16", "bfloat16"),
+     ("float32", "", "float32", "float32", "float32"),
+     ("bfloat16", "--torchao-config int8wo", "bfloat16", "bfloat16", "bfloat16"),
+     ("bfloat16", "--torchao-config int8dq", "bfloat16", "int8", "bfloat16"),
+     ("bfloat16", "--torchao-config int8dq --vision-int8dq", "int8", "int8", "bfloat16"),
+     ("bfloat16", "--torchao-config 8da4w-128 --vision-int8dq", "int8", "int8", "bfloat16")],
+)  # fmt: skip
+def test_multiturn_image_counts_each_part_against_its_arithmetic(
+    dtype, server_args, vision_dense, lm_dense, attention
+) -> None:
+    """Linears that take int8 activations count against the int8 product's peak (the tower's
+    only with --vision-int8dq); attention, and weight-only widths, against the compute dtype's."""
+    import argparse
+
+    from benchmark.multiturn_image import part_dtypes
+
+    got = part_dtypes(argparse.Namespace(dtype=dtype, server_args=server_args))
+    assert got == {"vision_attention": attention, "vision_dense": vision_dense,
+                   "lm_attention": attention, "lm_dense": lm_dense}  # fmt: skip
+
+
+def test_parts_of_round_split_the_forwards_time_and_work() -> None:
+    """Attention and the rest, in the tower and in the LM: the four parts' times add up to the
+    prefill forwards' time, each rate is its FLOPs over its time, and MFU at part peaks is the
+    time at every part's peak over TTFT."""
+    from benchmark.common import parts_of_round
+
+    perf = {
+        "vision_seconds": 0.15, "vision_flops": 180e9, "vision_attention_seconds": 0.04,
+        "vision_attention_flops": 25e9, "lm_attention_seconds": 0.01, "lm_attention_flops": 3e9,
+        "lm_linear_flops": 180e9, "lm_head_flops": 1e9, "prefill_forward_seconds": 0.3,
+    }  # fmt: skip
+    encoder = {"encoder_seconds": 0.16}  # the tower plus its preprocessing
+    peaks = {"vision_attention": 1000.0, "vision_dense": 2000.0, "lm_attention": 1000.0,
+             "lm_dense": 2000.0}  # fmt: skip
+    out = parts_of_round(perf, encoder, 0.4, peaks)
+    ms = {p: out[f"{p}_ms"] for p in peaks}
+    assert ms == pytest.approx(
+        {"vision_attention": 40, "vision_dense": 110, "lm_attention": 10, "lm_dense": 130}
+    )
+    assert out["vision_dense_gflop_per_s"] == pytest.approx(155 / 0.11)
+    assert out["lm_dense_of_peak"] == pytest.approx(181 / 0.13 / 2000)
+    assert out["vision_attention_of_peak"] == pytest.approx(25 / 0.04 / 1000)
+    ideal = 25 / 1000 + 155 / 2000 + 3 / 1000 + 181 / 2000  # seconds (GFLOP / GFLOP/s)
+    assert out["mfu_at_part_peaks"] == pytest.approx(ideal / 0.4)
+    # a part without a probed peak: its rate stands, nothing is counted against a peak
+    partial = parts_of_round(perf, encoder, 0.4, {**peaks, "lm_attention": None})
+    assert partial["lm_attention_of_peak"] is None and partial["mfu_at_part_peaks"] is None
+    assert partial["lm_attention_gflop_per_s"] == pytest.approx(300)
+    assert parts_of_round(None, encoder, 0.4, peaks) == {}
+
+
 def test_quant_linear_counts_each_width_against_its_products_peak(monkeypatch) -> None:
     """Weight-only int8 / int4 multiply in the float product (bfloat16, or float32 without it);
     only int8dq and 8da4w count against the int8 product's peak."""
@@ -211,10 +265,15 @@ def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path, interleave: bool
         assert config["matmul_peak"] is None and config["memory_bandwidth"] is None
         return
     assert config["matmul_peak"]["gflop_per_s"] > 0 and config["memory_bandwidth"]["gb_per_s"] > 0
-    for r in per_image:  # the round's work and its MFU
+    for r in per_image:  # the round's work and its MFU, in all and per part
         assert r["round_gflops"] > 0 and 0 < r["mfu"] < 1
+        assert r["vision_attention_ms"] > 0 and r["vision_dense_ms"] > 0
+        assert r["vision_attention_ms"] + r["vision_dense_ms"] == pytest.approx(r["vision_ms"])
+        assert 0 < r["vision_attention_of_peak"] < 1 and 0 < r["lm_dense_of_peak"] < 1
+        # float32 here: every part counts against the one peak, as the round's MFU does
+        assert r["mfu_at_part_peaks"] == pytest.approx(r["mfu"])
         assert r["decode_ms_per_step"] > 0 and 0 < r["decode_of_bandwidth"] < 1
-    assert "MFU" in out.with_suffix(".md").read_text()
+    assert "MFU at part peaks" in out.with_suffix(".md").read_text()
 
 
 @needs_server

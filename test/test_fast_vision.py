@@ -133,6 +133,9 @@ def test_attention_flops_follow_each_cu_seqlens_tensor() -> None:
     second = torch.tensor([0, 6, 12], dtype=torch.int32)
     fast_vision.varlen_vision_attention(module, q, q, q, None, cu_seq_lens_q=second)
     assert counters.vision_flops == 4.0 * 2 * 8 * (3 * (4**2 + 8**2) + 2 * 6**2)
+    # the attention's share, kept apart: all of this tower's FLOPs, and the calls' seconds
+    assert counters.vision_attention_flops == counters.vision_flops
+    assert 0 < counters.vision_attention_seconds < 60
 
 
 def test_other_families_are_left_alone() -> None:

@@ -2,7 +2,9 @@
 
 - Vision tower: seconds inside the tower's forward; FLOPs of its linear layers (2 x in x out
   per row, counted by forward hooks), of its patch embedding, and of its attention (counted by
-  ``varlen_vision_attention``: 4 x heads x dim x len^2 per segment).
+  ``varlen_vision_attention``: 4 x heads x dim x len^2 per segment). The attention's seconds
+  and FLOPs are also kept apart (``vision_attention_*``, included in ``vision_*``): under
+  int8dq the tower's linears multiply int8 and its attention bfloat16, two different peaks.
 - Language-model attention of prefill forwards (prompts and their chunks: the work before a
   request's first token): seconds inside the attention backend (KV store + attention) and the
   FLOPs of causal attention, 4 x heads x dim x queries x (mean keys per query). Decode
@@ -32,6 +34,8 @@ class PerfCounters:
     vision_seconds: float = 0.0
     vision_flops: float = 0.0
     vision_calls: int = 0
+    vision_attention_seconds: float = 0.0
+    vision_attention_flops: float = 0.0
     lm_attention_seconds: float = 0.0
     lm_attention_flops: float = 0.0
     decode_attention_seconds: float = 0.0
@@ -45,6 +49,11 @@ class PerfCounters:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def add_vision_attention(self, seconds: float, flops: float) -> None:
+        self.vision_attention_seconds += seconds
+        self.vision_attention_flops += flops
+        self.vision_flops += flops
 
     def add_lm_attention(self, seconds: float, flops: float) -> None:
         self.lm_attention_seconds += seconds

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import types
 import weakref
 from collections.abc import Callable
@@ -76,6 +77,7 @@ def varlen_vision_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
         )
         return out.transpose(1, 2).contiguous(), None
+    started = time.perf_counter()
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (N, heads, dim) views
     kernel = getattr(module, "attention_kernel", None)
     max_length = kwargs.get("max_length_q")
@@ -88,7 +90,9 @@ def varlen_vision_attention(
         out = _segments_by_runs(q, k, v, cu_seq_lens_q.tolist(), scaling, dropout)
     counters = getattr(module, "perf_counters", None)
     if counters is not None:
-        counters.vision_flops += 4.0 * q.shape[1] * q.shape[2] * _squared_lengths(cu_seq_lens_q)
+        elapsed = time.perf_counter() - started
+        flops = 4.0 * q.shape[1] * q.shape[2] * _squared_lengths(cu_seq_lens_q)
+        counters.add_vision_attention(elapsed, flops)
     return out.unsqueeze(0), None
 
 
