@@ -142,11 +142,15 @@ def dynamic_int4(
 
 class DynamicReference(nn.Module):
     """HF's linear replaced by the dynamic modes' product in float64 (``dynamic_int8``,
-    ``dynamic_int4``), in x's dtype: the reference for the engine's int8dq and 8da4w."""
+    ``dynamic_int4``), in x's dtype: the reference for the engine's int8dq and 8da4w. Like the
+    engine's quantized layers it keeps the linear's sizes and a stand-in ``weight`` of the
+    model's ``dtype`` (code that calls a linear reads them)."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, dtype: torch.dtype) -> None:
         super().__init__()
         out_features, in_features = layer.out_features, layer.in_features
+        self.out_features, self.in_features = out_features, in_features
+        self.weight = torch.zeros((), dtype=dtype).expand(out_features, in_features)
         self.bits, self.group = layer.bits, layer.group
         if layer.bits == 8:
             self.codes = int8_quad_codes(layer.qweight, out_features, in_features)

@@ -40,6 +40,7 @@ from sglang.srt.model_executor.quantization import (
     quantize_head_and_embeddings,
     quantize_vision_tower,
 )
+from sglang.srt.models import fast_vision
 from sglang.srt.models.adapters import UnsupportedModelError, check_model
 
 ONE_TOKEN = {"temperature": 0, "max_new_tokens": 1}
@@ -97,8 +98,13 @@ def _loaded(family: str, dtype: torch.dtype) -> nn.Module:
 
 def _fresh_hf(family: str, dtype: torch.dtype) -> nn.Module:
     """HF's model loaded in ``dtype``, a copy of its own to change (a copy of a model loaded
-    once: loading it again takes ~10x as long)."""
-    return copy.deepcopy(_loaded(family, dtype))
+    once: loading it again takes ~10x as long). A Qwen-VL tower's patchwise Conv3d becomes the
+    equal linear over flattened patches, as the engine serves it, so that it is quantized with
+    the tower's other linears here too."""
+    model = copy.deepcopy(_loaded(family, dtype))
+    if model.config.model_type in fast_vision.FAST_VISION_MODEL_TYPES:
+        assert fast_vision.patch_embeddings_as_linears(model.model.visual) == 1
+    return model
 
 
 def _hf_bf16(family: str) -> nn.Module:
@@ -114,7 +120,7 @@ def _hf_with_the_weights_of(family: str, quantized: nn.Module, dtype: torch.dtyp
             # a head tied to the embeddings serves their lookups from its codes
             model.get_submodule(name).weight.data = exact_weight(layer).to(dtype)
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, DynamicReference(layer))
+            setattr(model.get_submodule(parent), child, DynamicReference(layer, dtype))
         elif isinstance(layer, QuantizedLinear):
             linear = model.get_submodule(name)
             linear.weight.data = exact_weight(layer).to(dtype)
@@ -264,6 +270,9 @@ def _assert_weights_quantized(
     assert report["vision_layers_int8"] == len(tower)
     assert (len(tower) > 0) == (_int4(config) or vision_int8dq)
     assert all(m.dynamic == vision_int8dq for m in tower)
+    patch_embed = getattr(getattr(model.model, "visual", None), "patch_embed", None)
+    if tower and model.config.model_type in fast_vision.FAST_VISION_MODEL_TYPES:
+        assert patch_embed.proj in tower  # the patchwise Conv3d, served as a linear
     in_lm = {id(p) for p in language_model.parameters()}
     outside = [p for p in model.parameters() if id(p) not in in_lm]
     assert outside and not any(is_traceable_wrapper_subclass(p) for p in outside)

@@ -98,7 +98,11 @@ def instrument_vision(tower: nn.Module, counters: PerfCounters) -> None:
     for module in tower.modules():
         if isinstance(module, nn.Linear):
             module.register_forward_hook(_count_linear(counters))
-        elif type(module).__name__.endswith("PatchEmbed") and hasattr(module, "proj"):
+        elif (
+            type(module).__name__.endswith("PatchEmbed")
+            and hasattr(module, "proj")
+            and not isinstance(module.proj, nn.Linear)  # counted as a linear
+        ):
             module.register_forward_hook(_count_patch_embed(counters))
 
 

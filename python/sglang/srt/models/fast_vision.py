@@ -30,9 +30,12 @@ Five changes, checked against HF's own tower in ``test/test_fast_vision.py``:
   Since the result is identical, the replacement is left in place for the process (other
   inputs go to HF's function).
 - **Patch embedding as one matrix product**: a Conv3d whose kernel equals its stride over
-  inputs of exactly one kernel each is a linear map of the flattened patch. The sum runs in
-  another order than the convolution's, so embeddings differ from HF's in the last bits
-  (|d| ~ 1e-6 relative); greedy outputs stay equal to HF's in the parity tests.
+  inputs of exactly one kernel each is a linear map of the flattened patch, so the embedding's
+  ``proj`` becomes that ``nn.Linear`` (the Conv3d weight's own storage, viewed as (out, in)).
+  Being a plain linear of the tower, it is then served as the tower's other linears are: on
+  packed weights in bfloat16, in int8dq with ``--vision-int8dq``. The sum runs in another order
+  than the convolution's, so embeddings differ from HF's in the last bits (|d| ~ 1e-6
+  relative); greedy outputs stay equal to HF's in the parity tests.
   ``SGLANG_EXACT_PATCH_EMBED=1`` keeps HF's Conv3d.
 """
 
@@ -227,10 +230,26 @@ def install(model: nn.Module, config: Any, counters: PerfCounters | None = None)
     if on_cpu:
         _install_native_rotary(tower)
     if os.environ.get("SGLANG_EXACT_PATCH_EMBED", "0") != "1":
-        for module in tower.modules():
-            if type(module).__name__.endswith("PatchEmbed") and _is_patchwise_conv(module):
-                module.forward = types.MethodType(_patch_embed_as_linear, module)
+        patch_embeddings_as_linears(tower)
     return True
+
+
+def patch_embeddings_as_linears(tower: nn.Module) -> int:
+    """Swap the patchwise Conv3d of every ``*PatchEmbed`` in ``tower`` for the equivalent
+    ``nn.Linear`` over flattened patches (in place); returns how many."""
+    count = 0
+    for module in list(tower.modules()):
+        if type(module).__name__.endswith("PatchEmbed") and _is_patchwise_conv(module):
+            conv = module.proj
+            weight = conv.weight.detach().reshape(conv.out_channels, -1)
+            linear = nn.Linear(weight.shape[1], weight.shape[0], conv.bias is not None, "meta")
+            linear.weight = nn.Parameter(weight, requires_grad=False)
+            if conv.bias is not None:
+                linear.bias = nn.Parameter(conv.bias.detach(), requires_grad=False)
+            module.proj = linear
+            module.forward = types.MethodType(_patch_embed_as_linear, module)
+            count += 1
+    return count
 
 
 ROTARY_FUNCTION = "apply_rotary_pos_emb_vision"
@@ -293,10 +312,8 @@ def _is_patchwise_conv(module: nn.Module) -> bool:
 def _patch_embed_as_linear(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """Rows of ``hidden_states`` are flattened (channel, time, height, width) patches, the
     layout of the Conv3d weight: one patch under the kernel is one dot product per channel."""
-    weight = self.proj.weight
-    flat = weight.reshape(weight.shape[0], -1)
-    x = hidden_states.reshape(-1, flat.shape[1]).to(weight.dtype)
-    return F.linear(x, flat, self.proj.bias)
+    proj = self.proj
+    return proj(hidden_states.reshape(-1, proj.in_features).to(proj.weight.dtype))
 
 
 def compile_tower(model: nn.Module) -> None:
