@@ -384,9 +384,9 @@ def test_bf16_models_swap_activations_and_float32_keeps_hf() -> None:
     assert NativeQuickGELU in kinds(bf16) and QuickGELUActivation not in kinds(bf16)
     fp32 = sglang.Engine(model_path=model_dir("qwen2_vl"), dtype="float32")
     assert QuickGELUActivation in kinds(fp32) and NativeQuickGELU not in kinds(fp32)
-    gated = [hasattr(m, "_silu_and_mul") for m in bf16.runner.adapter.language_model.modules()]
-    assert any(gated)
-    assert not any(hasattr(m, "_silu_and_mul") for m in fp32.runner.model.modules())
+    for name in ("_silu_and_mul", "_rms_norm"):  # the gated MLPs and the norms likewise
+        assert any(hasattr(m, name) for m in bf16.runner.adapter.language_model.modules())
+        assert not any(hasattr(m, name) for m in fp32.runner.model.modules())
     for engine in (bf16, fp32):
         engine.shutdown()
 
@@ -465,3 +465,91 @@ def test_gated_silu_mlps_are_routed_only_where_the_forward_is_hfs() -> None:
     assert torch.equal(routed(x.float()), _GatedMLP.forward(routed, x.float()))
     assert calls == [(5, 16)]  # float32: HF's path
     assert all("forward" not in vars(m) for m in others)
+
+
+RMS_NORM = kernels.load("rms_norm")
+needs_rms_norm = needs_compiler
+
+
+def _llama_norm(width: int, eps: float, gen: torch.Generator) -> torch.nn.Module:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(width, eps=eps).bfloat16()
+    norm.weight.data = (torch.randn(width, generator=gen) * 2).bfloat16()
+    return norm
+
+
+@needs_rms_norm
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    shape=st.sampled_from([(1, 16), (3, 33), (64, 80), (2, 5, 48), (7, 1536), (1, 3584)]),
+    scale=st.sampled_from([1e-3, 1.0, 8.0, 300.0]),
+    eps=st.sampled_from([1e-6, 1e-5]),
+    seed=st.integers(0, 2**16),
+)
+def test_rms_norm_rounds_where_hf_rounds(shape, scale, eps, seed) -> None:
+    """bfloat16 rows through HF's Llama RMSNorm and the kernel: HF's result, or one unit in the
+    last place from it (the sum of squares is added in another order); a row of zeros too."""
+    gen = torch.Generator().manual_seed(seed)
+    norm = _llama_norm(shape[-1], eps, gen)
+    x = (torch.randn(shape, generator=gen) * scale).bfloat16()
+    x[(0,) * (x.dim() - 1)] = 0.0
+    want = norm(x)
+    got = RMS_NORM.rms_norm(x, norm.weight, eps)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    same = got == want
+    ulp = want.float().abs().clamp_min(2.0**-126) * 2.0**-7
+    assert ((got.float() - want.float()).abs()[~same] <= ulp[~same]).all()
+    assert same.float().mean() >= 0.99
+
+
+class _ShiftedNorm(torch.nn.Module):
+    """A Llama RMSNorm with one change (a shifted weight): not HF's definition."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(width))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return (1 + self.weight) * hidden_states.to(input_dtype)
+
+
+@needs_rms_norm
+def test_rms_norms_are_routed_only_where_the_forward_is_hfs() -> None:
+    """Llama-style norms (another argument name too) reach the kernel, within a rounding of HF
+    in bfloat16 and by HF's own path in float32; Gemma's ``1 + weight`` norm and a changed
+    formula keep their code."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRMSNorm
+
+    from sglang.srt.layers import native_norm
+
+    gen = torch.Generator().manual_seed(0)
+    llama = _llama_norm(64, 1e-6, gen)
+    qwen = Qwen2VLRMSNorm(64).bfloat16()
+    others = [Gemma3RMSNorm(64).bfloat16(), _ShiftedNorm(64).bfloat16()]
+    x = (torch.randn(5, 64, generator=gen) * 4).bfloat16()
+    want = [m(x) for m in (llama, qwen, *others)]
+    assert native_norm.install_rms_norms([llama, qwen, *others]) == 2
+    assert all("forward" not in vars(m) for m in others)
+    calls = []
+    real = llama._rms_norm
+
+    class Spy:
+        def rms_norm(self, x, weight, eps):
+            calls.append((x.shape, eps))
+            return real.rms_norm(x, weight, eps)
+
+    llama._rms_norm = Spy()
+    for module, expected in zip((llama, qwen), want):
+        got = module(x)
+        assert (got.float() - expected.float()).abs().max() <= 2**-7 * expected.float().abs().max()
+    assert calls == [((5, 64), 1e-6)]
+    llama.float()
+    assert torch.equal(llama(x.float()), type(llama).forward(llama, x.float()))
+    assert len(calls) == 1  # float32: HF's path

@@ -41,6 +41,7 @@ from sglang.srt.model_executor.host_memory import (
     host_memory_available,
     host_memory_total,
 )
+from sglang.srt.models import fast_vision
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +123,13 @@ def _is_lm_linear(name: str, shape: tuple[int, ...]) -> bool:
     )
 
 
-def _is_tower_linear(name: str, shape: tuple[int, ...]) -> bool:
-    """A linear weight of the vision tower or projector (what int4 stores in int8)."""
+def _is_tower_linear(name: str, shape: tuple[int, ...], patch_linear: bool = False) -> bool:
+    """A linear weight of the vision tower or projector (what int4 stores in int8); with
+    ``patch_linear``, the patchwise Conv3d of the patch embedding too (served as a linear:
+    ``fast_vision.patch_embedding_is_linear``)."""
     tower = any(word in name for word in _NOT_LM if word != "norm")
+    if patch_linear and tower and name.endswith("patch_embed.proj.weight") and len(shape) == 5:
+        return True
     return tower and len(shape) == 2 and name.endswith(".weight") and "embed" not in name
 
 
@@ -159,6 +164,7 @@ def tensor_bytes_as(
     quant: Quantization | None,
     untied_head: bool = False,
     published: PrequantizedFormat | None = None,
+    patch_linear: bool = False,
 ) -> int:
     """Bytes one checkpoint tensor takes once loaded in ``run_dtype`` (floating tensors) and,
     for the language model's linear weights, quantized as they are stored: int8 = 1 byte per
@@ -168,7 +174,7 @@ def tensor_bytes_as(
     token embeddings in int8, or a tied pair's one table in int8 unless the head stays dense
     (``quantize_head_and_embeddings``); with int4, the vision tower's
     linear weights in int8 (``quantize_vision_tower``; with int8dq and ``vision_int8dq`` too, plus
-    int8dq's column sums)."""
+    int8dq's column sums), the patch embedding among them where ``patch_linear``."""
     numel = 1
     for dim in shape:
         numel *= dim
@@ -184,7 +190,7 @@ def tensor_bytes_as(
     if quant is not None and name.endswith("embed_tokens.weight"):
         if untied_head or quant.head_bits != 0:  # a tied table: the head's int8 codes
             return numel + shape[0] * 4  # int8 per row
-    if quant is not None and quant.tower_int8 and _is_tower_linear(name, shape):
+    if quant is not None and quant.tower_int8 and _is_tower_linear(name, shape, patch_linear):
         return numel + shape[0] * (8 if quant.dynamic else 4)  # int8 per output channel
     if quant is None or not _is_lm_linear(name, shape):
         return numel * elem
@@ -213,10 +219,18 @@ def estimate_weight_bytes(
         return None
     quant = Quantization.parse(quantization, lm_head_dtype, vision_int8dq)
     untied_head = any(name.endswith("lm_head.weight") for name in headers)
+    patch_linear = fast_vision.patch_embedding_is_linear(_model_type(model_path))
     return sum(
-        tensor_bytes_as(name, dtype, shape, run_dtype, quant, untied_head, published)
+        tensor_bytes_as(name, dtype, shape, run_dtype, quant, untied_head, published, patch_linear)
         for name, (dtype, shape) in headers.items()
     )
+
+
+def _model_type(model_path: str | Path) -> str:
+    try:
+        return str(json.loads((Path(model_path) / "config.json").read_text()).get("model_type"))
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 def kv_bytes_per_token(text_config: Any, dtype: torch.dtype) -> int:

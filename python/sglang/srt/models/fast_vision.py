@@ -229,9 +229,16 @@ def install(model: nn.Module, config: Any, counters: PerfCounters | None = None)
             module.attention_kernel = kernels.load("prefill_attention") if on_cpu else None
     if on_cpu:
         _install_native_rotary(tower)
-    if os.environ.get("SGLANG_EXACT_PATCH_EMBED", "0") != "1":
+    if patch_embedding_is_linear(config.model_type):
         patch_embeddings_as_linears(tower)
     return True
+
+
+def patch_embedding_is_linear(model_type: str) -> bool:
+    """Whether a loaded model of ``model_type`` serves its patchwise Conv3d as a linear of its
+    tower (``patch_embeddings_as_linears``), which quantization then takes too."""
+    exact = os.environ.get("SGLANG_EXACT_PATCH_EMBED", "0") == "1"
+    return model_type in FAST_VISION_MODEL_TYPES and not exact
 
 
 def patch_embeddings_as_linears(tower: nn.Module) -> int:
@@ -313,7 +320,8 @@ def _patch_embed_as_linear(self: nn.Module, hidden_states: torch.Tensor) -> torc
     """Rows of ``hidden_states`` are flattened (channel, time, height, width) patches, the
     layout of the Conv3d weight: one patch under the kernel is one dot product per channel."""
     proj = self.proj
-    return proj(hidden_states.reshape(-1, proj.in_features).to(proj.weight.dtype))
+    patches = hidden_states.reshape(-1, proj.in_features)
+    return proj(patches.to(proj.weight.dtype))
 
 
 def compile_tower(model: nn.Module) -> None:
