@@ -6,6 +6,8 @@ for decode steps."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from attention_bounds import excess
@@ -553,3 +555,86 @@ def test_rms_norms_are_routed_only_where_the_forward_is_hfs() -> None:
     llama.float()
     assert torch.equal(llama(x.float()), type(llama).forward(llama, x.float()))
     assert len(calls) == 1  # float32: HF's path
+
+
+ROTARY = kernels.load("rotary")
+needs_rotary = needs_compiler
+
+
+@needs_rotary
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    batch=st.integers(1, 2),
+    heads=st.integers(1, 4),
+    kv_heads=st.integers(1, 2),
+    tokens=st.integers(1, 40),
+    dim=st.sampled_from([2, 16, 40, 64, 80, 128]),
+    transposed=st.booleans(),
+    scale=st.sampled_from([1e-3, 1.0, 100.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_rotary_is_hfs_bit_for_bit(
+    batch, heads, kv_heads, tokens, dim, transposed, scale, seed
+) -> None:
+    """bfloat16 q and k (the transposed views HF's attention hands over, or contiguous) rotated
+    by the kernel: exactly HF's apply_rotary_pos_emb, infinities and NaNs included."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def states(h: int) -> torch.Tensor:
+        if transposed:
+            return (torch.randn(batch, tokens, h, dim, generator=gen) * scale).transpose(1, 2)
+        return torch.randn(batch, h, tokens, dim, generator=gen) * scale
+
+    q, k = states(heads).bfloat16(), states(kv_heads).bfloat16()
+    q[0, 0, 0, 0], k[-1, -1, -1, -1] = float("inf"), float("nan")
+    angles = torch.rand(batch, tokens, dim, generator=gen) * 100
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    want = apply_rotary_pos_emb(q, k, cos, sin)
+    got = ROTARY.rotary_pair(q, k, cos, sin)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.bfloat16 and g.shape == w.shape
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+
+
+def test_rotary_is_routed_only_where_the_function_is_hfs() -> None:
+    """HF's Llama-style function is recognised (through its decorator); one with another formula
+    or another signature is not; a bfloat16 engine's language model rotates through the kernel,
+    which returns HF's tensors."""
+    from conftest import model_dir
+    from transformers.models.llama import modeling_llama
+
+    import sglang
+    from sglang.srt.layers import native_rotary
+
+    def shifted(q, k, cos, sin, unsqueeze_dim=1):
+        cos = cos.unsqueeze(unsqueeze_dim)
+        sin = sin.unsqueeze(unsqueeze_dim)
+        q_embed = q * cos + modeling_llama.rotate_half(q) * sin
+        k_embed = k * cos - modeling_llama.rotate_half(k) * sin
+        return (q_embed, k_embed)
+
+    def positional(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        return modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+
+    hf = getattr(modeling_llama.apply_rotary_pos_emb, "hf_function", None)
+    assert native_rotary.is_llama_rotary(hf or modeling_llama.apply_rotary_pos_emb)
+    assert not native_rotary.is_llama_rotary(shifted)
+    assert not native_rotary.is_llama_rotary(positional)
+    if ROTARY is None:
+        return
+    engine = sglang.Engine(model_path=model_dir("qwen2_vl"), dtype="bfloat16")
+    try:
+        model = engine.runner.adapter.language_model
+        namespace = sys.modules[type(next(iter(model.layers)).self_attn).__module__]
+        routed = namespace.apply_rotary_pos_emb
+        assert native_rotary.is_llama_rotary(routed.hf_function)
+        q, k = torch.randn(1, 4, 3, 16).bfloat16(), torch.randn(1, 2, 3, 16).bfloat16()
+        cos, sin = torch.randn(1, 3, 16).bfloat16(), torch.randn(1, 3, 16).bfloat16()
+        assert native_rotary._kernel_takes(q, k, cos, sin)  # these go to the kernel
+        for args in ((q, k, cos, sin), tuple(t.float() for t in (q, k, cos, sin))):
+            got, want = routed(*args), routed.hf_function(*args)
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    finally:
+        engine.shutdown()

@@ -15,7 +15,13 @@ from transformers import AutoConfig
 from sglang.srt.core.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.core.perf_counters import PerfCounters, instrument_vision, wait_for_device
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
-from sglang.srt.layers import decode_linear, native_activation, native_norm, packed_linear
+from sglang.srt.layers import (
+    decode_linear,
+    native_activation,
+    native_norm,
+    native_rotary,
+    packed_linear,
+)
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.checkpoint_formats import PrequantizedFormat, check_method_flag, read_format
 from sglang.srt.layers.quantized_linear import QuantizedLinear
@@ -486,7 +492,8 @@ def load_model(
 
 def install_encoder_kernels(model: torch.nn.Module, language_model: torch.nn.Module) -> None:
     """bfloat16 on a CPU: the vision tower's and projector's linears on packed weights, their
-    QuickGELUs, every SiLU-gated MLP and every Llama-style RMSNorm on the native kernels."""
+    QuickGELUs, every SiLU-gated MLP, every Llama-style RMSNorm and rotary embedding on the
+    native kernels."""
     head = model.get_output_embeddings()
     in_lm = {id(m) for m in language_model.modules()} | {id(head)}
     encoder = [m for m in model.modules() if id(m) not in in_lm]
@@ -495,3 +502,5 @@ def install_encoder_kernels(model: torch.nn.Module, language_model: torch.nn.Mod
     gated = native_activation.install_gated_silu(model.modules())
     logger.info("SiLU-gated MLPs on the native kernel: %d", gated)
     logger.info("RMSNorms on the native kernel: %d", native_norm.install_rms_norms(model.modules()))
+    rotary = native_rotary.install(model.modules())
+    logger.info("modeling modules with rotary embeddings on the native kernel: %d", rotary)
