@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--model-path")
     p.add_argument("--model-size", choices=("tiny", "small"), default="small")
     p.add_argument("--dtype", default="auto", help="the server's --dtype (default: its own)")
+    p.add_argument("--server-args", default="", help="extra flags for our server")
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--out", default="benchmark/results/profile_server")
     args = p.parse_args(argv)
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     raw = out.with_suffix(".collapsed.txt")
     raw.parent.mkdir(parents=True, exist_ok=True)
     with (
-        launch("ours", model_path, args.mode, dtype=args.dtype) as server,
+        launch("ours", model_path, args.mode, args.server_args.split(), dtype=args.dtype) as server,
         httpx.Client(timeout=3600) as client,
     ):
         assert server.proc is not None
