@@ -490,8 +490,10 @@ def _llama_norm(width: int, eps: float, gen: torch.Generator) -> torch.nn.Module
     seed=st.integers(0, 2**16),
 )
 def test_rms_norm_rounds_where_hf_rounds(shape, scale, eps, seed) -> None:
-    """bfloat16 rows through HF's Llama RMSNorm and the kernel: HF's result, or one unit in the
-    last place from it (the sum of squares is added in another order); a row of zeros too."""
+    """bfloat16 rows through HF's Llama RMSNorm and the kernel: HF's result, or within two units
+    in the last place (the sum of squares, added in another order, can move the rounding of
+    x / rms by one unit, which the weight's product, rounded again, can carry to two); a row of
+    zeros too."""
     gen = torch.Generator().manual_seed(seed)
     norm = _llama_norm(shape[-1], eps, gen)
     x = (torch.randn(shape, generator=gen) * scale).bfloat16()
@@ -501,7 +503,7 @@ def test_rms_norm_rounds_where_hf_rounds(shape, scale, eps, seed) -> None:
     assert got.dtype == torch.bfloat16 and got.shape == x.shape
     same = got == want
     ulp = want.float().abs().clamp_min(2.0**-126) * 2.0**-7
-    assert ((got.float() - want.float()).abs()[~same] <= ulp[~same]).all()
+    assert ((got.float() - want.float()).abs()[~same] <= 2 * ulp[~same]).all()
     assert same.float().mean() >= 0.99
 
 

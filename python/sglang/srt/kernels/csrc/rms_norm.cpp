@@ -3,8 +3,8 @@
 //   rounded again.
 // HF takes seven tensor passes for this (the cast to float32, the square, the mean, the rsqrt,
 // the product, the cast back, the weight's product). The result differs from HF's only where
-// the sum of squares, added in another order, moves a rounding of the last step (one unit in
-// the last place, rarely).
+// the sum of squares, added in another order, moves the rounding of x / rms by one unit, which
+// the weight's product can carry to two (rarely).
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
