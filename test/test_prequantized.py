@@ -347,6 +347,31 @@ def test_released_checkpoint_pages_leave_the_resident_set_and_read_back(tmp_path
     assert torch.equal(anonymous, values)
 
 
+def test_quantizing_a_mapped_linear_releases_its_checkpoint_pages(tmp_path: Path) -> None:
+    """--torchao-config from a bfloat16 checkpoint: a linear's file pages leave the process once
+    it is quantized (the load holds the codes, not the checkpoint beside them), and the layer
+    is the one quantized from the same values in memory."""
+    from safetensors.torch import load_file, save_file
+
+    from sglang.srt.layers import quantized_linear
+
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(2048, 8192, generator=gen) * 0.02).bfloat16()  # 32 MiB
+    save_file({"w": weight}, tmp_path / "w.safetensors")
+    mapped = load_file(tmp_path / "w.safetensors")["w"]
+    model = torch.nn.Sequential(torch.nn.Linear(8192, 2048, bias=False))
+    model[0].weight = torch.nn.Parameter(mapped, requires_grad=False)
+    in_memory = torch.nn.Linear(8192, 2048, bias=False)
+    in_memory.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
+    assert float(mapped.float().sum()) == float(weight.float().sum())  # every page read
+    before = _resident_file_mb()
+    assert quantized_linear.replace_linears(model, {model[0]}, 8, None, dynamic=True) == 1
+    assert before - _resident_file_mb() > 24
+    x = torch.randn(3, 8192, generator=gen).bfloat16()
+    want = quantized_linear.quantize(in_memory, 8, None, dynamic=True)(x)
+    assert torch.equal(model[0](x), want)
+
+
 def test_a_mapped_tensor_is_cast_a_slice_at_a_time(tmp_path: Path, monkeypatch) -> None:
     """A float16 tensor on a checkpoint's mapping cast to bfloat16: the same values as
     ``.to``, and when each slice's pages are released, no more than a slice of the file and the

@@ -464,12 +464,18 @@ def replace_linears(
 ) -> int:
     """Swap every linear of ``targets`` under ``model`` for its ``QuantizedLinear``, in place;
     returns how many. ``stand_in``: each keeps a ``weight`` buffer with the old weight's shape,
-    dtype and device over a one-element storage, for code that reads them (never the values)."""
+    dtype and device over a one-element storage, for code that reads them (never the values).
+    A weight on a checkpoint's mapping has its file pages released once quantized: a quantizing
+    load holds the codes and one source weight, not the whole checkpoint beside them (a later
+    read of the weight would fault its bytes in from the file again)."""
+    from sglang.srt.layers import checkpoint_formats  # which imports this module
+
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if child in targets:
                 layer = quantize(child, bits, group, dynamic)
+                checkpoint_formats.release_file_pages(child.weight)
                 # hooks on the layer (the towers' FLOP counters) stay with it
                 layer._forward_pre_hooks.update(child._forward_pre_hooks)
                 layer._forward_hooks.update(child._forward_hooks)
