@@ -15,10 +15,7 @@ mode, keeps HF's code.
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
-import textwrap
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -28,6 +25,7 @@ from torch import nn
 from transformers.activations import QuickGELUActivation, SiLUActivation
 
 from sglang.srt import kernels
+from sglang.srt.layers import hf_code
 
 
 class NativeQuickGELU(nn.Module):
@@ -90,16 +88,11 @@ _GATED_PARTS = ("gate_proj", "up_proj", "down_proj")
 def _forward_is_gated_mlp(cls: type) -> bool:
     """Whether ``cls.forward(self, x)`` is ``return down_proj(act_fn(gate_proj(x)) * up_proj(x))``
     (or the same through a local), by its syntax tree."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
-    except (OSError, TypeError, SyntaxError):
+    node = hf_code.definition(cls.forward)
+    if node is None or len(node.args.args) != 2:
         return False
-    function = tree.body[0]
-    if not isinstance(function, ast.FunctionDef) or len(function.args.args) != 2:
-        return False
-    docstring = lambda s: isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)  # noqa: E731
-    code = "\n".join(ast.unparse(s) for s in function.body if not docstring(s))
-    x = function.args.args[1].arg
+    x = node.args.args[1].arg
+    code = hf_code.body_code(node)
     formula = f"self.down_proj(self.act_fn(self.gate_proj({x})) * self.up_proj({x}))"
     return code in (f"return {formula}", f"down_proj = {formula}\nreturn down_proj")
 

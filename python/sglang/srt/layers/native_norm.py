@@ -12,10 +12,7 @@ models only: float32, the exact mode, keeps HF's code, as does a weight kept in 
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
-import textwrap
 import types
 from collections.abc import Iterable
 
@@ -23,6 +20,7 @@ import torch
 from torch import nn
 
 from sglang.srt import kernels
+from sglang.srt.layers import hf_code
 
 # The body of HF's Llama-style RMSNorm forward (``hidden_states`` renamed to ``x``).
 _RMS_NORM_BODY = """input_dtype = x.dtype
@@ -56,26 +54,10 @@ def install_rms_norms(modules: Iterable[nn.Module]) -> int:
 @functools.cache  # one parse per class, not per layer
 def forward_is_rms_norm(cls: type) -> bool:
     """Whether ``cls.forward(self, x)`` is HF's Llama-style RMSNorm, by its syntax tree."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
-    except (OSError, TypeError, SyntaxError):
+    node = hf_code.definition(cls.forward)
+    if node is None or len(node.args.args) != 2:
         return False
-    function = tree.body[0]
-    if not isinstance(function, ast.FunctionDef) or len(function.args.args) != 2:
-        return False
-    docstring = lambda s: isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)  # noqa: E731
-    name = function.args.args[1].arg
-    body = [s for s in function.body if not docstring(s)]
-    renamed = _Rename(name, "x").visit(ast.Module(body=body, type_ignores=[]))
-    return ast.unparse(renamed) == _RMS_NORM_BODY
-
-
-class _Rename(ast.NodeTransformer):
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new = old, new
-
-    def visit_Name(self, node: ast.Name) -> ast.Name:
-        return ast.Name(self.new, node.ctx) if node.id == self.old else node
+    return hf_code.body_code(node, {node.args.args[1].arg: "x"}) == _RMS_NORM_BODY
 
 
 def _native_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

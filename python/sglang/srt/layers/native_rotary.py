@@ -14,9 +14,7 @@ to HF's function.
 from __future__ import annotations
 
 import ast
-import inspect
 import sys
-import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,6 +22,7 @@ import torch
 from torch import nn
 
 from sglang.srt import kernels
+from sglang.srt.layers import hf_code
 
 FUNCTION = "apply_rotary_pos_emb"
 _BODY = """cos = cos.unsqueeze(unsqueeze_dim)
@@ -55,19 +54,13 @@ def install(modules: Iterable[nn.Module]) -> int:
 def is_llama_rotary(function: Callable) -> bool:
     """Whether ``function(q, k, cos, sin, unsqueeze_dim=1)`` is HF's Llama-style rotary, by its
     syntax tree (its docstring and decorators aside)."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    node = tree.body[0]
-    if not isinstance(node, ast.FunctionDef):
+    node = hf_code.definition(function)
+    if node is None:
         return False
     names = [a.arg for a in node.args.args]
     defaults = [ast.unparse(d) for d in node.args.defaults]
-    docstring = lambda s: isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)  # noqa: E731
-    body = ast.unparse(ast.Module([s for s in node.body if not docstring(s)], type_ignores=[]))
     signature = names == ["q", "k", "cos", "sin", "unsqueeze_dim"] and defaults == ["1"]
-    return signature and body == _BODY
+    return signature and hf_code.body_code(node) == _BODY
 
 
 def native_rotary(original: Callable, kernel: Any) -> Callable:
