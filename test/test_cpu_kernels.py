@@ -473,10 +473,11 @@ RMS_NORM = kernels.load("rms_norm")
 needs_rms_norm = needs_compiler
 
 
-def _llama_norm(width: int, eps: float, gen: torch.Generator) -> torch.nn.Module:
+def _hf_norm(gemma: bool, width: int, eps: float, gen: torch.Generator) -> torch.nn.Module:
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    norm = LlamaRMSNorm(width, eps=eps).bfloat16()
+    norm = (Gemma3RMSNorm if gemma else LlamaRMSNorm)(width, eps=eps).bfloat16()
     norm.weight.data = (torch.randn(width, generator=gen) * 2).bfloat16()
     return norm
 
@@ -484,26 +485,29 @@ def _llama_norm(width: int, eps: float, gen: torch.Generator) -> torch.nn.Module
 @needs_rms_norm
 @settings(max_examples=examples(60), deadline=None)
 @given(
+    gemma=st.booleans(),
     shape=st.sampled_from([(1, 16), (3, 33), (64, 80), (2, 5, 48), (7, 1536), (1, 3584)]),
     scale=st.sampled_from([1e-3, 1.0, 8.0, 300.0]),
     eps=st.sampled_from([1e-6, 1e-5]),
     seed=st.integers(0, 2**16),
 )
-def test_rms_norm_rounds_where_hf_rounds(shape, scale, eps, seed) -> None:
-    """bfloat16 rows through HF's Llama RMSNorm and the kernel: HF's result, or within two units
-    in the last place (the sum of squares, added in another order, can move the rounding of
-    x / rms by one unit, which the weight's product, rounded again, can carry to two); a row of
-    zeros too."""
+def test_rms_norm_rounds_where_hf_rounds(gemma, shape, scale, eps, seed) -> None:
+    """bfloat16 rows through HF's RMSNorm and the kernel, a row of zeros among them: HF's
+    result, or near it where the sum of squares, added in another order, moves a rounding.
+    Gemma's form rounds once: one unit in the last place. Llama's rounds x / rms, then its
+    product with the weight: one unit of the first can become two of the result."""
     gen = torch.Generator().manual_seed(seed)
-    norm = _llama_norm(shape[-1], eps, gen)
+    norm = _hf_norm(gemma, shape[-1], eps, gen)
     x = (torch.randn(shape, generator=gen) * scale).bfloat16()
     x[(0,) * (x.dim() - 1)] = 0.0
     want = norm(x)
-    got = RMS_NORM.rms_norm(x, norm.weight, eps)
+    kernel = RMS_NORM.rms_norm_offset if gemma else RMS_NORM.rms_norm
+    got = kernel(x, norm.weight, eps)
     assert got.dtype == torch.bfloat16 and got.shape == x.shape
     same = got == want
     ulp = want.float().abs().clamp_min(2.0**-126) * 2.0**-7
-    assert ((got.float() - want.float()).abs()[~same] <= 2 * ulp[~same]).all()
+    units = 1 if gemma else 2
+    assert ((got.float() - want.float()).abs()[~same] <= units * ulp[~same]).all()
     assert same.float().mean() >= 0.99
 
 
@@ -523,24 +527,44 @@ class _ShiftedNorm(torch.nn.Module):
         return (1 + self.weight) * hidden_states.to(input_dtype)
 
 
+class _ScaledGemmaNorm(torch.nn.Module):
+    """Gemma's RMSNorm with one change (the result doubled): not HF's definition."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(width))
+        self.eps = 1e-6
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float())
+        output = output * (1.0 + self.weight.float()) * 2
+        return output.type_as(x)
+
+
 @needs_rms_norm
 def test_rms_norms_are_routed_only_where_the_forward_is_hfs() -> None:
-    """Llama-style norms (another argument name too) reach the kernel, within a rounding of HF
-    in bfloat16 and by HF's own path in float32; Gemma's ``1 + weight`` norm and a changed
-    formula keep their code."""
-    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    """Llama's norms (another argument name too) and Gemma's reach the kernel, within a
+    rounding of HF in bfloat16 and by HF's own path in float32; a changed formula of either
+    keeps its code."""
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRMSNorm
 
     from sglang.srt.layers import native_norm
 
     gen = torch.Generator().manual_seed(0)
-    llama = _llama_norm(64, 1e-6, gen)
+    llama = _hf_norm(False, 64, 1e-6, gen)
     qwen = Qwen2VLRMSNorm(64).bfloat16()
-    others = [Gemma3RMSNorm(64).bfloat16(), _ShiftedNorm(64).bfloat16()]
+    gemma = _hf_norm(True, 64, 1e-6, gen)
+    others = [_ShiftedNorm(64).bfloat16(), _ScaledGemmaNorm(64).bfloat16()]
     x = (torch.randn(5, 64, generator=gen) * 4).bfloat16()
-    want = [m(x) for m in (llama, qwen, *others)]
-    assert native_norm.install_rms_norms([llama, qwen, *others]) == 2
+    want = [m(x) for m in (llama, qwen, gemma, *others)]
+    assert native_norm.install_rms_norms([llama, qwen, gemma, *others]) == 3
     assert all("forward" not in vars(m) for m in others)
+    got = gemma(x)
+    assert (got.float() - want[2].float()).abs().max() <= 2**-7 * want[2].float().abs().max()
+
     calls = []
     real = llama._rms_norm
 
@@ -557,6 +581,24 @@ def test_rms_norms_are_routed_only_where_the_forward_is_hfs() -> None:
     llama.float()
     assert torch.equal(llama(x.float()), type(llama).forward(llama, x.float()))
     assert len(calls) == 1  # float32: HF's path
+
+
+@needs_rms_norm
+def test_a_bfloat16_gemma_serves_its_norms_on_the_kernel() -> None:
+    """Gemma 3's language model (its per-head q and k norms too) in bfloat16: every RMSNorm
+    goes through the kernel's Gemma form."""
+    from conftest import model_dir
+
+    import sglang
+
+    engine = sglang.Engine(model_path=model_dir("gemma3"), dtype="bfloat16")
+    try:
+        model = engine.runner.adapter.language_model
+        norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+        assert norms and all(hasattr(m, "_rms_norm") for m in norms)
+        assert any(n.endswith("q_norm") for n, m in model.named_modules() if m in norms)
+    finally:
+        engine.shutdown()
 
 
 ROTARY = kernels.load("rotary")
