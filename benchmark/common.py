@@ -306,16 +306,18 @@ def parts_of_round(
         ),
     }
     out: dict[str, Any] = {}
-    ideal_s: float | None = 0.0
     for part, (seconds, flops) in work.items():
         peak = peaks.get(part)
         rate = flops / seconds / 1e9 if seconds > 0 else None
         out[f"{part}_ms"] = seconds * 1e3
         out[f"{part}_gflop_per_s"] = rate
         out[f"{part}_of_peak"] = rate / peak if rate and peak else None
-        if ideal_s is not None:
-            ideal_s = ideal_s + flops / (peak * 1e9) if peak else (None if flops else ideal_s)
-    out["mfu_at_part_peaks"] = ideal_s / ttft_s if ideal_s is not None and ttft_s > 0 else None
+    worked = {part: flops for part, (_, flops) in work.items() if flops}
+    if ttft_s > 0 and all(peaks.get(part) for part in worked):
+        ideal_s = sum(flops / (peaks[part] * 1e9) for part, flops in worked.items())
+        out["mfu_at_part_peaks"] = ideal_s / ttft_s
+    else:
+        out["mfu_at_part_peaks"] = None
     return out
 
 

@@ -45,7 +45,8 @@ return output.type_as(x)"""
 
 def install_rms_norms(modules: Iterable[nn.Module]) -> int:
     """Route every HF RMSNorm of Llama's or Gemma's definition among ``modules`` through the
-    kernel (in place); returns how many (none where the kernel does not build)."""
+    kernel's function for that form (in place); returns how many (none where the kernel does
+    not build)."""
     kernel = kernels.load("rms_norm")
     if kernel is None:
         return 0
@@ -54,14 +55,15 @@ def install_rms_norms(modules: Iterable[nn.Module]) -> int:
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
             continue
-        if _eps(module, "variance_epsilon") and forward_is_rms_norm(type(module)):
-            module._rms_norm = kernel
-            module.forward = types.MethodType(_native_forward, module)
-            count += 1
-        elif _eps(module, "eps") and forward_is_gemma_rms_norm(type(module)):
-            module._rms_norm = kernel
-            module.forward = types.MethodType(_native_gemma_forward, module)
-            count += 1
+        cls = type(module)
+        if _eps(module, "variance_epsilon") and forward_is_rms_norm(cls):
+            module._rms_norm, module._rms_eps = kernel.rms_norm, module.variance_epsilon
+        elif _eps(module, "eps") and forward_is_gemma_rms_norm(cls):
+            module._rms_norm, module._rms_eps = kernel.rms_norm_offset, module.eps
+        else:
+            continue
+        module.forward = types.MethodType(_native_forward, module)
+        count += 1
     return count
 
 
@@ -91,15 +93,8 @@ def forward_is_gemma_rms_norm(cls: type) -> bool:
     return bodies == [_GEMMA_NORM_BODY, _GEMMA_FORWARD_BODY]
 
 
-def _native_gemma_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    weight = self.weight
-    if x.dtype == weight.dtype == torch.bfloat16 and x.device.type == "cpu":
-        return self._rms_norm.rms_norm_offset(x, weight, self.eps)
-    return type(self).forward(self, x)
-
-
 def _native_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight
     if x.dtype == weight.dtype == torch.bfloat16 and x.device.type == "cpu":
-        return self._rms_norm.rms_norm(x, weight, self.variance_epsilon)
+        return self._rms_norm(x, weight, self._rms_eps)
     return type(self).forward(self, x)

@@ -18,7 +18,7 @@ namespace {
 
 constexpr float kScale = 1.702f;
 
-inline float round_bf16(float x) { return static_cast<float>(c10::BFloat16(x)); }
+using vec::round_bf16;
 
 inline float quick_gelu_one(float x) {
   const float t = round_bf16(kScale * x);

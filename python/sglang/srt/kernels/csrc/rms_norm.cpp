@@ -23,7 +23,7 @@
 
 namespace {
 
-inline float round_bf16(float x) { return static_cast<float>(c10::BFloat16(x)); }
+using vec::round_bf16;
 
 template <bool kOffset>
 void norm_row(const c10::BFloat16* x, const c10::BFloat16* w, int64_t n, float eps,

@@ -28,7 +28,7 @@ namespace {
 
 using BF16 = c10::BFloat16;
 
-inline float round_bf16(float x) { return static_cast<float>(BF16(x)); }
+using vec::round_bf16;
 
 void rotate_row(const BF16* in, const BF16* c, const BF16* s, int64_t half, BF16* o) {
   int64_t d = 0;

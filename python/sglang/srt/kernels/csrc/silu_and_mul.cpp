@@ -16,7 +16,7 @@
 
 namespace {
 
-inline float round_bf16(float x) { return static_cast<float>(c10::BFloat16(x)); }
+using vec::round_bf16;
 
 void silu_and_mul_rows(const c10::BFloat16* gate, const c10::BFloat16* up, c10::BFloat16* out,
                        int64_t n) {

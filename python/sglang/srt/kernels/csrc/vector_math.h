@@ -4,6 +4,8 @@
 
 #pragma once
 
+#include <c10/util/BFloat16.h>
+
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && \
     defined(__AVX512VL__) && !defined(SGLANG_PORTABLE_KERNELS)
 #include <immintrin.h>
@@ -23,6 +25,10 @@
 #endif
 
 namespace vec {
+
+// x rounded to bfloat16 as torch rounds it (to nearest even), as float32: where HF's bfloat16
+// tensor passes round.
+inline float round_bf16(float x) { return static_cast<float>(c10::BFloat16(x)); }
 
 // 2^f for f in [0, 1) by a polynomial fitted for relative error < 8e-8 (float32's rounding):
 // its coefficients, highest degree first (exp2_512<5>, and decode attention's AVX2 exp).
