@@ -36,6 +36,12 @@ class _Media(BaseHTTPRequestHandler):
             self.send_header("Location", self.redirect_to)
             self.end_headers()
             return
+        if self.path in ("/missing.jpg", "/big.jpg", "/notes.txt"):
+            body = {"/big.jpg": b"\xff" * (2 << 20), "/notes.txt": b"plain text"}.get(self.path)
+            self.send_response(404 if body is None else 200)
+            self.end_headers()
+            self.wfile.write(body or b"")
+            return
         if self.path == "/trickle.jpg":  # one byte at a time, never fast enough
             self.send_response(200)
             self.send_header("Content-Length", "1000")
@@ -295,7 +301,9 @@ def test_image_urls_to_private_addresses_are_refused_alike(server, media_host):
         resp = _post(url, "/v1/chat/completions", _chat([_image_part(target)]), timeout=30)
         assert resp.status_code == 400, (target, resp.text)
         messages.add(resp.json()["error"]["message"].replace(target[:200], "URL"))
-    assert len(messages) == 1 and "public http(s)" in messages.pop()
+    assert len(messages) == 1  # refused before connecting: no port's state shows
+    message = messages.pop()
+    assert "not a public address" in message and "--allow-private-media-urls" in message
     _assert_healthy(url)
 
 
@@ -317,6 +325,34 @@ def test_a_trickling_download_stops_at_the_total_deadline(media_host):
     assert time.perf_counter() - start < 3  # each byte came in time; the whole did not
     data = asyncio.run(fetch_image_source(f"{media_host}/cat.jpg", args))
     assert data == _jpeg(1)
+
+
+def test_media_errors_name_their_cause_and_flag(media_host):
+    import asyncio
+
+    from sglang.srt.multimodal.image_io import ImageError, load_image
+    from sglang.srt.multimodal.media_fetch import fetch_image_source
+    from sglang.srt.server_args import ServerArgs
+
+    allowed = ServerArgs(
+        media_url_timeout=1.0, media_url_max_file_size_mb=1, allow_private_media_urls=True
+    ).fetch_policy
+    expected = {
+        "/missing.jpg": "answered HTTP 404",
+        "/big.jpg": "larger than 1 MB (the limit is --media-url-max-file-size-mb)",
+        "/trickle.jpg": "within 1 s (the limit is --media-url-timeout)",
+    }
+    for path, cause in expected.items():
+        with pytest.raises(ImageError) as info:
+            asyncio.run(fetch_image_source(f"{media_host}{path}", allowed))
+        assert cause in str(info.value), (path, str(info.value))
+    with pytest.raises(ImageError, match="--allow-private-media-urls"):
+        asyncio.run(fetch_image_source(f"{media_host}/cat.jpg", ServerArgs().fetch_policy))
+    text = asyncio.run(fetch_image_source(f"{media_host}/notes.txt", allowed))
+    with pytest.raises(ImageError, match="cannot decode image: not a supported image format"):
+        load_image(text)
+    with pytest.raises(ImageError, match="--allowed-local-media-path"):
+        load_image("/etc/hostname", None)
 
 
 def test_redirect_targets_are_checked_too(media_host, monkeypatch):

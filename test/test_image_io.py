@@ -10,6 +10,7 @@ from conftest import make_image
 from PIL import Image
 
 from sglang.srt.multimodal.image_io import (
+    LOCAL_PATHS_OFF,
     NOT_AN_IMAGE_SOURCE,
     DecodedImageCache,
     ImageError,
@@ -59,7 +60,6 @@ def test_local_paths_follow_the_allowed_directory(tmp_path) -> None:
         (str(allowed / "missing.png"), str(allowed)),  # does not exist, inside
         (str(allowed), str(allowed)),  # a directory
         ("file://" + str(outside / "b.png"), str(allowed)),
-        (str(allowed / "a.png"), None),  # no local files at all
     ]
     messages = set()
     for path, root in refused:
@@ -67,6 +67,12 @@ def test_local_paths_follow_the_allowed_directory(tmp_path) -> None:
             load_image(path, root)
         messages.add(str(info.value))
     assert messages == {NOT_AN_IMAGE_SOURCE}  # nothing tells which paths exist
+    for path in (str(allowed / "a.png"), "file://" + str(outside / "missing.png")):
+        with pytest.raises(ImageError) as info:  # no local files at all: the flag is named
+            load_image(path, None)
+        assert (
+            str(info.value) == LOCAL_PATHS_OFF and "--allowed-local-media-path" in LOCAL_PATHS_OFF
+        )
     with pytest.raises(ImageError, match="scheme"):
         load_image("ftp://host/a.png")
 

@@ -25,6 +25,13 @@ NOT_AN_IMAGE_SOURCE = (
 )
 
 
+# Where no folder is allowed, saying so tells nothing about the files there.
+LOCAL_PATHS_OFF = (
+    "local media paths are not read by default: start the server with "
+    "--allowed-local-media-path DIR to read files under DIR"
+)
+
+
 class ImageError(ValueError):
     """Raised for image input that cannot be used; the message says why."""
 
@@ -124,6 +131,8 @@ def _read_bytes(source: Any, allowed_local_dir: str | None) -> bytes:
     data = _read_local(path, allowed_local_dir) if len(path) < 4096 else None
     if data is not None:
         return data
+    if allowed_local_dir is None and (scheme == "file" or path.startswith(("/", "./", "~"))):
+        raise ImageError(LOCAL_PATHS_OFF)
     if scheme == "file":
         raise ImageError(NOT_AN_IMAGE_SOURCE)
     try:

@@ -5,8 +5,10 @@ Downloads are bounded in size and in total time (connect, redirects and body tog
 default they may only reach public addresses: every connection, the ones redirects open
 included, resolves the host first and refuses loopback, link-local, private and other non-global
 addresses, so neither a redirect nor a DNS answer can aim a fetch at the server's own network.
-Every refused or failed fetch gets the same message, so errors do not tell a closed port from an
-open one; the reason is logged.
+A refused or failed fetch says why (a non-public host, the HTTP status, the size or time limit,
+an unreachable host) and names the flag that moves the limit. A non-public host is refused
+before any connection is opened, so without ``--allow-private-media-urls`` no answer tells a
+closed internal port from an open one.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ class FetchPolicy:
 
 
 class _FetchRefused(Exception):
-    """Why one fetch failed (logged, never shown to the client)."""
+    """Why one fetch failed, in words the client is shown."""
+
+
+PRIVATE_HOST = (
+    "its host is not a public address (loopback, private, link-local or reserved); the server "
+    "fetches such URLs only when started with --allow-private-media-urls"
+)
 
 
 def is_public_address(ip: str) -> bool:
@@ -70,11 +78,12 @@ class _PublicOnlyBackend(httpcore.AsyncNetworkBackend):
         try:
             infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
-            raise _FetchRefused(f"cannot resolve {host}: {exc}") from exc
+            raise _FetchRefused(f"its host {host[:100]!r} cannot be resolved") from exc
         addresses = [info[4][0] for info in infos]
         private = [ip for ip in addresses if not is_public_address(ip)]
         if not addresses or private:
-            raise _FetchRefused(f"{host} resolves to non-public address(es) {private}")
+            logger.info("%s resolves to non-public address(es) %s", host, private)
+            raise _FetchRefused(PRIVATE_HOST)
         return await self._inner.connect_tcp(
             addresses[0],
             port,
@@ -90,13 +99,21 @@ class _PublicOnlyBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-def fetch_error(url: str, policy: FetchPolicy, kind: str = "image") -> ImageError:
-    where = "" if policy.allow_private else "public "
-    return ImageError(
-        f"cannot fetch the {kind} at {url[:200]!r}: {kind} URLs must be {where}http(s) addresses "
-        f"that answer 200 with at most {policy.max_file_size_mb} MB within "
-        f"{policy.timeout} s"
-    )
+def fetch_error(url: str, reason: str, kind: str = "image") -> ImageError:
+    return ImageError(f"cannot fetch the {kind} at {url[:200]!r}: {reason}")
+
+
+def _reason(exc: BaseException, policy: FetchPolicy) -> str:
+    """What the client is told about a failed fetch."""
+    if isinstance(exc, _FetchRefused):
+        return str(exc)
+    if isinstance(exc, (asyncio.TimeoutError, httpcore.TimeoutException)):
+        return f"no complete answer within {policy.timeout:g} s (the limit is --media-url-timeout)"
+    if isinstance(exc, httpcore.ConnectError):
+        return "its host cannot be reached"
+    if isinstance(exc, httpcore.NetworkError | httpcore.ProtocolError):
+        return "the connection failed before the whole file arrived"
+    return "the download failed"
 
 
 async def fetch_image_source(ref: Any, policy: FetchPolicy, kind: str = "image") -> Any:
@@ -107,9 +124,9 @@ async def fetch_image_source(ref: Any, policy: FetchPolicy, kind: str = "image")
     if ref.startswith(("http://", "https://")):
         try:
             return await asyncio.wait_for(_download(ref, policy, kind), policy.timeout)
-        except Exception as exc:  # refused, unreachable, too slow, too large: one answer
+        except Exception as exc:
             logger.info("%s fetch of %s failed: %r", kind, ref[:200], exc)
-        raise fetch_error(ref, policy, kind)
+            raise fetch_error(ref, _reason(exc, policy), kind) from None
     scheme = ref.split("://", 1)[0] if "://" in ref[:16] else None
     if scheme not in (None, "file"):
         raise ImageError(f"unsupported {kind} URL scheme {scheme!r}")
@@ -132,9 +149,9 @@ async def _download(url: str, policy: FetchPolicy, kind: str = "image") -> bytes
                     url = _redirect_target(url, resp.headers)
                     continue
                 if resp.status != 200:
-                    raise _FetchRefused(f"HTTP {resp.status}")
-                return await _read_bounded(resp, limit)
-    raise _FetchRefused("too many redirects")
+                    raise _FetchRefused(f"the server answered HTTP {resp.status}, not 200")
+                return await _read_bounded(resp, limit, policy.max_file_size_mb)
+    raise _FetchRefused(f"more than {MAX_REDIRECTS} redirects")
 
 
 def _redirect_target(url: str, headers: list[tuple[bytes, bytes]]) -> str:
@@ -147,14 +164,17 @@ def _redirect_target(url: str, headers: list[tuple[bytes, bytes]]) -> str:
     return target
 
 
-async def _read_bounded(resp: httpcore.Response, limit: int) -> bytes:
+async def _read_bounded(resp: httpcore.Response, limit: int, limit_mb: int) -> bytes:
+    too_large = _FetchRefused(
+        f"the file is larger than {limit_mb} MB (the limit is --media-url-max-file-size-mb)"
+    )
     declared = next((v for k, v in resp.headers if k.lower() == b"content-length"), b"0")
     if declared.isdigit() and int(declared) > limit:
-        raise _FetchRefused(f"declared size {int(declared)} over the limit {limit}")
+        raise too_large
     chunks, size = [], 0
     async for chunk in resp.aiter_stream():
         size += len(chunk)
         if size > limit:
-            raise _FetchRefused(f"body over the limit {limit}")
+            raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
