@@ -109,6 +109,13 @@ class ServerArgs(EngineConfig):
     enable_metrics: bool = field(
         default=False, metadata={"help": "Serve Prometheus metrics at /metrics."}
     )
+    enable_custom_logit_processor: bool = field(
+        default=False,
+        metadata={
+            "help": "Accept requests' custom_logit_processor (a pickled class the scheduler "
+            "runs: only for clients you trust)."
+        },
+    )
     enable_cache_report: bool = field(
         default=False,
         metadata={

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,10 @@ class TokenizedRequest:
     # With return_logprob: the logprobs of these token ids at every position (SGLang's
     # ``token_ids_logprob``), in this order.
     token_ids_logprob: list[int] | None = None
+    # SGLang's ``cache_salt``: only requests with the same salt share prefix-cache entries.
+    cache_salt: str | None = None
+    # A serialized ``CustomLogitProcessor`` (only with --enable-custom-logit-processor).
+    custom_logit_processor: str | None = None
 
     def ask_logprobs(
         self, top: int | None, start_len: int = -1, token_ids: list[int] | None = None
@@ -169,6 +174,51 @@ def token_ids_per_request(value: list[int] | list[list[int]] | None, n: int) -> 
     return [ids or None for ids in value]
 
 
+CUSTOM_PROCESSOR_OFF = (
+    "The server is not configured to enable custom logit processor. Please set "
+    "`--enable-custom-logit-processor` to enable this feature."
+)
+
+
+def processors_per_request(
+    value: str | list[str | None] | None, n: int, enabled: bool
+) -> list[str | None]:
+    """SGLang's ``custom_logit_processor`` for each of ``n`` requests (one for all, or one per
+    request); refused unless the server enables them."""
+    if value is None or value == []:
+        return [None] * n
+    if not enabled:
+        raise ValueError(CUSTOM_PROCESSOR_OFF)
+    values = [value] * n if isinstance(value, str) else value
+    if len(values) != n or not all(v is None or _is_processor_text(v) for v in values):
+        raise ValueError(
+            "custom_logit_processor must be CustomLogitProcessor.to_str()'s JSON, one for all "
+            "prompts or one per prompt"
+        )
+    return list(values)
+
+
+def _is_processor_text(value: Any) -> bool:
+    """The shape of ``CustomLogitProcessor.to_str()`` (checked here without unpickling)."""
+    try:
+        bytes.fromhex(json.loads(value)["callable"])
+    except (TypeError, ValueError, KeyError):
+        return False
+    return True
+
+
+def salts_per_request(value: str | list[str] | None, n: int) -> list[str | None]:
+    """SGLang's ``cache_salt`` for each of ``n`` requests: one salt for all, or one per request
+    (an empty salt is none)."""
+    if value is None or isinstance(value, str):
+        return [value or None] * n
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError("cache_salt must be a string, or one string per prompt")
+    if len(value) != n:
+        raise ValueError(f"cache_salt has {len(value)} salts for {n} prompts")
+    return [v or None for v in value]
+
+
 def output_logprob_meta(
     request: Any,
     output_ids: list[int],
@@ -210,13 +260,16 @@ def input_logprob_meta(
 
 def logprob_meta(request: Any, output: dict[str, Any], prompt: dict[str, Any]) -> dict[str, Any]:
     """The logprob fields of ``meta_info`` as SGLang answers them: all of its keys, empty when
-    nothing was asked of them (no prompt logprobs), plus ``output_token_logprobs_length``."""
+    nothing was asked of them (no prompt logprobs), plus ``output_token_logprobs_length``.
+    The output lists are copies: an event's meta must not grow with the request's later
+    outputs (a stream reader that lags behind would send those tokens' logprobs early and
+    later text without any)."""
     meta: dict[str, Any] = {"input_token_logprobs": [], "output_token_logprobs": []}
     if request.top_logprobs_num:
         meta |= {"input_top_logprobs": [], "output_top_logprobs": []}
     if request.token_ids_logprob:
         meta |= {"input_token_ids_logprobs": [], "output_token_ids_logprobs": []}
-    meta |= output
+    meta |= {key: list(entries) for key, entries in output.items()}
     meta |= prompt
     meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
     return meta

@@ -97,16 +97,23 @@ def sub_spans(spans: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int,
 
 
 def radix_key(
-    input_ids: list[int], items: list[MultimodalItem], whole_prompt: bool = False
+    input_ids: list[int],
+    items: list[MultimodalItem],
+    whole_prompt: bool = False,
+    salt: str | None = None,
 ) -> list[int]:
     """The prompt's radix-cache key: image tokens become their image's pad value; with
-    ``whole_prompt`` (a prefix-LM) the first entry stands for the whole key."""
+    ``whole_prompt`` (a prefix-LM) the first entry stands for the whole key; with a ``salt``
+    the first entry also stands for the salt, so keys of two salts share no prefix."""
     key = list(input_ids)
     for item in items:
         for start, end in item.spans:
             key[start:end] = [item.pad_value] * (end - start)
-    if whole_prompt and key:
-        digest = hashlib.blake2b(np.asarray(key, dtype=np.int64).tobytes(), digest_size=8)
+    if (whole_prompt or salt is not None) and key:
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update(np.asarray(key if whole_prompt else key[:1], dtype=np.int64).tobytes())
+        if salt is not None:
+            digest.update(b"salt:" + salt.encode())
         key[0] = PROMPT_KEY_BASE + int.from_bytes(digest.digest(), "little") % PROMPT_KEY_RANGE
     return key
 

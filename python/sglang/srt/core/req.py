@@ -84,10 +84,14 @@ class Req:
     grammar: Any = None  # constrained.manager.RequestGrammar
     # Prompt tokens attending both ways: None, "images" or "prompt" (ModelAdapter.bidirectional)
     bidirectional: str | None = None
+    cache_salt: str | None = None  # prefixes are shared only among requests with this salt
+    custom_logit_processor: str | None = None  # a serialized CustomLogitProcessor
 
     def __post_init__(self) -> None:
         whole_prompt = self.bidirectional == "prompt"
-        self.radix_key_input = radix_key(self.input_ids, self.mm_items, whole_prompt)
+        self.radix_key_input = radix_key(
+            self.input_ids, self.mm_items, whole_prompt, self.cache_salt
+        )
         if self.wants_prompt_logprobs and self.logprob_start_len == 0:
             self.input_logprobs.append(None)  # nothing predicts the first token
             self.input_top_logprobs.append(None)

@@ -25,8 +25,10 @@ from sglang.srt.entrypoints.middleware import (
     BodyLimitMiddleware,
     HeaderLimitMiddleware,
 )
+from sglang.srt.entrypoints.openai.serving_base import served_model_name
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_tokenize import DetokenizeHandler, TokenizeHandler
 from sglang.srt.entrypoints.serving_generate import GenerateHandler
 from sglang.srt.entrypoints.serving_info import InfoHandler
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -63,6 +65,10 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         "/generate": ("generate", GenerateHandler(manager, args)),
         "/v1/completions": ("completions", OpenAIServingCompletion(manager, args)),
         "/v1/chat/completions": ("chat_completions", OpenAIServingChat(manager, args)),
+        "/v1/tokenize": ("tokenize", TokenizeHandler(manager, args)),
+        "/tokenize": ("tokenize_", TokenizeHandler(manager, args)),
+        "/v1/detokenize": ("detokenize", DetokenizeHandler(manager, args)),
+        "/detokenize": ("detokenize_", DetokenizeHandler(manager, args)),
     }
     for path, (name, handler) in handlers.items():
         app.add_api_route(path, handler.handle, methods=["POST"], name=name)
@@ -91,6 +97,8 @@ def _add_info_routes(app: FastAPI, manager: TokenizerManager, args: ServerArgs) 
     app.add_api_route("/ready", info.ready, methods=["GET"])
     app.add_api_route("/health_generate", info.health_generate, methods=["GET"])
     app.add_api_route("/v1/models", info.models, methods=["GET"])
+    app.add_api_route("/v1/models/{model:path}", info.model, methods=["GET"])
+    app.add_api_route("/abort_request", info.abort_request, methods=["POST"])
     for path in ("/model_info", "/get_model_info"):
         app.add_api_route(path, info.model_info, methods=["GET"])
     for path in ("/server_info", "/get_server_info"):
@@ -104,7 +112,7 @@ def _add_info_routes(app: FastAPI, manager: TokenizerManager, args: ServerArgs) 
     if args.enable_metrics:
         from sglang.srt.entrypoints.metrics import Metrics
 
-        manager.metrics = Metrics()
+        manager.metrics = Metrics(served_model_name(args))
         app.add_api_route("/metrics", info.metrics, methods=["GET"])
 
 

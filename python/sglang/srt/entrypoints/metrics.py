@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from typing import Any
 
 from prometheus_client import (
@@ -14,40 +16,38 @@ from prometheus_client import (
 )
 
 STORE_COUNTERS = ("hits", "misses", "saved", "rejected", "errors")
+GEN_WINDOW_S = 10.0
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """Every series carries SGLang's ``model_name`` label (the served model name)."""
+
+    def __init__(self, model_name: str = "default") -> None:
         r = self.registry = CollectorRegistry()
-        self.ttft = Histogram(
-            "sglang:time_to_first_token_seconds",
-            "Time to first token",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "sglang:e2e_request_latency_seconds",
-            "End-to-end request latency",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "sglang:inter_token_latency_seconds",
-            "Inter-token latency",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.prompt_tokens = Counter("sglang:prompt_tokens", "Prompt tokens", registry=r)
-        self.generation_tokens = Counter("sglang:generation_tokens", "Generated tokens", registry=r)
-        self.cached_tokens = Counter(
-            "sglang:cached_tokens", "Prompt tokens from the prefix cache", registry=r
-        )
-        self.requests = Counter("sglang:num_requests", "Finished requests", registry=r)
+        label = {"model_name": model_name}
+
+        def histogram(name: str, doc: str) -> Any:
+            metric = Histogram(name, doc, ["model_name"], buckets=LATENCY_BUCKETS, registry=r)
+            return metric.labels(**label)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, ["model_name"], registry=r).labels(**label)
+
+        self.ttft = histogram("sglang:time_to_first_token_seconds", "Time to first token")
+        self.e2e = histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency")
+        self.itl = histogram("sglang:inter_token_latency_seconds", "Inter-token latency")
+        self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens")
+        self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens")
+        self.cached_tokens = counter("sglang:cached_tokens", "Prompt tokens from the prefix cache")
+        self.requests = counter("sglang:num_requests", "Finished requests")
         gauges = {
             "num_running_reqs": "Running requests",
             "num_queue_reqs": "Queued requests",
+            "num_grammar_queue_reqs": "Requests whose grammar is compiling",
+            "num_used_tokens": "KV slots in use",
             "token_usage": "Fraction of KV slots in use",
+            "gen_throughput": f"Generated tokens per second over the last {GEN_WINDOW_S:g} s",
             "cache_hit_rate": "Prefix cache hit rate (cached / prompt tokens)",
             "mm_cache_hits": "Embedding cache hits",
             "mm_cache_misses": "Embedding cache misses",
@@ -67,9 +67,13 @@ class Metrics:
             "mm_remote_items": "Embeddings received from encoder workers",
             "mm_remote_failures": "Calls to encoder workers that failed or timed out",
         }
-        self.gauges = {k: Gauge(f"sglang:{k}", doc, registry=r) for k, doc in gauges.items()}
+        self.gauges = {
+            k: Gauge(f"sglang:{k}", doc, ["model_name"], registry=r).labels(**label)
+            for k, doc in gauges.items()
+        }
         self._prompt_total = 0
         self._cached_total = 0
+        self._generated: deque[tuple[float, int]] = deque()  # (time, tokens) in the window
 
     def observe(self, state: Any, out: Any, now: float) -> None:
         """Called for every scheduler output of a request."""
@@ -82,6 +86,7 @@ class Metrics:
                 self.itl.observe(gap)
             state.last_token_time = now
             self.generation_tokens.inc(len(out.new_token_ids))
+            self._generated.append((now, len(out.new_token_ids)))
         if out.finish_reason is not None:
             self.e2e.observe(now - state.created)
             self.requests.inc()
@@ -90,6 +95,16 @@ class Metrics:
             self._prompt_total += out.prompt_tokens
             self._cached_total += out.cached_tokens
 
+    def gen_throughput(self, now: float) -> float:
+        """Tokens generated in the last ``GEN_WINDOW_S`` seconds, per second of that window
+        (of the time since the first of them, when that is shorter)."""
+        while self._generated and self._generated[0][0] < now - GEN_WINDOW_S:
+            self._generated.popleft()
+        if not self._generated:
+            return 0.0
+        span = max(now - self._generated[0][0], 1.0)
+        return sum(n for _, n in self._generated) / span
+
     def render(self, info: dict) -> tuple[bytes, str]:
         mm = info.get("mm_embedding_cache", {})
         store = info.get("mm_global_cache") or {}
@@ -97,7 +112,10 @@ class Metrics:
         values = {
             "num_running_reqs": info.get("num_running_reqs", 0),
             "num_queue_reqs": info.get("num_queue_reqs", 0),
+            "num_grammar_queue_reqs": info.get("num_grammar_queue_reqs", 0),
+            "num_used_tokens": info.get("num_used_tokens", 0),
             "token_usage": info.get("token_usage", 0.0),
+            "gen_throughput": self.gen_throughput(time.perf_counter()),
             "cache_hit_rate": self._cached_total / max(self._prompt_total, 1),
             "mm_cache_hits": mm.get("hits", 0),
             "mm_cache_misses": mm.get("misses", 0),

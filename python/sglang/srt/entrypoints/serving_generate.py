@@ -9,7 +9,12 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from sglang.srt.core.io_struct import TokenizedRequest, token_ids_per_request
+from sglang.srt.core.io_struct import (
+    TokenizedRequest,
+    processors_per_request,
+    salts_per_request,
+    token_ids_per_request,
+)
 from sglang.srt.entrypoints.http_utils import (
     EventStream,
     collect_all,
@@ -34,6 +39,7 @@ class GenerateHandler:
     def __init__(self, manager: TokenizerManager, args: ServerArgs) -> None:
         self.manager = manager
         self.prefill_for_n = not args.disable_radix_cache
+        self.custom_processors = args.enable_custom_logit_processor
 
     async def handle(self, request: Request) -> Response:
         body = await parse_body(request, GenerateRequest)
@@ -59,10 +65,15 @@ class GenerateHandler:
             body.mm_processor_kwargs,
         )
         token_ids = token_ids_per_request(body.token_ids_logprob, len(inputs))
+        salts = salts_per_request(body.cache_salt, len(inputs))
+        processors = processors_per_request(
+            body.custom_logit_processor, len(inputs), self.custom_processors
+        )
         tokenized = await asyncio.gather(*(self.manager.tokenize(inp) for inp in inputs))
         top = body.top_logprobs_num if body.return_logprob else None
-        for t, ids in zip(tokenized, token_ids):
+        for t, ids, salt, processor in zip(tokenized, token_ids, salts, processors):
             t.ask_logprobs(top, body.logprob_start_len, ids)
+            t.cache_salt, t.custom_logit_processor = salt, processor
             t.return_text_in_logprobs = body.return_text_in_logprobs
         return list(tokenized), batched
 

@@ -8,14 +8,21 @@ import os
 import uuid
 from typing import Any
 
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
-from sglang.srt.entrypoints.http_utils import error_response
+from sglang.srt.entrypoints.http_utils import error_response, parse_body
 from sglang.srt.entrypoints.openai.serving_base import served_model_name
 from sglang.srt.managers.inputs import GenerateInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+
+
+class AbortRequestBody(BaseModel):
+    rid: str = ""
+    abort_all: bool = False
 
 
 class InfoHandler:
@@ -45,7 +52,24 @@ class InfoHandler:
         return Response(status_code=200)
 
     async def models(self) -> dict[str, Any]:
-        model = {
+        return {"object": "list", "data": [self._model_card()]}
+
+    async def model(self, model: str) -> Response:
+        """``GET /v1/models/{model}`` (the openai client's ``models.retrieve``)."""
+        if model != self.model_name:
+            body = {
+                "error": {
+                    "message": f"The model '{model}' does not exist",
+                    "type": "invalid_request_error",
+                    "param": "model",
+                    "code": "model_not_found",
+                }
+            }
+            return JSONResponse(body, status_code=404)
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
             "id": self.model_name,
             "object": "model",
             "created": 0,
@@ -53,7 +77,12 @@ class InfoHandler:
             "root": self.args.model_path,
             "max_model_len": self.manager.context_length,
         }
-        return {"object": "list", "data": [model]}
+
+    async def abort_request(self, request: Request) -> Response:
+        """SGLang's ``POST /abort_request`` with ``{"rid": ...}`` or ``{"abort_all": true}``."""
+        body = await parse_body(request, AbortRequestBody)
+        await self.manager.abort_request(body.rid, body.abort_all)
+        return Response(status_code=200)
 
     async def model_info(self) -> dict[str, Any]:
         return {

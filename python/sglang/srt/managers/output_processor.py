@@ -4,6 +4,7 @@ logit bias and grammar masks applied), its logprobs and whether it has finished.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -16,10 +17,31 @@ from sglang.srt.managers.constraints import ConstraintManager
 from sglang.srt.managers.linear_state import LinearStateManager
 from sglang.srt.managers.step_failure import StepFailure
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.custom_logit_processor import apply_custom_processors
 from sglang.srt.sampling.sampler import apply_penalties, sample
+from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.sampling.stop_strings import matched_stop, matched_stop_regex, skipped_token_ids
 
 logger = logging.getLogger(__name__)
+
+# SGLang's switch: sampled rows report logprobs before temperature instead of after it.
+RETURN_ORIGINAL_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+
+
+def output_logprobs(shaped: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The logprobs reported for sampled tokens, as SGLang's sampler gives them: over the logits
+    the token was drawn from (penalties, ``logit_bias`` and grammar masks applied, so a token
+    the grammar forbids is at -inf and a forced one near 0), and for non-greedy rows after
+    temperature (before it with ``SGLANG_RETURN_ORIGINAL_LOGPROB``); top-k / top-p / min-p
+    do not renormalise them. Masked tokens read the dtype's lowest finite value (as SGLang
+    clamps them), which JSON can carry."""
+    scaled = shaped
+    original = os.environ.get(RETURN_ORIGINAL_LOGPROB_ENV, "").lower() in ("1", "true")
+    temperatures = [1.0 if sp.is_greedy or original else sp.temperature for sp in params]
+    if any(t != 1.0 for t in temperatures):
+        divisor = torch.tensor(temperatures, dtype=shaped.dtype, device=shaped.device)
+        scaled = shaped / divisor[:, None]
+    return torch.log_softmax(scaled, dim=-1).clamp(min=torch.finfo(shaped.dtype).min)
 
 
 class OutputProcessor:
@@ -55,10 +77,10 @@ class OutputProcessor:
         reqs = [batch.reqs[i] for i in rows]
         if len(rows) < logits.shape[0]:
             logits = logits[rows]
-        tokens, failed = self._sample(reqs, logits)
+        tokens, failed, shaped = self._sample(reqs, logits)
         logprobs = None
         if any(r.return_logprob for r in reqs):
-            logprobs = torch.log_softmax(logits, dim=-1)  # before logit_bias and grammar masks
+            logprobs = output_logprobs(shaped, [r.sampling_params for r in reqs])
         now = time.perf_counter()
         produced = []
         for i, (req, token) in enumerate(zip(reqs, tokens)):
@@ -90,9 +112,11 @@ class OutputProcessor:
 
     def _sample(
         self, reqs: list[Req], logits: torch.Tensor
-    ) -> tuple[list[int | None], list[StepFailure]]:
+    ) -> tuple[list[int | None], list[StepFailure], torch.Tensor]:
         """One token per request; None for requests that get none: ``max_new_tokens == 0``,
-        or a failure of that request alone (NaN logits, the sampler raising), also returned."""
+        or a failure of that request alone (NaN logits, its custom logit processor or the
+        sampler raising), also returned; and the logits the tokens were drawn from (penalties,
+        logit bias, grammar masks and custom processors applied)."""
         params = [r.sampling_params for r in reqs]
         if any(sp.has_penalties or sp.min_new_tokens for sp in params):
             apply_penalties(
@@ -105,13 +129,21 @@ class OutputProcessor:
         shaped = self.constraints.shaped(logits, reqs)
         tokens: list[int | None] = [None] * len(reqs)
         failed: list[StepFailure] = []
+        processors = [r.custom_logit_processor for r in reqs]
+        broken: dict[int, str] = {}
+        if any(processors):
+            shaped = shaped.clone() if shaped is logits else shaped
+            broken = apply_custom_processors(
+                shaped, processors, [sp.custom_params for sp in params]
+            )
+            failed += [StepFailure(reqs[row], why) for row, why in broken.items()]
         greedy_ids = shaped.argmax(dim=-1)  # what ``sample`` gives a greedy row
         # argmax takes a NaN for the largest value: a row holds a NaN iff its argmax points at one
         top_ids = greedy_ids if shaped is logits else logits.argmax(dim=-1)
         bad = logits.gather(-1, top_ids.unsqueeze(-1)).isnan().squeeze(-1).tolist()
         greedy = greedy_ids.tolist()
         for i, req in enumerate(reqs):
-            if req.sampling_params.max_new_tokens == 0:
+            if req.sampling_params.max_new_tokens == 0 or i in broken:
                 continue
             if bad[i]:
                 failed.append(StepFailure(req, "the model produced NaN logits for this request"))
@@ -124,7 +156,7 @@ class OutputProcessor:
             except Exception as exc:
                 logger.exception("sampling failed for request %s", req.rid)
                 failed.append(StepFailure(req, f"sampling failed: {exc}"))
-        return tokens, failed
+        return tokens, failed, shaped
 
     def _banned_ids(self, req: Req) -> list[int]:
         """Ids the request may not produce yet (EOS and stop ids before ``min_new_tokens``)."""

@@ -139,6 +139,8 @@ class Scheduler:
             logprob_start_len=tokenized.logprob_start_len,
             token_ids_logprob=tokenized.token_ids_logprob,
             bidirectional=self.bidirectional,
+            cache_salt=tokenized.cache_salt,
+            custom_logit_processor=tokenized.custom_logit_processor,
         )
         self._set_mrope_positions(req)
         req.arrival_time = time.perf_counter()
@@ -337,6 +339,8 @@ class Scheduler:
             "mixed_steps": self.mixed_steps,
             "num_running_reqs": len(self.running),
             "num_queue_reqs": len(self.waiting) + len(self.grammar_queue),
+            "num_grammar_queue_reqs": len(self.grammar_queue),
+            "num_used_tokens": self.kv_pool.size - self.kv_pool.available_size(),
             "token_usage": 1 - self.kv_pool.available_size() / self.kv_pool.size,
             "kv_evictable_tokens": self.tree.evictable_size,
             "mm_embedding_cache": {

@@ -34,6 +34,7 @@ from sglang.srt.multimodal.media_fetch import (
     fetch_video_source,
 )
 from sglang.srt.multimodal.processor import MultimodalProcessor
+from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.sampling.stop_strings import skipped_token_ids
 from sglang.srt.server_args import ServerArgs
 
@@ -46,6 +47,26 @@ class RequestError(ValueError):
     def __init__(self, message: str, status_code: int = 400) -> None:
         super().__init__(message)
         self.status_code = status_code
+
+
+def check_context_length(prompt_len: int, params: SamplingParams, context_length: int) -> None:
+    """SGLang's two length checks, in its words: the prompt must leave room for one new token,
+    and a ``max_new_tokens`` the request gave must fit beside the prompt (a default one is cut
+    to what is left)."""
+    if prompt_len >= context_length:
+        raise RequestError(
+            f"The input ({prompt_len} tokens) is longer than the model's context length "
+            f"({context_length} tokens)."
+        )
+    total = prompt_len + params.max_new_tokens
+    if params.max_new_tokens_given and total > context_length:
+        raise RequestError(
+            "Requested token count exceeds the model's maximum context length of "
+            f"{context_length} tokens. You requested a total of {total} tokens: {prompt_len} "
+            f"tokens from the input messages and {params.max_new_tokens} tokens for the "
+            "completion. Please reduce the number of tokens in the input messages or the "
+            "completion to fit within the limit."
+        )
 
 
 @dataclass
@@ -179,11 +200,7 @@ class TokenizerManager:
             self._pool, self._tokenize_sync, inp, sources, videos
         )
         prompt_len = len(tokenized.input_ids)
-        if prompt_len >= self.context_length:
-            raise RequestError(
-                f"the prompt has {prompt_len} tokens, more than the context length allows "
-                f"({self.context_length}, leaving room for at least one new token)"
-            )
+        check_context_length(prompt_len, tokenized.sampling_params, self.context_length)
         return tokenized
 
     def _check_length_cheaply(self, inp: GenerateInput) -> None:
@@ -197,8 +214,8 @@ class TokenizerManager:
             return
         if n >= self.context_length:
             raise RequestError(
-                f"the prompt has at least {n} tokens, more than the context length allows "
-                f"({self.context_length}, leaving room for at least one new token)"
+                f"The input (at least {n} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
             )
 
     def _tokenize_sync(self, inp: GenerateInput, sources: list, video_sources: list):
@@ -301,6 +318,28 @@ class TokenizerManager:
 
     async def abort(self, rid: str) -> None:
         await self._to_scheduler.send_pyobj(AbortRequest(rid))
+
+    async def abort_request(self, rid: str = "", abort_all: bool = False) -> list[str]:
+        """SGLang's ``/abort_request``: end the running request ``rid`` (with its n > 1 copies)
+        or, with ``abort_all``, every request; each stream ends with an ``abort`` finish.
+        Returns the ids aborted."""
+        targets = [r for r in self._states if abort_all or r == rid or r.startswith(f"{rid}-")]
+        if not abort_all and not rid:
+            targets = []
+        for target in targets:
+            state = self._states[target]
+            out = RequestOutput(
+                target,
+                [],
+                [],
+                FinishReason.abort("aborted by /abort_request"),
+                len(state.request.input_ids),
+                0,
+                len(state.detokenizer.output_ids),
+            )
+            state.queue.put_nowait(out)
+            await self.abort(target)
+        return targets
 
     # Control -----------------------------------------------------------------------------------
     async def rpc(self, method: str, timeout: float = 60.0) -> Any:

@@ -41,8 +41,7 @@ class SamplingParams:
     seed: int | None = field(default=None)  # SGLang's ``sampling_seed``
     n: int = 1
     stream_interval: int | None = None  # stream every this many tokens (the first at once)
-    # Read only by custom logit processors, which /generate refuses; accepted, as SGLang does
-    # without one.
+    # Passed to the request's custom logit processor (accepted, and unread, without one).
     custom_params: dict[str, Any] | None = None
     # Accepted when off only: beam search (beam_width > 1) and watermarking are not implemented.
     beam_width: int | None = None
@@ -54,6 +53,9 @@ class SamplingParams:
     structural_tag: str | None = None
     logit_bias: dict[int, float] | None = None
     no_stop_trim: bool = False  # keep a matched stop string at the end of the output text
+    # Whether the request named max_new_tokens (SGLang checks only a given one against the
+    # context length; a default one is cut to what the prompt leaves).
+    max_new_tokens_given: bool = field(default=False, init=False, compare=False)
 
     @classmethod
     def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
@@ -71,11 +73,12 @@ class SamplingParams:
                 value = params.pop(alias)
                 if params.setdefault(name, value) != value:
                     raise ValueError(f"{alias} and {name} differ; give one of them")
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.init}
         unknown = set(params) - known
         if unknown:
             raise ValueError(f"unsupported sampling parameter(s): {sorted(unknown)}")
         sp = cls(**params)
+        sp.max_new_tokens_given = "max_new_tokens" in params
         sp.validate()
         return sp
 

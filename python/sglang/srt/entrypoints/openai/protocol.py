@@ -131,6 +131,8 @@ class _Sampling(_Body):
     ebnf: str | None = None
     custom_params: dict[str, Any] | None = None
     watermark: dict[str, Any] | None = None
+    cache_salt: str | list[str] | None = None  # prefixes are shared only within one salt
+    custom_logit_processor: str | list[str | None] | None = None  # CustomLogitProcessor.to_str()
 
 
 class ChatCompletionRequest(_Sampling):
@@ -146,6 +148,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     mm_processor_kwargs: dict[str, Any] | None = None  # video sampling: fps, max_frames, ...
+    continue_final_message: bool = False  # the answer continues the final assistant message
+    rid: str | None = None  # the request's id (for /abort_request)
 
 
 class CompletionRequest(_Sampling):
@@ -154,6 +158,7 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    rid: str | list[str] | None = None  # the requests' ids (for /abort_request)
 
 
 class GenerateRequest(_Body):
@@ -168,6 +173,8 @@ class GenerateRequest(_Body):
     logprob_start_len: int = Field(default=-1, ge=-1)
     return_text_in_logprobs: bool = False
     token_ids_logprob: list[int] | list[list[int]] | None = None
+    cache_salt: str | list[str] | None = None
+    custom_logit_processor: str | list[str | None] | None = None
     rid: str | list[str] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None  # video sampling: fps, max_frames, ...
 
@@ -215,7 +222,6 @@ UNIMPLEMENTED_CHAT_FIELDS: dict[str, Callable[[Any], bool]] = {
     "audio": _used,
     "prediction": _used,
     "modalities": _not_in(["text"]),
-    "continue_final_message": _used,
     "reasoning_effort": _used,
     "web_search_options": _used,
 }
@@ -226,7 +232,6 @@ UNIMPLEMENTED_COMPLETION_FIELDS: dict[str, Callable[[Any], bool]] = {
 UNIMPLEMENTED_GENERATE_FIELDS: dict[str, Callable[[Any], bool]] = {
     "return_hidden_states": _used,
     "lora_path": _used,
-    "custom_logit_processor": _used,
     "input_embeds": _used,
     "audio_data": _used,
     "session_params": _used,

@@ -132,3 +132,9 @@ def extra_sampling(
 
 def finish_reason(reason: FinishReason | None) -> str | None:
     return None if reason is None else reason.kind
+
+
+def matched_stop(reason: FinishReason | None) -> int | str | None:
+    """SGLang's ``matched_stop`` of a choice: the stop string or token id that ended it (EOS
+    included), else None."""
+    return None if reason is None else reason.matched

@@ -13,6 +13,11 @@ from typing import Any, NamedTuple
 from fastapi import Request
 from fastapi.responses import Response
 
+from sglang.srt.core.io_struct import (
+    TokenizedRequest,
+    processors_per_request,
+    salts_per_request,
+)
 from sglang.srt.entrypoints.http_utils import merge_streams, parse_body, sse_response
 from sglang.srt.entrypoints.openai.logprobs import LogprobFormatter
 from sglang.srt.entrypoints.openai.protocol import (
@@ -27,6 +32,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     UsageOf,
     extra_sampling,
     finish_reason,
+    matched_stop,
 )
 from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
 from sglang.srt.function_call import get_tool_call_parser
@@ -56,13 +62,15 @@ class OpenAIServingChat(OpenAIServingBase):
     async def handle(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
         reject_unimplemented(body, UNIMPLEMENTED_CHAT_FIELDS)
-        sampling = self._sampling_dict(body)
         tools = active_tools(body)
         chat = render_chat(self.manager, body, self.args, tools)
-        sampling = extra_sampling(body, sampling)
-        self._add_tool_choice_grammar(body, sampling)
-        tokenized = await self.manager.tokenize(self._input(chat, sampling))
+        tokenized = await self.tokenize(body, chat)
         tokenized.ask_logprobs((body.top_logprobs or 0) if body.logprobs else None)
+        tokenized.cache_salt = salts_per_request(body.cache_salt, 1)[0]
+        enabled = self.args.enable_custom_logit_processor
+        tokenized.custom_logit_processor = processors_per_request(
+            body.custom_logit_processor, 1, enabled
+        )[0]
         choices = await self.start_choices([tokenized])
         fmt = ChatFormat(
             self.tool_parser if tools else None,
@@ -81,23 +89,30 @@ class OpenAIServingChat(OpenAIServingBase):
             rid, "chat.completion", choices, request, lambda i, e: chat_choice(i, e, fmt)
         )
 
-    def _sampling_dict(self, body: ChatCompletionRequest) -> dict[str, Any]:
-        """Without max_tokens, the answer may run to the context length."""
+    async def tokenize(self, body: ChatCompletionRequest, chat: RenderedChat) -> TokenizedRequest:
+        """The rendered chat as one tokenized request with the body's sampling (tool_choice's
+        grammar included)."""
         max_new = body.max_completion_tokens
         max_new = body.max_tokens if max_new is None else max_new
-        sampling = sampling_dict(body, max_new)
-        if max_new is None:
-            sampling["max_new_tokens"] = self.manager.context_length
-        return sampling
+        sampling = extra_sampling(body, sampling_dict(body, max_new))
+        self._add_tool_choice_grammar(body, sampling)
+        return await self.manager.tokenize(self._input(body, chat, sampling))
 
-    def _input(self, chat: RenderedChat, sampling: dict[str, Any]) -> GenerateInput:
+    def _input(
+        self, body: ChatCompletionRequest, chat: RenderedChat, sampling: dict[str, Any]
+    ) -> GenerateInput:
+        """Without max_tokens, the answer may run to the context length (the scheduler cuts
+        it to what the prompt leaves)."""
         bos = self.manager.tokenizer.bos_token
+        params = SamplingParams.from_dict(sampling)
+        if not params.max_new_tokens_given:
+            params.max_new_tokens = self.manager.context_length
         return GenerateInput(
-            uuid.uuid4().hex,
+            body.rid or uuid.uuid4().hex,
             chat.prompt,
             None,
             chat.images,
-            SamplingParams.from_dict(sampling),
+            params,
             add_special_tokens=not (bos and chat.prompt.startswith(bos)),  # the template's BOS
             videos=chat.videos,
             video_options=chat.video_options,
@@ -167,6 +182,7 @@ def render_chat(
         raise RequestError("mm_processor_kwargs must be an object")
     chat = RenderedChat("", [], [], [])
     messages = [_template_message(msg, body, chat) for msg in body.messages]
+    messages, assistant_prefix = _split_final_assistant(messages, body.continue_final_message)
     tokenizer = manager.tokenizer
     template = _chat_template(args)
     if template is None and not getattr(tokenizer, "chat_template", None):
@@ -182,7 +198,18 @@ def render_chat(
         )
     except Exception as exc:  # the template's own checks (roles, tool messages) fail here
         raise RequestError(f"the chat template cannot render these messages: {exc}") from exc
-    return chat._replace(prompt=prompt)
+    return chat._replace(prompt=prompt + (assistant_prefix or ""))
+
+
+def _split_final_assistant(
+    messages: list[dict[str, Any]], continue_final: bool
+) -> tuple[list[dict[str, Any]], str | None]:
+    """SGLang's ``continue_final_message``: a final assistant message given as a string leaves
+    the list, and its text follows the opened assistant turn, which the answer continues."""
+    last = messages[-1] if messages else None
+    if continue_final and last and last["role"] == "assistant" and isinstance(last["content"], str):
+        return messages[:-1], last["content"]
+    return messages, None
 
 
 _RESERVED_TEMPLATE_ARGS = {
@@ -253,6 +280,7 @@ def _chat_template(args: ServerArgs) -> str | None:
 # Responses -----------------------------------------------------------------------------------
 def chat_choice(index: int, event: StreamEvent, fmt: ChatFormat) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": event.text}
+    message["reasoning_content"] = None  # as SGLang: the key is always there
     if fmt.reasoning is not None:
         message["reasoning_content"], message["content"] = fmt.reasoning().parse(event.text)
     finish = finish_reason(event.finish_reason)
@@ -263,7 +291,13 @@ def chat_choice(index: int, event: StreamEvent, fmt: ChatFormat) -> dict[str, An
             message["tool_calls"] = [c.to_openai() for c in calls]
             finish = "tool_calls"
     logprobs = None if fmt.logprobs is None else {"content": fmt.logprobs.chat(event.meta)}
-    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "matched_stop": matched_stop(event.finish_reason),
+    }
 
 
 @dataclass
@@ -320,13 +354,28 @@ async def chat_chunks(
             state.calls += 1
         if finish is not None:
             finals[i] = event
-            yield _chunk(head, i, {}, finish=finish)
+            yield _chunk(head, i, {}, finish=finish, matched=matched_stop(event.finish_reason))
     if final_usage is not None:
         yield {**head, "choices": [], "usage": final_usage([e for e in finals if e is not None])}
 
 
 def _chunk(
-    head: dict[str, Any], index: int, delta: dict, logprobs: Any = None, finish: str | None = None
+    head: dict[str, Any],
+    index: int,
+    delta: dict,
+    logprobs: Any = None,
+    finish: str | None = None,
+    matched: int | str | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    """One choice's chunk. As in SGLang, every delta carries ``role``, ``content`` and
+    ``reasoning_content`` (null where unset; clients read ``delta.reasoning_content``
+    unguarded), ``tool_calls`` only when it has some."""
+    delta = {"role": None, "content": None, "reasoning_content": None, **delta}
+    choice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "matched_stop": matched,
+    }
     return {**head, "choices": [choice]}

@@ -12,7 +12,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from sglang.srt.core.io_struct import TokenizedRequest
+from sglang.srt.core.io_struct import (
+    TokenizedRequest,
+    processors_per_request,
+    salts_per_request,
+)
 from sglang.srt.entrypoints.http_utils import merge_streams, parse_body, sse_response
 from sglang.srt.entrypoints.openai.logprobs import LogprobFormatter, joined
 from sglang.srt.entrypoints.openai.protocol import (
@@ -26,6 +30,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     UsageOf,
     extra_sampling,
     finish_reason,
+    matched_stop,
 )
 from sglang.srt.managers.inputs import split_generate_inputs
 from sglang.srt.managers.parallel_sampling import Choices
@@ -40,10 +45,14 @@ class OpenAIServingCompletion(OpenAIServingBase):
         reject_unimplemented(body, UNIMPLEMENTED_COMPLETION_FIELDS)
         prompts, ids = split_prompt(body.prompt)
         params = extra_sampling(body, sampling_dict(body, body.max_tokens))
-        inputs, _ = split_generate_inputs(prompts, params, ids, None)
+        inputs, _ = split_generate_inputs(prompts, params, ids, None, body.rid)
+        salts = salts_per_request(body.cache_salt, len(inputs))
+        enabled = self.args.enable_custom_logit_processor
+        processors = processors_per_request(body.custom_logit_processor, len(inputs), enabled)
         tokenized = await asyncio.gather(*(self.manager.tokenize(inp) for inp in inputs))
-        for t in tokenized:
+        for t, salt, processor in zip(tokenized, salts, processors):
             t.ask_logprobs(body.logprobs, 0 if body.echo else -1)  # echo: the prompt's too
+            t.cache_salt, t.custom_logit_processor = salt, processor
         choices = await self.start_choices(list(tokenized))
         echoes = self._echoes(body, prompts, list(tokenized), choices)
         fmt = None
@@ -106,6 +115,7 @@ def completion_choice(
         "text": echo + event.text,
         "logprobs": logprobs,
         "finish_reason": finish_reason(event.finish_reason),
+        "matched_stop": matched_stop(event.finish_reason),
     }
 
 
@@ -142,8 +152,10 @@ async def completion_chunks(
                 event.meta, state.sent_logprobs, state.offset, top
             )
             state.sent_logprobs = len(event.meta.get("output_token_logprobs", ()))
-        if event.delta or finish is not None or (logprobs and logprobs["tokens"]):
-            yield _chunk(head, i, event.delta, logprobs, finish)
+            if not logprobs["tokens"]:  # no new token here (held text, the finish): SGLang's null
+                logprobs = None
+        if event.delta or finish is not None or logprobs:
+            yield _chunk(head, i, event.delta, logprobs, finish, matched_stop(event.finish_reason))
         if finish is not None:
             finals[i] = event
     if final_usage is not None:
@@ -151,7 +163,18 @@ async def completion_chunks(
 
 
 def _chunk(
-    head: dict[str, Any], index: int, text: str, logprobs: Any, finish: str | None
+    head: dict[str, Any],
+    index: int,
+    text: str,
+    logprobs: Any,
+    finish: str | None,
+    matched: int | str | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    choice = {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+        "matched_stop": matched,
+    }
     return {**head, "choices": [choice]}
