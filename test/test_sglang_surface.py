@@ -369,3 +369,53 @@ def test_an_events_logprobs_do_not_grow_with_later_outputs() -> None:
     output["output_top_logprobs"].append([(-2.0, 6)])
     assert meta["output_token_logprobs"] == [(-1.0, 5, None)]
     assert len(meta["output_top_logprobs"]) == meta["output_token_logprobs_length"] == 1
+
+
+def test_responses_api_whole_streamed_and_chained(server, client) -> None:
+    """``/v1/responses`` answers as the chat completion of the same messages would; its stream
+    spells the same text in OpenAI's event order; ``previous_response_id`` carries the
+    conversation, its answer included."""
+    first = client.responses.create(model=MODEL, input="Hello", max_output_tokens=8, temperature=0)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0
+    )
+    assert first.output_text == chat.choices[0].message.content
+    assert first.usage.input_tokens == chat.usage.prompt_tokens
+    assert first.status == (
+        "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
+    )
+    events = list(
+        client.responses.create(
+            model=MODEL, input="Hello", max_output_tokens=8, temperature=0, stream=True
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-1] == "response.completed" and kinds[-2] == "response.output_item.done"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == first.output_text == events[-1].response.output_text
+    follow = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "And?"}]}],
+        max_output_tokens=4,
+        temperature=0,
+    )
+    history = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And?"},
+    ]
+    again = client.chat.completions.create(
+        model=MODEL, messages=history, max_tokens=4, temperature=0
+    )
+    assert follow.output_text == again.choices[0].message.content
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    with pytest.raises(openai.BadRequestError, match="unknown"):
+        client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_none")

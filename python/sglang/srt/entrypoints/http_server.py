@@ -28,6 +28,7 @@ from sglang.srt.entrypoints.middleware import (
 from sglang.srt.entrypoints.openai.serving_base import served_model_name
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_responses import ResponsesHandler
 from sglang.srt.entrypoints.openai.serving_tokenize import DetokenizeHandler, TokenizeHandler
 from sglang.srt.entrypoints.serving_generate import GenerateHandler
 from sglang.srt.entrypoints.serving_info import InfoHandler
@@ -61,10 +62,13 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
     _add_info_routes(app, manager, args)
     if not args.disable_chat_page:
         add_chat_page(app)
+    responses = ResponsesHandler(manager, args)
+    app.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
     handlers: dict[str, tuple[str, BodyHandler]] = {
         "/generate": ("generate", GenerateHandler(manager, args)),
         "/v1/completions": ("completions", OpenAIServingCompletion(manager, args)),
         "/v1/chat/completions": ("chat_completions", OpenAIServingChat(manager, args)),
+        "/v1/responses": ("responses", responses),
         "/v1/tokenize": ("tokenize", TokenizeHandler(manager, args)),
         "/tokenize": ("tokenize_", TokenizeHandler(manager, args)),
         "/v1/detokenize": ("detokenize", DetokenizeHandler(manager, args)),
