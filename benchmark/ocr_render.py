@@ -6,8 +6,9 @@ sizes (and callers use different seeds), so a held-out set measures reading, not
 
 - training fonts: most DejaVu faces; held-out: three faces never seen in training
   (``HELDOUT_FONTS``); sizes are even in training and odd in held-out sets;
-- the fonts are Debian's ``fonts-dejavu-core`` (rendering raises, naming the package, without
-  them: a set drawn with other fonts would not be the same set).
+- the fonts are Debian's ``fonts-dejavu-core`` and ``fonts-dejavu-extra`` (the held-out faces
+  are in the latter; rendering raises, naming the packages, without them: a set drawn with other
+  fonts would not be the same set).
 
 Images stay small (at most 112 x 336 pixels after the processor's resize: 48 image tokens), which
 is what lets a reader be trained from scratch on two CPU cores.
@@ -92,8 +93,9 @@ def fonts(split: str) -> tuple[str, ...]:
     found = tuple(str(p) for p in files if (p.stem in HELDOUT_FONTS) == held)
     if not found:
         raise FileNotFoundError(
-            f"no DejaVu fonts in {FONT_DIR}: the OCR sets are rendered with them "
-            "(Debian: apt-get install fonts-dejavu-core)"
+            f"no {split} DejaVu fonts in {FONT_DIR}: the OCR sets are rendered with them "
+            "(Debian: apt-get install fonts-dejavu-core fonts-dejavu-extra, or run "
+            "scripts/install_test_deps.sh)"
         )
     return found
 

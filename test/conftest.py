@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 # Before torch loads OpenMP: idle workers sleep at once rather than spin, so that the test
@@ -52,9 +54,25 @@ needs_compiler = pytest.mark.skipif(
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Every kernel the suite loads, built before collection imports the tests, two or more at
-    once (one after another they took ~10 minutes of a fresh run on 2 cores)."""
+    once (one after another they took ~10 minutes of a fresh run on 2 cores), saying on the
+    terminal what it builds before it starts (xdist starts its workers after this hook)."""
     if kernels.compiler() is not None and os.environ.get(kernels.DISABLE_ENV, "0") in ("", "0"):
-        kernels.prebuild(portable=("linear_quant", "linear_int8dq"))
+        kernels.prebuild(portable=("linear_quant", "linear_int8dq"), report=_terminal(session))
+
+
+def _terminal(session: pytest.Session) -> Callable[[str], None] | None:
+    """Writes a line where ``pytest -q`` shows it; None in an xdist worker (nobody reads it)."""
+    if hasattr(session.config, "workerinput"):
+        return None
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return lambda line: print(f"native kernels: {line}", file=sys.__stderr__, flush=True)
+
+    def write(line: str) -> None:
+        reporter.write_line(f"native kernels: {line}")
+        reporter.flush()
+
+    return write
 
 
 # The native GEMM serves CPUs with AVX512-BF16 and no AMX, where a compiler builds it.

@@ -50,7 +50,7 @@ def test_the_build_command_names_what_did_not_build(tmp_path, monkeypatch, capsy
     assert kernels.unbuilt(portable=("linear_quant",)) == []  # the suite's cache: all built
     assert main(["--portable", "linear_quant"]) == 0
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))  # nothing built there
-    monkeypatch.setattr(kernels, "prebuild", lambda portable=(): None)  # and nothing builds
+    monkeypatch.setattr(kernels, "prebuild", lambda portable=(), **_: None)  # nothing builds
     assert main(["--portable", "linear_quant"]) == 1
     left_out = capsys.readouterr().err.strip().removeprefix("not built: ").split(", ")
     assert left_out == [*kernels.kernel_names(), "linear_quant (portable)"]
@@ -58,11 +58,13 @@ def test_the_build_command_names_what_did_not_build(tmp_path, monkeypatch, capsy
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path / "retry"))
     calls: list[tuple[str, ...]] = []
 
-    def second_time_lucky(portable: tuple[str, ...] = ()) -> None:
+    def second_time_lucky(portable: tuple[str, ...] = (), **_: object) -> None:
         calls.append(tuple(portable))
         for name, variant in kernels._unbuilt(portable) if len(calls) == 2 else []:
-            kernels._library(name, variant).parent.mkdir(parents=True, exist_ok=True)
-            kernels._library(name, variant).write_bytes(b"")
+            library = kernels._library(name, variant)
+            library.parent.mkdir(parents=True, exist_ok=True)
+            library.write_bytes(b"")
+            kernels._write_record(library, kernels._key(kernels.CSRC / f"{name}.cpp")[1], 1.0)
 
     monkeypatch.setattr(kernels, "prebuild", second_time_lucky)
     assert main(["--portable", "linear_quant"]) == 0 and len(calls) == 2
@@ -70,11 +72,12 @@ def test_the_build_command_names_what_did_not_build(tmp_path, monkeypatch, capsy
 
 def test_a_first_build_says_so_before_and_after(tmp_path, monkeypatch, caplog) -> None:
     """A first run must not look like a hang: one line before the compiler starts (what, for
-    which ISA, roughly how long, where it is cached) and one when done; a cached kernel
-    is silent."""
+    which ISA, why, roughly how long, where it is cached) and one when done; a cached kernel
+    is silent, and imported without the builder."""
     import torch.utils.cpp_extension
 
     compiles: list[list[str]] = []
+    monkeypatch.setattr(kernels, "_import", lambda variant, library: object())
 
     def fake_build(name: str, build_directory: str, **_: object) -> object:
         compiles.append([r.getMessage() for r in caplog.records])
@@ -89,12 +92,13 @@ def test_a_first_build_says_so_before_and_after(tmp_path, monkeypatch, caplog) -
     (before,) = compiles[0]
     assert before.startswith("building native CPU kernel quick_gelu")
     assert kernels.expected_isa("quick_gelu") in before and str(tmp_path / "kernels") in before
+    assert "no build for this torch/CPU/source key" in before and " s on 2 cores" in before
     assert caplog.records[-1].getMessage().startswith("built native CPU kernel quick_gelu in ")
 
     caplog.clear()
     monkeypatch.setattr(kernels, "_build", functools.cache(kernels._build.__wrapped__))
     kernels.load("quick_gelu")
-    assert len(compiles) == 2 and caplog.records == []
+    assert len(compiles) == 1 and caplog.records == []
 
 
 def test_a_killed_build_is_not_waited_for_and_a_live_one_is(tmp_path, monkeypatch) -> None:
@@ -127,6 +131,7 @@ def test_a_killed_build_is_not_waited_for_and_a_live_one_is(tmp_path, monkeypatc
     fresh_load().join(10)
     assert lock_seen == [False]
 
+    (directory / kernels.RECORD).unlink()  # the library gone again: built under the flock
     (directory / "lock").touch()
     with open(directory / "build.flock", "w") as live_build:
         fcntl.flock(live_build, fcntl.LOCK_EX)
