@@ -247,9 +247,9 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
 @contextlib.contextmanager
 def redis_server(*flags: str, timeout: float = 20) -> Iterator[tuple[str, subprocess.Popen]]:
     """Yield (redis:// URL, process) of a fresh Debian ``redis-server`` on loopback with no
-    persistence; stopped afterwards (``.ci/run`` installs it)."""
+    persistence; stopped afterwards (``scripts/install_test_deps.sh`` installs it)."""
     binary = shutil.which("redis-server")
-    assert binary, "redis-server is missing: apt-get install redis-server (.ci/run does)"
+    assert binary, "redis-server is missing: bash scripts/install_test_deps.sh installs it"
     port = free_port()
     cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

@@ -40,12 +40,6 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
 MAX_TOKENS = 8
 TIMEOUT_MS = 60_000
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(CHROMIUM) is None,
-    reason=f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium package "
-    "(apt-get install chromium); elsewhere set SGLANG_TEST_CHROMIUM",
-)
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
@@ -56,6 +50,10 @@ def server() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    assert shutil.which(CHROMIUM), (
+        f"no Chromium at {CHROMIUM}: bash scripts/install_test_deps.sh installs Debian's "
+        "chromium package; elsewhere set SGLANG_TEST_CHROMIUM"
+    )
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         yield browser
