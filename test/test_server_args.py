@@ -103,3 +103,34 @@ def test_every_field_has_a_flag_with_the_fields_default() -> None:
     for name in ServerArgs.__dataclass_fields__:
         assert f"--{name.replace('_', '-')}" in dests[name].option_strings
     assert parse_args([]) == ServerArgs()  # the CLI's defaults are the dataclass's
+
+
+@pytest.mark.parametrize("flag", ["--tp-size", "--tensor-parallel-size", "--tp"])
+def test_tensor_parallel_flags_take_one_and_refuse_more(flag: str) -> None:
+    """lmms-eval's srt_api backend and SGLang's scripts pass ``--tp 1``: one process serves."""
+    assert parse_args([flag, "1"]).tp_size == 1
+    with pytest.raises(ValueError, match="only --tp-size 1"):
+        parse_args([flag, "2"])
+
+
+def test_a_named_sglang_template_keeps_the_models_own() -> None:
+    """``--chat-template chatml-llava`` (what lmms-eval's srt_api passes) must not become the
+    literal prompt; Jinja, inline, still replaces the model's template."""
+    from types import SimpleNamespace
+
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import render_chat
+
+    class Tokenizer:
+        chat_template = "{{ messages[0]['content'] }}!"
+
+        def apply_chat_template(self, messages, chat_template=None, **kwargs) -> str:
+            template = chat_template or self.chat_template
+            return template.replace("{{ messages[0]['content'] }}", messages[0]["content"])
+
+    manager = SimpleNamespace(tokenizer=Tokenizer())
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
+    named = render_chat(manager, body, ServerArgs(chat_template="chatml-llava"))
+    assert named.prompt == "hi!"
+    inline = "<{{ messages[0]['content'] }}>"
+    assert render_chat(manager, body, ServerArgs(chat_template=inline)).prompt == "<hi>"

@@ -25,11 +25,21 @@ class ServerArgs(EngineConfig):
     chat_template: str | None = field(
         default=None,
         metadata={
-            "help": "A Jinja chat template, inline or a .jinja file (default: the model's own)."
+            "help": "A Jinja chat template, inline or a .jinja file (default: the model's own). "
+            "One of SGLang's template names (e.g. chatml-llava) keeps the model's own, with a "
+            "warning."
         },
     )
     enable_multimodal: bool | None = field(
         default=None, metadata={"help": "Serve images (on by default for VLM folders)."}
+    )
+
+    tp_size: int = field(
+        default=1,
+        metadata={
+            "help": "Tensor-parallel size; only 1 (one process serves the model).",
+            "aliases": ("--tensor-parallel-size", "--tp"),
+        },
     )
 
     # Memory and scheduling
@@ -157,6 +167,8 @@ class ServerArgs(EngineConfig):
         super().__post_init__()
         if self.max_prefill_tokens <= 0:
             raise ValueError("max_prefill_tokens must be positive")
+        if self.tp_size != 1:
+            raise ValueError(f"only --tp-size 1 is served (one process), not {self.tp_size}")
         if self.schedule_policy != "fcfs":
             raise ValueError(
                 f"only the fcfs schedule policy is implemented, not {self.schedule_policy!r}"
@@ -215,17 +227,21 @@ class ServerArgs(EngineConfig):
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         hints = get_type_hints(ServerArgs)
         for f in fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
             help_text = f.metadata.get("help", "")
             hint = hints[f.name]
             if hint is bool or hint == bool | None:
-                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                parser.add_argument(
+                    *flags, dest=f.name, action="store_true", default=f.default, help=help_text
+                )
                 continue
             if hint == list[str] | None:
-                parser.add_argument(flag, nargs="+", default=f.default, help=help_text)
+                parser.add_argument(
+                    *flags, dest=f.name, nargs="+", default=f.default, help=help_text
+                )
                 continue
             base = _base_type(hint)
-            parser.add_argument(flag, type=base, default=f.default, help=help_text)
+            parser.add_argument(*flags, dest=f.name, type=base, default=f.default, help=help_text)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:

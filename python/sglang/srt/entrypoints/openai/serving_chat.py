@@ -3,7 +3,9 @@ request -> choices (streamed or whole), with tools, reasoning and logprobs."""
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -41,6 +43,8 @@ from sglang.srt.managers.tokenizer_manager import RequestError, StreamEvent, Tok
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class ChatFormat:
@@ -58,6 +62,8 @@ class OpenAIServingChat(OpenAIServingBase):
     def __init__(self, manager: TokenizerManager, args: ServerArgs) -> None:
         super().__init__(manager, args)
         self.tool_parser = get_tool_call_parser(args.tool_call_parser)
+        if args.chat_template and is_template_name(args.chat_template):
+            _warn_template_name(args.chat_template)
 
     async def handle(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
@@ -274,7 +280,26 @@ def _chat_template(args: ServerArgs) -> str | None:
     if args.chat_template.endswith(".jinja"):
         with open(args.chat_template) as f:
             return f.read()
+    if is_template_name(args.chat_template):
+        return None  # the model's own (the server warned at start-up)
     return args.chat_template
+
+
+def is_template_name(value: str) -> bool:
+    """Whether ``--chat-template`` names one of SGLang's built-in templates (``chatml-llava``,
+    ``qwen2-vl``, ...) rather than holding Jinja: a rendered name would replace every prompt
+    with that word."""
+    return "{" not in value and "\n" not in value and len(value) < 64
+
+
+@functools.cache
+def _warn_template_name(name: str) -> None:
+    logger.warning(
+        "--chat-template %r names a built-in SGLang template, which this server does not "
+        "have: chats use the model's own template (give a Jinja template, inline or as a "
+        ".jinja file, to replace it)",
+        name,
+    )
 
 
 # Responses -----------------------------------------------------------------------------------
