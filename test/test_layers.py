@@ -17,6 +17,7 @@ LAYERS: dict[str, int] = {
     "sglang.srt.sampling": 0,
     "sglang.srt.constrained": 0,
     "sglang.srt.function_call": 0,
+    "sglang.srt.utils": 0,  # SGLang's process helpers (kill_process_tree) for its test kits
     "sglang.srt.core": 1,
     "sglang.srt.mem_cache": 1,
     "sglang.srt.layers": 2,
@@ -28,6 +29,7 @@ LAYERS: dict[str, int] = {
     "sglang.srt.entrypoints": 6,
     "sglang.launch_server": 6,
     "sglang.testing": 7,  # test helpers: may use anything
+    "sglang.test": 7,  # SGLang's sglang.test.test_utils, for its kits and lmms-eval
 }
 # The package root holds ``__version__`` and re-exports Engine lazily (``sglang.Engine``): any
 # module may read the version, and the root's own lazy import is the one upward import allowed.
