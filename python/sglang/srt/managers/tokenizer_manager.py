@@ -323,9 +323,10 @@ class TokenizerManager:
         """SGLang's ``/abort_request``: end the running request ``rid`` (with its n > 1 copies)
         or, with ``abort_all``, every request; each stream ends with an ``abort`` finish.
         Returns the ids aborted."""
-        targets = [r for r in self._states if abort_all or r == rid or r.startswith(f"{rid}-")]
-        if not abort_all and not rid:
-            targets = []
+        if abort_all:
+            targets = list(self._states)
+        else:
+            targets = [r for r in self._states if rid and (r == rid or r.startswith(f"{rid}-"))]
         for target in targets:
             state = self._states[target]
             out = RequestOutput(
