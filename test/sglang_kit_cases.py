@@ -216,7 +216,6 @@ class TextKits(
     MatchedStopMixin,
     KLDivergenceMixin,
     AbortAllMixin,
-    RunningTimeoutTwoWaveMixin,
     PauseResumeInPlaceMixin,
 ):
     """The text-only kits on the tiny Qwen2, in float32 (the exact mode), with room for the
@@ -224,20 +223,21 @@ class TextKits(
 
     model = TEXT_MODEL
     other_args = ["--dtype", "float32", "--context-length", "16384"]
-    # SGLang's running timeout, set as its test of the two-wave kit sets it.
-    env = {"SGLANG_REQ_RUNNING_TIMEOUT": "3"}
     kl_div_thres = 1e-6  # float32: prefill and decode logprobs agree to ~1e-12
     kl_div_max_samples = 16
     kl_div_prefill_max_new_tokens = 128
     kl_div_decode_max_new_tokens = 128
 
 
-class WaitingTimeoutKits(_Server, WaitingTimeoutMixin):
-    """SGLang's waiting-queue timeout: one running request, the other times out waiting."""
+class WaitingTimeoutKits(_Server, WaitingTimeoutMixin, RunningTimeoutTwoWaveMixin):
+    """SGLang's timeouts: with one request running at a time, the others time out waiting
+    (503); one that runs past the running timeout ends with a 503 too. The first request of the
+    waiting kit must run longer than the waiting timeout, and less than the running one."""
 
     model = TEXT_MODEL
     other_args = ["--max-running-requests", "1"]
-    env = {"SGLANG_REQ_WAITING_TIMEOUT": "1"}
+    env = {"SGLANG_REQ_WAITING_TIMEOUT": "1", "SGLANG_REQ_RUNNING_TIMEOUT": "20"}
+    waiting_timeout_max_new_tokens = 2048  # ~4 s of decode here, well over the 1 s
 
 
 class HybridKits(_Server, ReasoningTokenUsageMixin, SeparateReasoningMixin):

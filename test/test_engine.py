@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import re
+import time
 
 import pytest
 from conftest import hf_greedy, make_image, model_dir, placeholder
@@ -346,3 +347,34 @@ def test_nan_logits_fail_their_request_alone(engine: sglang.Engine) -> None:
     assert kept["output_ids"] == alone
     assert kept["meta_info"]["finish_reason"]["type"] == "length"
     engine.scheduler.check_integrity()
+
+
+def test_sglang_waiting_and_running_timeouts_end_requests_with_503(monkeypatch) -> None:
+    """SGLANG_REQ_WAITING_TIMEOUT: with one request running at a time, the queued one ends with a
+    503 once it has waited longer; SGLANG_REQ_RUNNING_TIMEOUT ends a running one, its KV given
+    back."""
+    monkeypatch.setenv("SGLANG_REQ_WAITING_TIMEOUT", "0.2")
+    eng = sglang.Engine(dtype="float32", model_path=model_dir("qwen2"), max_running_requests=1)
+    params = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
+    tokenized, _ = eng.tokenize(["first one", "second one"], params, None, None)
+    first, second = [eng.scheduler.add_request(t) for t in tokenized]
+    eng.scheduler.step()
+    assert first in eng.scheduler.running and second in eng.scheduler.waiting
+    time.sleep(0.3)
+    ended = eng.scheduler.step().reqs
+    assert second in ended and second.finish_reason.status_code == 503
+    assert second.finish_reason.message == "Request waiting timeout reached."
+    while not first.finished:
+        eng.scheduler.step()
+    assert first.finish_reason.kind == "length" and len(first.output_ids) == 64
+
+    eng.scheduler.waiting_timeout, eng.scheduler.running_timeout = None, 0.2
+    (third,) = [eng.scheduler.add_request(t) for t in eng.tokenize("third", params, None, None)[0]]
+    eng.scheduler.step()
+    time.sleep(0.3)
+    assert third in eng.scheduler.step().reqs and third.finish_reason.status_code == 503
+    assert 0 < len(third.output_ids) < 64 and not eng.scheduler.running
+    eng.scheduler.check_integrity()
+    assert eng.runner.kv_pool.available_size() + eng.scheduler.tree.total_size == (
+        eng.runner.kv_pool.size
+    )

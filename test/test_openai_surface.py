@@ -193,15 +193,15 @@ def test_completion_logprobs_and_echo(client) -> None:
     assert echo.choices[0].text == "Once upon" + full.choices[0].text
 
 
-def test_logprob_entries_skip_what_the_text_skips(client) -> None:
+def test_logprob_entries_include_what_the_text_skips(client) -> None:
     """``<|im_start|>`` is an added special token that the text's decode skips although the
-    tokenizer's ``all_special_ids`` does not name it: its logprob entries go with it."""
+    tokenizer's ``all_special_ids`` does not name it; as in SGLang, its logprob entries stay."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir("qwen2_5_vl"))
     marker = "<|im_start|>"
     kwargs = dict(model=MODEL, max_tokens=3, temperature=0, logprobs=1)
     bias = {"logit_bias": {str(tokenizer.convert_tokens_to_ids(marker)): 100}}
     done = client.completions.create(prompt="Once upon", extra_body=bias, **kwargs)
-    assert done.choices[0].text == "" and done.choices[0].logprobs.tokens == []
+    assert done.choices[0].text == "" and done.choices[0].logprobs.tokens == [marker] * 3
     kept = client.completions.create(
         prompt="Once upon", extra_body={**bias, "skip_special_tokens": False}, **kwargs
     )
@@ -215,7 +215,8 @@ def test_logprob_entries_skip_what_the_text_skips(client) -> None:
         logprobs=True,
         extra_body=bias,
     )
-    assert chat.choices[0].message.content == "" and chat.choices[0].logprobs.content == []
+    assert chat.choices[0].message.content == ""
+    assert [e.token for e in chat.choices[0].logprobs.content] == [marker] * 3
 
 
 def test_n_choices_share_one_image_encode(client, server) -> None:

@@ -137,3 +137,33 @@ def test_concurrent_mixed_load(server) -> None:
         codes = list(pool.map(one, range(24)))
     assert codes == [200] * 24
     _assert_integrity(server)
+
+
+def test_reasoning_tokens_count_the_thinking_part(server) -> None:
+    """SGLang's ``usage.reasoning_tokens``: the whole output while the block the prompt opened
+    stays open, 0 without thinking; ``/generate``'s ``require_reasoning`` counts to the end tag
+    (here forced at once by logit_bias), and an output that opens the block itself reasons."""
+    messages = [_user("Describe it.")]
+    usage = _chat(server, messages)["usage"]
+    assert usage["reasoning_tokens"] == usage["completion_tokens"] == 8
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": 8}
+    plain = _chat(server, messages, **NO_THINKING)["usage"]
+    assert plain["reasoning_tokens"] == 0 and "completion_tokens_details" not in plain
+    for extra, expected in (({}, 8), (NO_THINKING, 0)):
+        body = {"messages": messages, "max_tokens": 8, "stream": True, **extra}
+        body["stream_options"] = {"include_usage": True}
+        with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=120) as r:
+            lines = [x[6:] for x in r.iter_lines() if x.startswith("data: {")]
+        assert json.loads(lines[-1])["usage"]["reasoning_tokens"] == expected
+
+    ids = httpx.post(f"{server}/tokenize", json={"prompt": "<think></think>"}).json()["tokens"]
+    think, end = ids  # one special token each
+    for bias, require, expected in ((end, True, 1), (end, False, 0), (think, False, 4)):
+        body = {
+            "text": "Question: what is 1+3?",
+            "sampling_params": {"max_new_tokens": 4, "logit_bias": {str(bias): 100.0}},
+            "require_reasoning": require,
+        }
+        out = httpx.post(f"{server}/generate", json=body, timeout=60).json()
+        assert out["output_ids"] == [bias] * 4
+        assert out["meta_info"]["reasoning_tokens"] == expected, (bias, require)

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.entrypoints.reasoning_parser import ReasoningParser, prompt_opens_reasoning
+from sglang.srt.managers.reasoning_tokens import ReasoningTokenCounter
 
 
 @pytest.mark.parametrize(
@@ -61,3 +62,22 @@ def test_streamed_pieces_add_up_to_the_one_shot_split(
     if opened and closed and "</think>" not in "".join(reasoning):
         assert one_shot[0] == "".join(reasoning).strip()
         assert one_shot[1] == "".join(answer).lstrip()
+
+
+@pytest.mark.parametrize(
+    "opened, output, expected",
+    [
+        (True, [5, 6, 7], 3),  # still thinking: all of it
+        (True, [5, 8, 9, 6], 3),  # up to and including the two-token end tag
+        (True, [8, 5, 8, 9, 8, 9], 4),  # a lone first half of the tag does not end it
+        (False, [5, 8, 9], 0),  # no block opened: nothing
+        (False, [1, 2, 5, 8, 9, 6], 5),  # opened by its own two-token start tag
+        (False, [1, 5, 2], 0),  # half a start tag is no block
+    ],
+)
+def test_reasoning_tokens_counted_on_ids_fed_in_pieces(opened, output, expected) -> None:
+    for cut in range(len(output) + 1):
+        counter = ReasoningTokenCounter([1, 2], [8, 9], opened)
+        counter.feed(output[:cut])
+        counter.feed(output[cut:])
+        assert counter.count == expected, cut

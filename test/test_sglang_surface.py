@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 
 import httpx
@@ -148,6 +149,29 @@ def test_every_completion_stream_chunk_carries_its_tokens_logprobs(client) -> No
             assert len(choice.logprobs.top_logprobs[0]) > 0
 
 
+def test_logprobs_include_the_eos_that_ended_the_choice(server, client) -> None:
+    """As SGLang: every output token has an entry, the EOS that ended the choice (forced here by
+    logit_bias) included, whole and in the stream's finish chunk."""
+    tokens = httpx.post(f"{server}/tokenize", json={"prompt": "<|im_end|>"}, timeout=30)
+    tokenizer_eos = tokens.json()["tokens"][0]
+    bias = {"logit_bias": {str(tokenizer_eos): 100.0}}
+    whole = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=4, logprobs=1, extra_body=bias
+    ).choices[0]
+    assert whole.finish_reason == "stop" and whole.model_extra["matched_stop"] == tokenizer_eos
+    assert whole.text == "" and whole.logprobs.tokens == ["<|im_end|>"]
+    assert whole.logprobs.token_logprobs[0] > -1e-3  # forced: all but certain
+    chunks = _sse(
+        f"{server}/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "logprobs": True,
+         "stream": True, **bias},
+    )  # fmt: skip
+    entries = [e for c in chunks if c["choices"] for e in (c["choices"][0]["logprobs"] or {
+        "content": []})["content"]]  # fmt: skip
+    assert [e["token"] for e in entries] == ["<|im_end|>"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
 # Stops and lengths ---------------------------------------------------------------------------
 def test_matched_stop_names_what_ended_the_choice(server, client) -> None:
     base = dict(model=MODEL, prompt="The quick brown", temperature=0)
@@ -247,6 +271,74 @@ def test_abort_request_ends_a_running_stream(server) -> None:
     ):
         time.sleep(0.1)
     assert httpx.get(f"{server}/debug/check_integrity", timeout=30).json() == {"ok": True}
+
+
+def _stream_in_thread(server: str, body: dict) -> tuple[threading.Thread, list[dict]]:
+    """Consume a /generate stream on a thread; the returned list fills with its events."""
+    events: list[dict] = []
+
+    def consume() -> None:
+        with httpx.stream("POST", f"{server}/generate", json=body, timeout=120) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    return thread, events
+
+
+def _wait_for(predicate, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_pause_in_place_holds_every_request_until_continue(server) -> None:
+    """``/pause_generation`` in place: the running stream stops where it is and a request sent
+    meanwhile waits; after ``/continue_generation`` both run to their length."""
+    budget = CONTEXT - 16
+    body = {"text": "Count:", "stream": True}
+    body["sampling_params"] = {"max_new_tokens": budget, "ignore_eos": True}
+    running, running_events = _stream_in_thread(server, body)
+    _wait_for(lambda: running_events)
+    paused = httpx.post(f"{server}/pause_generation", json={"mode": "in_place"}, timeout=30)
+    assert paused.json() == {"message": "Generation paused successfully.", "status": "ok"}
+    time.sleep(0.2)  # a step under way when the pause arrived ends first
+    held = len(running_events)
+    waiting, waiting_events = _stream_in_thread(server, {**body, "text": "Later:"})
+    time.sleep(1.0)
+    assert len(running_events) == held and not waiting_events
+    assert running_events[-1]["meta_info"]["finish_reason"] is None
+    resumed = httpx.post(f"{server}/continue_generation", json={}, timeout=30)
+    assert resumed.json()["status"] == "ok"
+    running.join(120)
+    waiting.join(120)
+    for events in (running_events, waiting_events):
+        assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+        assert len(events[-1]["output_ids"]) == budget
+
+
+def test_pause_with_abort_ends_the_running_requests(server) -> None:
+    """The default mode ends what runs (an abort finish); what arrives during the pause waits
+    for ``/continue_generation``. A mode this server does not serve is a 400."""
+    body = {"text": "Count:", "stream": True}
+    body["sampling_params"] = {"max_new_tokens": CONTEXT - 16, "ignore_eos": True}
+    running, running_events = _stream_in_thread(server, body)
+    _wait_for(lambda: running_events)
+    assert httpx.post(f"{server}/pause_generation", json={}, timeout=30).status_code == 200
+    running.join(60)
+    assert running_events[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    short = {"text": "After:", "sampling_params": {"max_new_tokens": 4}, "stream": True}
+    waiting, waiting_events = _stream_in_thread(server, short)
+    time.sleep(0.5)
+    assert not waiting_events
+    retract = httpx.post(f"{server}/pause_generation", json={"mode": "retract"}, timeout=30)
+    assert retract.status_code == 400
+    httpx.post(f"{server}/continue_generation", json={}, timeout=30).raise_for_status()
+    waiting.join(60)
+    assert waiting_events[-1]["meta_info"]["completion_tokens"] == 4
 
 
 def test_continue_final_message_continues_the_assistant_text(server, client) -> None:

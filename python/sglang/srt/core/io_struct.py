@@ -45,6 +45,9 @@ class TokenizedRequest:
     cache_salt: str | None = None
     # A serialized ``CustomLogitProcessor`` (only with --enable-custom-logit-processor).
     custom_logit_processor: str | None = None
+    # SGLang's ``require_reasoning``: the output starts inside a reasoning block (counted in
+    # ``meta_info.reasoning_tokens`` up to its end tag).
+    require_reasoning: bool = False
 
     def ask_logprobs(
         self, top: int | None, start_len: int = -1, token_ids: list[int] | None = None
@@ -119,7 +122,9 @@ class RpcRequest:
     """A control call answered by one ``RpcResponse`` with the same ``call_id``."""
 
     call_id: int
-    method: str  # "server_info" | "flush_cache" | "check_integrity"
+    # "server_info" | "load" | "flush_cache" | "check_integrity" | "pause_generation" |
+    # "continue_generation"
+    method: str
 
 
 @dataclass
@@ -160,18 +165,28 @@ class RequestOutput:
 TokenText = Callable[[int], str]
 
 
+def one_per_request(value: Any, n: int, is_one: Callable[[Any], bool], what: str) -> list:
+    """A request field given once for all ``n`` requests of a call (``is_one(value)``), or as a
+    list of one per request (each ``is_one`` or None)."""
+    if is_one(value):
+        return [value] * n
+    if not isinstance(value, list) or not all(v is None or is_one(v) for v in value):
+        raise ValueError(f"{what}: give one for all prompts, or a list of one per prompt")
+    if len(value) != n:
+        raise ValueError(f"{what} has {len(value)} entries for {n} prompts")
+    return list(value)
+
+
 def token_ids_per_request(value: list[int] | list[list[int]] | None, n: int) -> list:
-    """SGLang's ``token_ids_logprob`` for each of ``n`` requests: one list of ids for all of
-    them, or a list of lists, one per request."""
+    """SGLang's ``token_ids_logprob`` for each of ``n`` requests (an empty list is none)."""
     if not value:
         return [None] * n
-    if all(isinstance(t, int) for t in value):
-        return [list(value)] * n
-    if not all(isinstance(ids, list) for ids in value):
-        raise ValueError("token_ids_logprob must be a list of token ids, or one list per prompt")
-    if len(value) != n:
-        raise ValueError(f"token_ids_logprob has {len(value)} lists for {n} prompts")
-    return [ids or None for ids in value]
+    ids = one_per_request(value, n, _is_token_ids, "token_ids_logprob (a list of token ids)")
+    return [one or None for one in ids]
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) for t in value)
 
 
 CUSTOM_PROCESSOR_OFF = (
@@ -183,19 +198,14 @@ CUSTOM_PROCESSOR_OFF = (
 def processors_per_request(
     value: str | list[str | None] | None, n: int, enabled: bool
 ) -> list[str | None]:
-    """SGLang's ``custom_logit_processor`` for each of ``n`` requests (one for all, or one per
-    request); refused unless the server enables them."""
+    """SGLang's ``custom_logit_processor`` for each of ``n`` requests (the JSON of
+    ``CustomLogitProcessor.to_str()``); refused unless the server enables them."""
     if value is None or value == []:
         return [None] * n
     if not enabled:
         raise ValueError(CUSTOM_PROCESSOR_OFF)
-    values = [value] * n if isinstance(value, str) else value
-    if len(values) != n or not all(v is None or _is_processor_text(v) for v in values):
-        raise ValueError(
-            "custom_logit_processor must be CustomLogitProcessor.to_str()'s JSON, one for all "
-            "prompts or one per prompt"
-        )
-    return list(values)
+    what = "custom_logit_processor (CustomLogitProcessor.to_str()'s JSON)"
+    return one_per_request(value, n, _is_processor_text, what)
 
 
 def _is_processor_text(value: Any) -> bool:
@@ -208,15 +218,11 @@ def _is_processor_text(value: Any) -> bool:
 
 
 def salts_per_request(value: str | list[str] | None, n: int) -> list[str | None]:
-    """SGLang's ``cache_salt`` for each of ``n`` requests: one salt for all, or one per request
-    (an empty salt is none)."""
-    if value is None or isinstance(value, str):
-        return [value or None] * n
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError("cache_salt must be a string, or one string per prompt")
-    if len(value) != n:
-        raise ValueError(f"cache_salt has {len(value)} salts for {n} prompts")
-    return [v or None for v in value]
+    """SGLang's ``cache_salt`` for each of ``n`` requests (an empty salt is none)."""
+    if value is None:
+        return [None] * n
+    salts = one_per_request(value, n, lambda v: isinstance(v, str), "cache_salt")
+    return [v or None for v in salts]
 
 
 def output_logprob_meta(

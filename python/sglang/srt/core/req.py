@@ -69,6 +69,7 @@ class Req:
     finish_reason: FinishReason | None = None
     output_text: str = ""
     arrival_time: float = 0.0
+    admit_time: float | None = None  # when it left the waiting queue for the running batch
     first_token_time: float | None = None
     finish_time: float | None = None
     return_logprob: bool = False

@@ -103,6 +103,8 @@ def _add_info_routes(app: FastAPI, manager: TokenizerManager, args: ServerArgs) 
     app.add_api_route("/v1/models", info.models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", info.model, methods=["GET"])
     app.add_api_route("/abort_request", info.abort_request, methods=["POST"])
+    app.add_api_route("/pause_generation", info.pause_generation, methods=["POST"])
+    app.add_api_route("/continue_generation", info.continue_generation, methods=["POST"])
     for path in ("/model_info", "/get_model_info"):
         app.add_api_route(path, info.model_info, methods=["GET"])
     for path in ("/server_info", "/get_server_info"):

@@ -10,7 +10,7 @@ exactly what the one-shot split returns.
 
 from __future__ import annotations
 
-PARSERS = {"qwen3": ("<think>", "</think>")}
+from sglang.srt.managers.reasoning_tokens import REASONING_TAGS as PARSERS
 
 
 def prompt_opens_reasoning(prompt: str, parser: str) -> bool:

@@ -75,6 +75,7 @@ class GenerateHandler:
             t.ask_logprobs(top, body.logprob_start_len, ids)
             t.cache_salt, t.custom_logit_processor = salt, processor
             t.return_text_in_logprobs = body.return_text_in_logprobs
+            t.require_reasoning = body.require_reasoning
         return list(tokenized), batched
 
 

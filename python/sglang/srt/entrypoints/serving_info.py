@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -23,6 +23,11 @@ from sglang.srt.server_args import ServerArgs
 class AbortRequestBody(BaseModel):
     rid: str = ""
     abort_all: bool = False
+
+
+class PauseGenerationBody(BaseModel):
+    # SGLang's "retract" (running requests back to the queue, their KV freed) is not served.
+    mode: Literal["abort", "in_place"] = "abort"
 
 
 class InfoHandler:
@@ -83,6 +88,15 @@ class InfoHandler:
         body = await parse_body(request, AbortRequestBody)
         await self.manager.abort_request(body.rid, body.abort_all)
         return Response(status_code=200)
+
+    async def pause_generation(self, request: Request) -> JSONResponse:
+        body = await parse_body(request, PauseGenerationBody)
+        await self.manager.pause_generation(body.mode)
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self) -> JSONResponse:
+        await self.manager.continue_generation()
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
 
     async def model_info(self) -> dict[str, Any]:
         return {

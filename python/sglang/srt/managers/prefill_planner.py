@@ -99,6 +99,7 @@ class PrefillPlanner:
             if not self._admit(req, running):
                 break
             running.append(waiting.popleft())
+            req.admit_time = time.perf_counter()
             budget -= self._plan_extend(req, budget, unbounded and not chosen)
             chosen.append(req)
         chosen = [r for r in chosen if r.extend_len > 0]

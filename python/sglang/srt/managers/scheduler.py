@@ -81,6 +81,11 @@ class Scheduler:
         self.builder = BatchBuilder(runner, self.tree, self.states, self.constraints)
         self.outputs = OutputProcessor(runner, tokenizer, self.constraints, self.states)
         self.gc_monitor: GcMonitor | None = None  # the server's compute process sets one
+        self.paused = False  # /pause_generation in place: no steps, every request kept as it is
+        # SGLang's timeouts, in seconds (unset or <= 0: none): a request waiting to be admitted,
+        # or running since its admission, for longer ends with a 503.
+        self.waiting_timeout = _env_seconds("SGLANG_REQ_WAITING_TIMEOUT")
+        self.running_timeout = _env_seconds("SGLANG_REQ_RUNNING_TIMEOUT")
 
     @property
     def chunk_size(self) -> int | None:
@@ -178,14 +183,32 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.grammar_queue)
+        return not self.paused and bool(self.waiting or self.running or self.grammar_queue)
+
+    def _end_timed_out(self) -> list[Req]:
+        """End the requests past SGLang's waiting or running timeout (503, as SGLang answers)."""
+        now = time.perf_counter()
+        ended = []
+        if self.waiting_timeout is not None:
+            for req in [r for r in self.waiting if now - r.arrival_time > self.waiting_timeout]:
+                self.waiting.remove(req)
+                req.finish_reason = FinishReason.error("Request waiting timeout reached.", 503)
+                ended.append(req)
+        if self.running_timeout is not None:
+            limit = self.running_timeout
+            for req in [r for r in self.running if now - (r.admit_time or now) > limit]:
+                req.finish_reason = FinishReason.error("Request running timeout reached.", 503)
+                self._retire(req)
+                ended.append(req)
+        return ended
 
     # One step ----------------------------------------------------------------------------------
     def step(self) -> StepOutput:
         """Run one batch: schedule it, forward it, turn its logits into tokens. A failure that
         belongs to one request (its inputs, its forward, its sampling) ends that request alone;
         it is returned with the others."""
-        out = self._take_compiled_grammars()  # those whose grammar failed to compile
+        out = self._end_timed_out()
+        out += self._take_compiled_grammars()  # those whose grammar failed to compile
         batch, failed = self._schedule()
         if batch is not None:
             with intra_op_threads(self.decode_threads if batch.is_decode else None):
@@ -373,6 +396,11 @@ def prefix_caches(
         turn_start_id=turn_start_token(tokenizer),
     )
     return tree, states
+
+
+def _env_seconds(name: str) -> float | None:
+    value = float(os.environ.get(name) or -1)
+    return value if value > 0 else None
 
 
 def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:

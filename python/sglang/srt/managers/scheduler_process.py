@@ -105,6 +105,9 @@ class SchedulerLoop:
                 return RpcResponse(msg.call_id, self.scheduler.load())
             if msg.method == "flush_cache":
                 return RpcResponse(msg.call_id, self.scheduler.flush_cache())
+            if msg.method in ("pause_generation", "continue_generation"):
+                self.scheduler.paused = msg.method == "pause_generation"
+                return RpcResponse(msg.call_id, True)
             if msg.method == "check_integrity":
                 self.scheduler.check_integrity()
                 return RpcResponse(msg.call_id, True)

@@ -29,6 +29,7 @@ from sglang.srt.core.io_struct import (
 )
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.inputs import GenerateInput, check_mm_limits, tokenize
+from sglang.srt.managers.reasoning_tokens import ReasoningTokenCounter, reasoning_tag_ids
 from sglang.srt.multimodal.media_fetch import (
     fetch_image_source,
     fetch_video_source,
@@ -82,6 +83,7 @@ class ReqState:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished: bool = False
+    reasoning: ReasoningTokenCounter | None = None  # with --reasoning-parser
 
 
 @dataclass
@@ -137,6 +139,9 @@ class TokenizerManager:
         self.max_token_chars = _max_token_chars(self.tokenizer)
         self.skipped_ids = skipped_token_ids(self.tokenizer)  # what skip_special_tokens drops
         self._token_texts: dict[int, str] = {}
+        self.reasoning_tags = reasoning_tag_ids(self.tokenizer, args.reasoning_parser)
+        self._resumed = asyncio.Event()  # cleared by /pause_generation: new requests wait
+        self._resumed.set()
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._receive_loop())
@@ -232,6 +237,7 @@ class TokenizerManager:
         """Send a request and yield its progress; aborts it if the caller stops listening. As in
         SGLang, the first output is yielded at once, then one every ``stream_interval`` tokens,
         and the last."""
+        await self._resumed.wait()
         self._check_alive()
         if tokenized.rid in self._states:
             raise RequestError(f"request id {tokenized.rid!r} is already running")
@@ -239,6 +245,10 @@ class TokenizerManager:
             self.tokenizer, tokenized.sampling_params, self.skipped_ids
         )
         state = ReqState(tokenized, detokenizer)
+        if self.reasoning_tags is not None:
+            state.reasoning = ReasoningTokenCounter(
+                *self.reasoning_tags, opened=tokenized.require_reasoning
+            )
         self._states[tokenized.rid] = state
         await self._to_scheduler.send_pyobj(tokenized)
         try:
@@ -271,6 +281,8 @@ class TokenizerManager:
         if reason is not None and reason.status_code is not None:
             state.finished = True  # the scheduler no longer holds it
             raise RequestError(reason.message or "request failed", status_code=reason.status_code)
+        if state.reasoning is not None:
+            state.reasoning.feed(out.new_token_ids)
         request = state.request
         text = self.token_text if request.return_text_in_logprobs else None
         if request.return_logprob:
@@ -306,6 +318,7 @@ class TokenizerManager:
             "id": state.request.rid,
             "finish_reason": finish_json(out.finish_reason),
             "prompt_tokens": out.prompt_tokens,
+            "reasoning_tokens": state.reasoning.count if state.reasoning else 0,
             "completion_tokens": out.completion_tokens,
             "cached_tokens": out.cached_tokens,
             "e2e_latency": time.perf_counter() - state.created,
@@ -343,6 +356,20 @@ class TokenizerManager:
         return targets
 
     # Control -----------------------------------------------------------------------------------
+    async def pause_generation(self, mode: str) -> None:
+        """SGLang's ``/pause_generation``: new requests wait for ``continue_generation``;
+        ``abort`` ends the running ones, ``in_place`` stops the scheduler with them and their KV
+        kept as they are."""
+        self._resumed.clear()
+        if mode == "abort":
+            await self.abort_request(abort_all=True)
+        else:
+            await self.rpc("pause_generation")
+
+    async def continue_generation(self) -> None:
+        await self.rpc("continue_generation")
+        self._resumed.set()
+
     async def rpc(self, method: str, timeout: float = 60.0) -> Any:
         self._check_alive()
         call_id = next(self._call_ids)

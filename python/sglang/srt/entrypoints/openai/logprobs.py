@@ -8,23 +8,16 @@ from typing import Any
 
 
 class LogprobFormatter:
-    """With ``skip_special_tokens``, the tokens that the text's decode skips
-    (``skipped_token_ids``: EOS, chat and vision markers) are skipped here too, so the entries
-    spell the text."""
+    """One entry per output token, as SGLang gives them: the special ones that the text's decode
+    skips (the EOS that ended a choice, say) included."""
 
-    def __init__(
-        self,
-        token_text: Callable[[int], str],
-        skip_special_tokens: bool,
-        skipped_ids: frozenset[int],
-    ) -> None:
+    def __init__(self, token_text: Callable[[int], str]) -> None:
         self.token = token_text  # the tokenizer manager's cached one-token decode
-        self.skip = skipped_ids if skip_special_tokens else frozenset()
 
     def _rows(self, meta: dict[str, Any], start: int) -> list[tuple[float, int, list]]:
         chosen = meta.get("output_token_logprobs", [])[start:]
         tops = meta.get("output_top_logprobs", [])[start:] or [[] for _ in chosen]
-        return [(lp, tok, top) for (lp, tok, _), top in zip(chosen, tops) if tok not in self.skip]
+        return [(lp, tok, top) for (lp, tok, _), top in zip(chosen, tops)]
 
     def chat(self, meta: dict[str, Any], start: int = 0) -> list[dict[str, Any]]:
         return [

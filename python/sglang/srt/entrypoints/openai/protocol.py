@@ -176,6 +176,7 @@ class GenerateRequest(_Body):
     cache_salt: str | list[str] | None = None
     custom_logit_processor: str | list[str | None] | None = None
     rid: str | list[str] | None = None
+    require_reasoning: bool = False  # count meta_info.reasoning_tokens from the output's start
     mm_processor_kwargs: dict[str, Any] | None = None  # video sampling: fps, max_frames, ...
 
 

@@ -36,9 +36,8 @@ class OpenAIServingBase:
             self.manager.generate, tokenized, prefill=not self.args.disable_radix_cache
         )
 
-    def logprob_formatter(self, skip_special_tokens: bool) -> LogprobFormatter:
-        manager = self.manager
-        return LogprobFormatter(manager.token_text, skip_special_tokens, manager.skipped_ids)
+    def logprob_formatter(self) -> LogprobFormatter:
+        return LogprobFormatter(self.manager.token_text)
 
     def head(self, rid: str, kind: str) -> dict[str, Any]:
         return {
@@ -56,11 +55,15 @@ class OpenAIServingBase:
             first.setdefault(prompt, event)
         prompt_tokens = sum(e.meta["prompt_tokens"] for e in first.values())
         completion = sum(e.meta["completion_tokens"] for e in finals)
+        reasoning = sum(e.meta.get("reasoning_tokens", 0) for e in finals)
         out: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": prompt_tokens + completion,
+            "reasoning_tokens": reasoning,  # SGLang's place for it, always there
         }
+        if reasoning:  # and OpenAI's, as SGLang sets it: only when there are some
+            out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
         if self.args.enable_cache_report:
             cached = sum(
                 choices.prefill_cached.get(p, e.meta["cached_tokens"]) for p, e in first.items()

@@ -80,7 +80,7 @@ class OpenAIServingChat(OpenAIServingBase):
         choices = await self.start_choices([tokenized])
         fmt = ChatFormat(
             self.tool_parser if tools else None,
-            self.logprob_formatter(body.skip_special_tokens) if body.logprobs else None,
+            self.logprob_formatter() if body.logprobs else None,
             self._reasoning_parsers(body, chat.prompt),
         )
         rid = f"chatcmpl-{tokenized.rid}"
@@ -97,12 +97,15 @@ class OpenAIServingChat(OpenAIServingBase):
 
     async def tokenize(self, body: ChatCompletionRequest, chat: RenderedChat) -> TokenizedRequest:
         """The rendered chat as one tokenized request with the body's sampling (tool_choice's
-        grammar included)."""
+        grammar included); it reasons from the start when the prompt opened a reasoning block."""
         max_new = body.max_completion_tokens
         max_new = body.max_tokens if max_new is None else max_new
         sampling = extra_sampling(body, sampling_dict(body, max_new))
         self._add_tool_choice_grammar(body, sampling)
-        return await self.manager.tokenize(self._input(body, chat, sampling))
+        tokenized = await self.manager.tokenize(self._input(body, chat, sampling))
+        parser = self.args.reasoning_parser
+        tokenized.require_reasoning = bool(parser) and prompt_opens_reasoning(chat.prompt, parser)
+        return tokenized
 
     def _input(
         self, body: ChatCompletionRequest, chat: RenderedChat, sampling: dict[str, Any]

@@ -57,7 +57,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         echoes = self._echoes(body, prompts, list(tokenized), choices)
         fmt = None
         if body.logprobs is not None:
-            fmt = self.logprob_formatter(body.skip_special_tokens)
+            fmt = self.logprob_formatter()
         top = body.logprobs or 0
         rid = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:

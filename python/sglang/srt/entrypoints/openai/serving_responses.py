@@ -137,7 +137,7 @@ class ResponsesHandler:
                 "input_tokens": meta["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": meta["cached_tokens"]},
                 "output_tokens": meta["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": meta["reasoning_tokens"]},
                 "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
             },
         }
