@@ -45,6 +45,8 @@ class TokenizedRequest:
     cache_salt: str | None = None
     # A serialized ``CustomLogitProcessor`` (only with --enable-custom-logit-processor).
     custom_logit_processor: str | None = None
+    # A prompt-only request answered with its pooled hidden states (an embedding or a score).
+    pooling: bool = False
 
     def ask_logprobs(
         self, top: int | None, start_len: int = -1, token_ids: list[int] | None = None
@@ -148,6 +150,8 @@ class RequestOutput:
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
     # Sent with a finished request's last output: ``Req.mm_report()``.
     mm_items: list[dict[str, Any]] | None = None
+    # A pooling request's pooled vector (or its head's outputs), with its last output.
+    embedding: list[float] | None = None
 
     @classmethod
     def failed(
