@@ -131,7 +131,9 @@ def _first_given(*values: Any) -> Any:
 
 def _queries(value: Any) -> list[Piece]:
     """A query side: one input (vLLM's content form is one query) or a list of inputs."""
-    if isinstance(value, list) and value and _is_input_list(value):
+    if value == []:
+        return []
+    if isinstance(value, list) and _is_input_list(value):
         return [piece_of(v) for v in value]
     return [piece_of(value)]
 
