@@ -27,9 +27,10 @@ def build_tiny_embedding_model(
     normalize: bool = True,
     matryoshka_dimensions: list[int] | None = None,
     seed: int = 0,
+    size: str = "tiny",
 ) -> Path:
-    """``family``'s tiny model with a sentence-transformers pooling config."""
-    out = _base(family, Path(out_dir), seed)
+    """``family``'s tiny (or small) model with a sentence-transformers pooling config."""
+    out = _base(family, Path(out_dir), seed, size)
     config = json.loads((out / "config.json").read_text())
     hidden = _hidden_size(config)
     st = "sentence_transformers.models."
@@ -73,10 +74,10 @@ def build_tiny_reranker(family: str, out_dir: str | Path, head: str, seed: int =
     return out
 
 
-def _base(family: str, out: Path, seed: int) -> Path:
+def _base(family: str, out: Path, seed: int, size: str = "tiny") -> Path:
     if out.exists():
         shutil.rmtree(out)
-    return build_tiny_model(family, out, seed=seed)
+    return build_tiny_model(family, out, seed=seed, size=size)
 
 
 def _hidden_size(config: dict[str, Any]) -> int:
