@@ -15,6 +15,7 @@ $PY -m benchmark.detokenize --out $R/detokenize
 $PY -m benchmark.prefill_attention --out $R/prefill_attention
 $PY -m benchmark.vision_attention --encode --out $R/vision_attention
 $PY -m benchmark.image_limit --quick --cap 24 --out $R/image_limit_quick
+$PY -m benchmark.embed_corpus --out $R/embed_corpus_full
 $PY -m benchmark.ocrbench_synth --out /tmp/ocrbench-synth --count 40
 $PY -m benchmark.ocrbench --data /tmp/ocrbench-synth --model-path "$SMALL" --max-tokens 16 --out $R/ocrbench_synth
 $PY -m benchmark.profile_server --resolution 1280x720 --out $R/profile_server_720p

@@ -109,6 +109,18 @@ def _load(path: Path) -> dict:
 
 
 @needs_plots
+def test_embed_corpus_encodes_each_image_once_with_the_cache(tmp_path: Path) -> None:
+    """Two passes over the corpus: one encode per image with the cache, two without."""
+    from benchmark.embed_corpus import main
+
+    out = tmp_path / "embed"
+    main(["--images", "3", "--resolution", "64x64", "--out", str(out)])
+    modes = {r["cache"]: r for r in _load(out)["modes"]}
+    assert modes["on"]["encodes_per_image"] == 1.0 and modes["off"]["encodes_per_image"] == 2.0
+    assert modes["on"]["embeddings"] == 6 and out.with_suffix(".png").is_file()
+
+
+@needs_plots
 def test_video_chat_smoke(tiny_model: str, tmp_path: Path) -> None:
     """Turn 2 onwards encodes nothing; with chunks of 16 tokens, per-group encoding keeps each
     encoder call within a chunk's frame groups while whole-video encoding takes a clip at once."""

@@ -37,6 +37,8 @@ class ForwardBatch:
     state_plan: Any = None  # hybrid models: linear-attention state slots (StatePlan)
     # Set by the forward when a request asked for prompt logprobs: one entry per request.
     prompt_logprobs: list[PromptLogprobs | None] | None = None
+    # Set by the forward when the batch has pooling requests: each request's part (float32).
+    pooled: list[torch.Tensor | None] | None = None
 
     @property
     def num_tokens(self) -> int:

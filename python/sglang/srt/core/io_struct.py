@@ -48,6 +48,8 @@ class TokenizedRequest:
     # SGLang's ``require_reasoning``: the output starts inside a reasoning block (counted in
     # ``meta_info.reasoning_tokens`` up to its end tag).
     require_reasoning: bool = False
+    # A prompt-only request answered with its pooled hidden states (an embedding or a score).
+    pooling: bool = False
 
     def ask_logprobs(
         self, top: int | None, start_len: int = -1, token_ids: list[int] | None = None
@@ -153,6 +155,8 @@ class RequestOutput:
     input_token_ids_logprobs: list[list[tuple[float, int]] | None] | None = None
     # Sent with a finished request's last output: ``Req.mm_report()``.
     mm_items: list[dict[str, Any]] | None = None
+    # A pooling request's pooled vector (or its head's outputs), with its last output.
+    embedding: list[float] | None = None
 
     @classmethod
     def failed(

@@ -87,6 +87,11 @@ class Req:
     bidirectional: str | None = None
     cache_salt: str | None = None  # prefixes are shared only among requests with this salt
     custom_logit_processor: str | None = None  # a serialized CustomLogitProcessor
+    # A prompt-only request whose hidden states are pooled: "last", "mean" or "cls" (None: a
+    # generation request); the sum of its chunks' parts so far, then the pooled vector.
+    pooling: str | None = None
+    pooled: torch.Tensor | None = None
+    embedding: list[float] | None = None
 
     def __post_init__(self) -> None:
         whole_prompt = self.bidirectional == "prompt"
@@ -121,7 +126,10 @@ class Req:
     def uncached_from(self) -> int:
         """Prompt tokens before this one may come from the radix cache: the last prompt token
         gives the first output's logits, and a prompt token's logprob needs the logits of the
-        token before it."""
+        token before it. Mean and CLS pooling need the hidden state of every prompt token (or
+        the first), which a cached prefix does not keep."""
+        if self.pooling in ("mean", "cls"):
+            return 0
         end = len(self.input_ids) - 1
         if self.wants_prompt_logprobs:
             end = min(end, max(self.logprob_start_len - 1, 0))

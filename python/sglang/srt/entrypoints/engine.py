@@ -17,9 +17,17 @@ from sglang.srt.core.io_struct import (
 )
 from sglang.srt.core.req import Req
 from sglang.srt.entrypoints.default_model import resolve_model_path
+from sglang.srt.entrypoints.openai.protocol_retrieval import MultimodalEmbeddingInput
+from sglang.srt.entrypoints.openai.retrieval import NOT_POOLING, piece_input, piece_of
+from sglang.srt.layers.pooler import embedding_output
 from sglang.srt.managers.constraints import MAX_TOP_LOGPROBS
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
-from sglang.srt.managers.inputs import check_mm_limits, split_generate_inputs, tokenize
+from sglang.srt.managers.inputs import (
+    GenerateInput,
+    check_mm_limits,
+    split_generate_inputs,
+    tokenize,
+)
 from sglang.srt.managers.parallel_sampling import fan_out
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -110,6 +118,9 @@ class Engine:
         inputs, batched = split_generate_inputs(
             prompt, sampling_params, input_ids, image_data, rid, video_data, mm_processor_kwargs
         )
+        return self._tokenize_inputs(inputs), batched
+
+    def _tokenize_inputs(self, inputs: list[GenerateInput]) -> list[TokenizedRequest]:
         tokenized = []
         for inp in inputs:
             check_mm_limits(self.server_args, len(inp.images), len(inp.videos))
@@ -118,7 +129,41 @@ class Engine:
             tokenized.append(tokenize(self.processor, self.server_args, inp, images, videos))
         for t in tokenized:
             self.scheduler.check_request(t)
-        return tokenized, batched
+        return tokenized
+
+    def encode(
+        self,
+        prompt: str | list[str] | list[dict[str, Any]] | None = None,
+        image_data: Any = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        video_data: Any = None,
+        dimensions: int | None = None,
+        rid: str | list[str] | None = None,
+    ) -> dict | list[dict]:
+        """SGLang's ``Engine.encode``: pooled vectors of prompts (as ``generate`` takes them,
+        with ``image_data``), token ids, or SGLang's multimodal list ``[{"text", "image",
+        "video"}, ...]`` (each through the chat template); ``{"embedding", "meta_info"}`` each.
+        Needs a model that serves pooling (``is_embedding=True``)."""
+        config = self.runner.pooling
+        if config is None:
+            raise ValueError(NOT_POOLING)
+        config.check_dimensions(dimensions, self.runner.text_config.hidden_size)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            pieces = [piece_of(MultimodalEmbeddingInput(**item)) for item in prompt]
+            inputs = [piece_input(self, self.server_args, piece) for piece in pieces]  # type: ignore[arg-type]
+            batched = True
+        else:
+            inputs, batched = split_generate_inputs(
+                prompt, {"max_new_tokens": 0}, input_ids, image_data, rid, video_data
+            )
+        tokenized = self._tokenize_inputs(inputs)
+        for t in tokenized:
+            t.pooling = True
+        outputs = []
+        for req in self._run(tokenized):
+            vector = embedding_output(req.embedding or [], config, dimensions)
+            outputs.append({"embedding": vector, "meta_info": self.output_of(req)["meta_info"]})
+        return outputs if batched else outputs[0]
 
     def output_of(self, req: Req) -> dict:
         out: dict[str, Any] = {

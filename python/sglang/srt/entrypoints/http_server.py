@@ -28,7 +28,9 @@ from sglang.srt.entrypoints.middleware import (
 from sglang.srt.entrypoints.openai.serving_base import served_model_name
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_embedding import EmbeddingHandler
 from sglang.srt.entrypoints.openai.serving_responses import ResponsesHandler
+from sglang.srt.entrypoints.openai.serving_score import RerankHandler, ScoreHandler
 from sglang.srt.entrypoints.openai.serving_tokenize import DetokenizeHandler, TokenizeHandler
 from sglang.srt.entrypoints.serving_generate import GenerateHandler
 from sglang.srt.entrypoints.serving_info import InfoHandler
@@ -73,6 +75,11 @@ def create_app(manager: TokenizerManager, args: ServerArgs, warm_up: bool = Fals
         "/tokenize": ("tokenize_", TokenizeHandler(manager, args)),
         "/v1/detokenize": ("detokenize", DetokenizeHandler(manager, args)),
         "/detokenize": ("detokenize_", DetokenizeHandler(manager, args)),
+        "/v1/embeddings": ("embeddings", EmbeddingHandler(manager, args)),
+        "/v1/score": ("score", ScoreHandler(manager, args)),
+        "/score": ("score_", ScoreHandler(manager, args)),
+        "/v1/rerank": ("rerank", RerankHandler(manager, args)),
+        "/rerank": ("rerank_", RerankHandler(manager, args)),
     }
     for path, (name, handler) in handlers.items():
         app.add_api_route(path, handler.handle, methods=["POST"], name=name)

@@ -13,6 +13,7 @@ import torch
 from sglang.srt.core.finish import FinishReason
 from sglang.srt.core.forward_batch import ForwardBatch
 from sglang.srt.core.req import Req, logprob_alternatives
+from sglang.srt.layers.pooler import add_part, finish_pooling
 from sglang.srt.managers.constraints import ConstraintManager
 from sglang.srt.managers.linear_state import LinearStateManager
 from sglang.srt.managers.step_failure import StepFailure
@@ -93,6 +94,8 @@ class OutputProcessor:
                 self.constraints.accept(req, token)
                 self._check_finished(req)
             elif req.sampling_params.max_new_tokens == 0:  # the prompt only
+                if req.pooling is not None:
+                    finish_pooling(req)
                 req.finish_reason = FinishReason.length_limit(0)
             else:  # its sampling failed
                 continue
@@ -106,6 +109,8 @@ class OutputProcessor:
             req.input_logprobs += chosen
             req.input_top_logprobs += top if top is not None else [None] * len(chosen)
             req.input_token_ids_logprobs += by_id if by_id is not None else [None] * len(chosen)
+        if batch.pooled is not None:
+            add_part(req, batch.pooled[i])
         req.computed_len += req.extend_len
         req.extend_len = 0
         self.embedder.release(req, req.computed_len)

@@ -108,6 +108,10 @@ class Scheduler:
                 f"the prompt has {prompt_len} tokens, more than the context length allows "
                 f"({limit}, leaving room for at least one new token)"
             )
+        if tokenized.pooling and self.runner.pooling is None:
+            raise ValueError(
+                "this model does not serve embeddings or scores: launch it with --is-embedding"
+            )
         adapter = self.runner.adapter
         tokenized.validate(
             self.runner.vocab_size, adapter.image_token_id, adapter.video_placeholder_id
@@ -124,6 +128,9 @@ class Scheduler:
         """Queue a request; raises ValueError (bad request) or RequestFailed (it cannot run)."""
         self.check_request(tokenized)
         sp = tokenized.sampling_params
+        pooling = self.runner.pooling.method if tokenized.pooling else None  # type: ignore[union-attr]
+        if pooling is not None:
+            sp.max_new_tokens = 0  # prompt only: pooled, never sampled or decoded
         sp.max_new_tokens = min(
             sp.max_new_tokens, self.runner.context_length - len(tokenized.input_ids)
         )
@@ -146,6 +153,7 @@ class Scheduler:
             bidirectional=self.bidirectional,
             cache_salt=tokenized.cache_salt,
             custom_logit_processor=tokenized.custom_logit_processor,
+            pooling=pooling,
         )
         self._set_mrope_positions(req)
         req.arrival_time = time.perf_counter()
@@ -262,7 +270,7 @@ class Scheduler:
         message = "internal error in the forward pass"
         if len(batch.reqs) == 1:
             return None, torch.empty(0), [StepFailure(batch.reqs[0], message)]
-        rows, survivors, prompt_logprobs, failed = [], [], [], []
+        rows, survivors, prompt_logprobs, pooled, failed = [], [], [], [], []
         for i, req in enumerate(batch.reqs):
             if self.states is not None and self.states.is_dirty(req):
                 failed.append(StepFailure(req, message))
@@ -272,6 +280,7 @@ class Scheduler:
                 rows.append(self.runner.forward(alone))
                 survivors.append(i)
                 prompt_logprobs.append(alone.prompt_logprobs[0] if alone.prompt_logprobs else None)
+                pooled.append(alone.pooled[0] if alone.pooled else None)
             except Exception:
                 logger.exception("forward failed for request %s", req.rid)
                 failed.append(StepFailure(req, message))
@@ -280,6 +289,8 @@ class Scheduler:
         kept = batch.select(survivors)
         if any(p is not None for p in prompt_logprobs):
             kept.prompt_logprobs = prompt_logprobs
+        if any(p is not None for p in pooled):
+            kept.pooled = pooled
         return kept, torch.cat(rows), failed
 
     def _process_outputs(

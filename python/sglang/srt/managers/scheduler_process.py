@@ -140,6 +140,7 @@ class SchedulerLoop:
                     new_token_ids_logprobs=req.output_token_ids_logprobs[start:],
                     input_token_ids_logprobs=req.input_token_ids_logprobs if with_prompt else None,
                     mm_items=req.mm_report() if req.finished and req.mm_items else None,
+                    embedding=req.embedding if req.finished else None,
                 )
             )
             if req.finished:

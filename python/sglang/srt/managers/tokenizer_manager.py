@@ -27,6 +27,7 @@ from sglang.srt.core.io_struct import (
     logprob_meta,
     output_logprob_meta,
 )
+from sglang.srt.layers.pooling_config import PoolingConfig, read_pooling_config
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.inputs import GenerateInput, check_mm_limits, tokenize
 from sglang.srt.managers.reasoning_tokens import ReasoningTokenCounter, reasoning_tag_ids
@@ -95,6 +96,7 @@ class StreamEvent:
     output_ids: list[int]
     finish_reason: FinishReason | None
     meta: dict[str, Any]
+    embedding: list[float] | None = None  # a pooling request's pooled vector (its last event)
 
 
 SCHEDULER_POLL_S = 0.5
@@ -142,6 +144,10 @@ class TokenizerManager:
         self.reasoning_tags = reasoning_tag_ids(self.tokenizer, args.reasoning_parser)
         self._resumed = asyncio.Event()  # cleared by /pause_generation: new requests wait
         self._resumed.set()
+        # The model's pooling (None: it serves no embeddings or scores).
+        self.pooling: PoolingConfig | None = None
+        if args.serves_pooling:
+            self.pooling = read_pooling_config(model_path, self.tokenizer, args.pooling_method)
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._receive_loop())
@@ -266,6 +272,7 @@ class TokenizerManager:
                     list(detokenizer.output_ids),
                     out.finish_reason,
                     self._meta(state, out),
+                    out.embedding,
                 )
                 if state.finished:
                     return

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from sglang.srt.layers.attention import attention_backend_names
+from sglang.srt.layers.pooling_config import POOLING_METHODS, is_pooling_checkpoint
 from sglang.srt.mem_cache.embedding_store import check_store_url
 from sglang.srt.model_executor import quantization
 from sglang.srt.model_executor.dtypes import DTYPE_NAMES, KV_CACHE_DTYPES
@@ -70,6 +71,22 @@ class EngineConfig:
     quantization: str | None = field(
         default=None,
         metadata={"help": "SGLang's quantization methods are not implemented: leave unset."},
+    )
+
+    is_embedding: bool = field(
+        default=False,
+        metadata={
+            "help": "Serve pooled hidden states (/v1/embeddings, /v1/score, /v1/rerank); on "
+            "without the flag for a checkpoint with a sentence-transformers pooling config or "
+            "a reranker head."
+        },
+    )
+    pooling_method: str | None = field(
+        default=None,
+        metadata={
+            "help": "Pooling of an embedding model: last, mean or cls (default: the "
+            "checkpoint's 1_Pooling/config.json, else last)."
+        },
     )
 
     # Memory and scheduling
@@ -234,6 +251,8 @@ class EngineConfig:
         for url in self.encoder_urls or ():
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"encoder URL {url!r} must be http:// or https://")
+        if self.pooling_method not in (None, *POOLING_METHODS):
+            raise ValueError(f"pooling_method must be one of {POOLING_METHODS}")
         if self.encoder_timeout <= 0:
             raise ValueError("encoder_timeout must be positive")
         if self.enable_mm_global_cache and self.mm_cache_mode != "per-image":
@@ -270,6 +289,11 @@ class EngineConfig:
         quantization.check_torchao_dtype(self.torchao_config, self.dtype)
         if self.vision_int8dq and not quantization.dynamic_activations(self.torchao_config):
             raise ValueError("--vision-int8dq goes with --torchao-config int8dq or 8da4w-<group>")
+
+    @property
+    def serves_pooling(self) -> bool:
+        """--is-embedding, or a checkpoint that declares pooling."""
+        return self.is_embedding or is_pooling_checkpoint(self.model_path)
 
     @property
     def resolved_device(self) -> str:

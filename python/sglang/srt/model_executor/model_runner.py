@@ -24,6 +24,8 @@ from sglang.srt.layers import (
 )
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.checkpoint_formats import PrequantizedFormat, check_method_flag, read_format
+from sglang.srt.layers.pooler import Head, chunk_parts
+from sglang.srt.layers.pooling_config import PoolingConfig
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
@@ -34,6 +36,7 @@ from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa, dtype_name, resol
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
 from sglang.srt.model_executor.mm_fingerprint import shared_store, worker_fingerprint
+from sglang.srt.model_executor.pooling_head import build_pooling
 from sglang.srt.model_executor.prequantized import prequantized_config
 from sglang.srt.model_executor.quantization import (
     apply_torchao_config,
@@ -182,6 +185,13 @@ class ModelRunner:
             fingerprint,
             self._remote_encoders(fingerprint),
         )
+        self.pooling: PoolingConfig | None = None  # set when the model serves pooled states
+        self.pool_head: Head | None = None
+        if args.serves_pooling:
+            self.pooling, self.pool_head = build_pooling(
+                model_path, args.pooling_method, self.tokenizer, self._logits, self.dtype,
+                self.device,
+            )  # fmt: skip
 
     def _remote_encoders(self, fingerprint: str) -> RemoteEncoders | None:
         if not (self.args.encoder_urls and self.is_multimodal):
@@ -369,6 +379,8 @@ class ModelRunner:
         ).last_hidden_state[0]
         if not batch.is_decode and any(r.wants_prompt_logprobs for r in batch.reqs):
             batch.prompt_logprobs = self._prompt_logprobs(hidden, batch)
+        if not batch.is_decode and any(r.pooling for r in batch.reqs):
+            batch.pooled = chunk_parts(hidden, batch, self.pool_head)
         return self._logits(hidden[batch.last_token_indices])
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -184,6 +184,7 @@ def render_chat(
     body: ChatCompletionRequest,
     args: ServerArgs,
     tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
 ) -> RenderedChat:
     """The chat template (``manager.tokenizer``'s, or --chat-template) over messages whose
     image and video parts become the template's image and video entries."""
@@ -203,7 +204,11 @@ def render_chat(
     extra = {**kwargs, "tools": tools} if tools else kwargs
     try:
         prompt = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, chat_template=template, **extra
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=template,
+            **extra,
         )
     except Exception as exc:  # the template's own checks (roles, tool messages) fail here
         raise RequestError(f"the chat template cannot render these messages: {exc}") from exc
