@@ -172,3 +172,16 @@ def test_cross_encoder_rerank_and_score_equal_hf(rerank_server) -> None:
     bad = _post(url, "/v1/rerank", {"query": query, "documents": []})
     assert bad.status_code == 400 and "nothing to score" in bad.json()["message"]
     assert httpx.get(f"{url}/debug/check_integrity").json() == {"ok": True}
+
+
+def test_an_embedding_server_refuses_generation_and_says_so(embed_server) -> None:
+    """As SGLang's ``is_generation: false`` server: chat and /generate are a 400 naming the
+    endpoints it serves, its health probe pools instead of generating."""
+    url, _ = embed_server
+    assert httpx.get(f"{url}/model_info").json()["is_generation"] is False
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for path, body in (("/v1/chat/completions", chat), ("/generate", {"text": "hi"})):
+        resp = _post(url, path, body)
+        assert resp.status_code == 400 and "/v1/embeddings" in resp.text, resp.text
+    assert httpx.get(f"{url}/health_generate", timeout=60).status_code == 200
+    assert httpx.get(f"{url}/debug/check_integrity").json() == {"ok": True}

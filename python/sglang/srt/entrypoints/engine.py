@@ -120,7 +120,9 @@ class Engine:
         )
         return self._tokenize_inputs(inputs), batched
 
-    def _tokenize_inputs(self, inputs: list[GenerateInput]) -> list[TokenizedRequest]:
+    def _tokenize_inputs(
+        self, inputs: list[GenerateInput], pooling: bool = False
+    ) -> list[TokenizedRequest]:
         tokenized = []
         for inp in inputs:
             check_mm_limits(self.server_args, len(inp.images), len(inp.videos))
@@ -128,6 +130,7 @@ class Engine:
             videos = self.processor.load_videos(inp.videos, inp.video_options)
             tokenized.append(tokenize(self.processor, self.server_args, inp, images, videos))
         for t in tokenized:
+            t.pooling = pooling
             self.scheduler.check_request(t)
         return tokenized
 
@@ -156,9 +159,7 @@ class Engine:
             inputs, batched = split_generate_inputs(
                 prompt, {"max_new_tokens": 0}, input_ids, image_data, rid, video_data
             )
-        tokenized = self._tokenize_inputs(inputs)
-        for t in tokenized:
-            t.pooling = True
+        tokenized = self._tokenize_inputs(inputs, pooling=True)
         outputs = []
         for req in self._run(tokenized):
             vector = embedding_output(req.embedding or [], config, dimensions)

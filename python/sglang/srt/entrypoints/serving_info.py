@@ -52,6 +52,7 @@ class InfoHandler:
         tokenized = await self.manager.tokenize(
             GenerateInput(uuid.uuid4().hex, "ping", None, [], params)
         )
+        tokenized.pooling = self.manager.pooling is not None  # an embedding server's probe
         async for _ in self.manager.generate(tokenized):
             pass
         return Response(status_code=200)
@@ -102,7 +103,7 @@ class InfoHandler:
         return {
             "model_path": self.args.model_path,
             "tokenizer_path": self.args.model_path,
-            "is_generation": True,
+            "is_generation": self.manager.pooling is None,
             "model_type": self.manager.model_type,
             "architectures": _architectures(self.args.model_path),
             "has_image_understanding": self.manager.is_multimodal,

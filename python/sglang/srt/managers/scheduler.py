@@ -112,6 +112,11 @@ class Scheduler:
             raise ValueError(
                 "this model does not serve embeddings or scores: launch it with --is-embedding"
             )
+        if not tokenized.pooling and self.runner.pooling is not None:
+            raise ValueError(
+                "this server serves embeddings and scores (/v1/embeddings, /v1/score, "
+                "/v1/rerank), not generation"
+            )
         adapter = self.runner.adapter
         tokenized.validate(
             self.runner.vocab_size, adapter.image_token_id, adapter.video_placeholder_id
