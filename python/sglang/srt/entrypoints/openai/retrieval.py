@@ -4,6 +4,7 @@ run together (all tokenized before any is sent: one bad input fails the call alo
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,14 +92,6 @@ def check_serves_pooling(manager: TokenizerManager) -> PoolingConfig:
     return manager.pooling
 
 
-def chat_body(
-    messages: list[ChatMessage], mm_processor_kwargs: dict[str, Any] | None = None, **extra: Any
-) -> ChatCompletionRequest:
-    return ChatCompletionRequest(
-        messages=messages, mm_processor_kwargs=mm_processor_kwargs, **extra
-    )
-
-
 def piece_input(
     manager: TokenizerManager,
     args: ServerArgs,
@@ -114,7 +107,8 @@ def piece_input(
         if not piece.text.strip():
             raise RequestError("an input cannot be empty or whitespace only")
         return prompt_input(piece.text, None)
-    body = chat_body([ChatMessage(role="user", content=piece.parts)], mm_processor_kwargs)
+    messages = [ChatMessage(role="user", content=piece.parts)]
+    body = ChatCompletionRequest(messages=messages, mm_processor_kwargs=mm_processor_kwargs)
     return chat_input(manager, args, body, add_generation_prompt=True)
 
 
@@ -134,7 +128,7 @@ def pair_input(
     messages = [ChatMessage(role="user", content=[*query.parts, *document.parts])]
     if instruct:
         messages.insert(0, ChatMessage(role="system", content=instruct))
-    body = chat_body(messages, mm_processor_kwargs)
+    body = ChatCompletionRequest(messages=messages, mm_processor_kwargs=mm_processor_kwargs)
     return chat_input(manager, args, body, add_generation_prompt=True)
 
 
@@ -145,17 +139,7 @@ def chat_input(
     add_generation_prompt: bool,
 ) -> GenerateInput:
     chat = render_chat(manager, body, args, add_generation_prompt=add_generation_prompt)
-    bos = manager.tokenizer.bos_token
-    return GenerateInput(
-        uuid.uuid4().hex,
-        chat.prompt,
-        None,
-        chat.images,
-        _prompt_only(),
-        add_special_tokens=not (bos and chat.prompt.startswith(bos)),  # the template's BOS
-        videos=chat.videos,
-        video_options=chat.video_options,
-    )
+    return chat.generate_input(uuid.uuid4().hex, _prompt_only(), manager.tokenizer.bos_token)
 
 
 def prompt_input(prompt: str | None, input_ids: list[int] | None) -> GenerateInput:
@@ -173,7 +157,7 @@ async def run_pooling(
     as pooling requests; their final events, in order."""
     if not inputs:
         raise RequestError("the input cannot be empty")
-    tokenized = [await manager.tokenize(inp) for inp in inputs]
+    tokenized = await asyncio.gather(*(manager.tokenize(inp) for inp in inputs))
     for t in tokenized:
         t.pooling = True
     events = await collect_all([manager.generate(t) for t in tokenized], request)
@@ -183,5 +167,7 @@ async def run_pooling(
     return events
 
 
-def prompt_tokens(events: list[StreamEvent]) -> int:
-    return sum(e.meta["prompt_tokens"] for e in events)
+def pooling_usage(events: list[StreamEvent]) -> dict[str, int]:
+    """A retrieval response's ``usage``: prompt tokens only."""
+    tokens = sum(e.meta["prompt_tokens"] for e in events)
+    return {"prompt_tokens": tokens, "total_tokens": tokens}

@@ -112,20 +112,11 @@ class OpenAIServingChat(OpenAIServingBase):
     ) -> GenerateInput:
         """Without max_tokens, the answer may run to the context length (the scheduler cuts
         it to what the prompt leaves)."""
-        bos = self.manager.tokenizer.bos_token
         params = SamplingParams.from_dict(sampling)
         if not params.max_new_tokens_given:
             params.max_new_tokens = self.manager.context_length
-        return GenerateInput(
-            body.rid or uuid.uuid4().hex,
-            chat.prompt,
-            None,
-            chat.images,
-            params,
-            add_special_tokens=not (bos and chat.prompt.startswith(bos)),  # the template's BOS
-            videos=chat.videos,
-            video_options=chat.video_options,
-        )
+        rid = body.rid or uuid.uuid4().hex
+        return chat.generate_input(rid, params, self.manager.tokenizer.bos_token)
 
     def _add_tool_choice_grammar(self, body: ChatCompletionRequest, params: dict) -> None:
         """``tool_choice: "required"`` or a named function: a structural tag that forces the
@@ -177,6 +168,22 @@ class RenderedChat(NamedTuple):
     images: list[str]
     videos: list[str]
     video_options: list[dict[str, Any]]
+
+    def generate_input(
+        self, rid: str, params: SamplingParams, bos_token: str | None
+    ) -> GenerateInput:
+        """The rendered chat as one request; special tokens are added unless the template
+        already wrote the BOS."""
+        return GenerateInput(
+            rid,
+            self.prompt,
+            None,
+            self.images,
+            params,
+            add_special_tokens=not (bos_token and self.prompt.startswith(bos_token)),
+            videos=self.videos,
+            video_options=self.video_options,
+        )
 
 
 def render_chat(

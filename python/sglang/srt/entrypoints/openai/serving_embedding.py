@@ -12,14 +12,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from sglang.srt.entrypoints.http_utils import parse_body
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.protocol_retrieval import EmbeddingRequest
 from sglang.srt.entrypoints.openai.retrieval import (
-    chat_body,
     chat_input,
     check_serves_pooling,
     piece_input,
     piece_of,
-    prompt_tokens,
+    pooling_usage,
     run_pooling,
 )
 from sglang.srt.entrypoints.openai.serving_base import served_model_name
@@ -54,8 +54,7 @@ class EmbeddingHandler:
             }
             for i, e in enumerate(events)
         ]
-        tokens = prompt_tokens(events)
-        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        usage = pooling_usage(events)
         return JSONResponse(
             {"object": "list", "data": data, "model": self.model_name, "usage": usage}
         )
@@ -64,9 +63,9 @@ class EmbeddingHandler:
         if (body.input is None) == (body.messages is None):
             raise RequestError("give exactly one of 'input' and 'messages'")
         if body.messages is not None:
-            chat = chat_body(
-                body.messages,
-                body.mm_processor_kwargs,
+            chat = ChatCompletionRequest(
+                messages=body.messages,
+                mm_processor_kwargs=body.mm_processor_kwargs,
                 chat_template_kwargs=body.chat_template_kwargs,
                 continue_final_message=body.continue_final_message,
             )

@@ -24,7 +24,7 @@ from sglang.srt.entrypoints.openai.retrieval import (
     pair_input,
     piece_input,
     piece_of,
-    prompt_tokens,
+    pooling_usage,
     run_pooling,
 )
 from sglang.srt.entrypoints.openai.serving_base import served_model_name
@@ -45,8 +45,8 @@ class _ScoringHandler:
         instruct: str | None,
         mm_kwargs: dict[str, Any] | None,
         request: Request,
-    ) -> tuple[list[float], int]:
-        """One score per (query, document) pair, and the prompt tokens it took."""
+    ) -> tuple[list[float], dict[str, int]]:
+        """One score per (query, document) pair, and the usage of the call."""
         config = check_serves_pooling(self.manager)
         if not pairs:
             raise RequestError("there is nothing to score: give at least one document")
@@ -55,7 +55,7 @@ class _ScoringHandler:
                 pair_input(self.manager, self.args, q, d, instruct, mm_kwargs) for q, d in pairs
             ]
             events = await run_pooling(self.manager, inputs, request)
-            return [relevance_score(e.embedding or []) for e in events], prompt_tokens(events)
+            return [relevance_score(e.embedding or []) for e in events], pooling_usage(events)
         pieces: list[Piece] = []  # each distinct piece embedded once
         index: dict[int, int] = {}
         for piece in (p for pair in pairs for p in pair):
@@ -66,7 +66,7 @@ class _ScoringHandler:
         events = await run_pooling(self.manager, inputs, request)
         vectors = [embedding_output(e.embedding or [], config, None) for e in events]
         scores = [cosine_score(vectors[index[id(q)]], vectors[index[id(d)]]) for q, d in pairs]
-        return scores, prompt_tokens(events)
+        return scores, pooling_usage(events)
 
 
 class ScoreHandler(_ScoringHandler):
@@ -79,7 +79,7 @@ class ScoreHandler(_ScoringHandler):
         if first is None or second is None:
             raise RequestError("give text_1 and text_2 (or queries and documents)")
         pairs = score_pairs(_queries(first), _documents(second))
-        scores, tokens = await self.score_pairs(
+        scores, usage = await self.score_pairs(
             pairs, body.instruct, body.mm_processor_kwargs, request
         )
         data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
@@ -90,7 +90,7 @@ class ScoreHandler(_ScoringHandler):
                 "created": int(time.time()),
                 "model": self.model_name,
                 "data": data,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "usage": usage,
             }
         )
 
@@ -103,7 +103,7 @@ class RerankHandler(_ScoringHandler):
         query = piece_of(body.query)
         documents = _documents(body.documents)
         pairs = [(query, d) for d in documents]
-        scores, tokens = await self.score_pairs(
+        scores, usage = await self.score_pairs(
             pairs, body.instruct, body.mm_processor_kwargs, request
         )
         order = sorted(range(len(scores)), key=lambda i: -scores[i])
@@ -120,7 +120,7 @@ class RerankHandler(_ScoringHandler):
                 "id": f"rerank-{uuid.uuid4().hex}",
                 "model": self.model_name,
                 "results": results,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "usage": usage,
             }
         )
 
