@@ -1,12 +1,14 @@
 """The vision towers' segment attention on the CPU: the native varlen kernel against the torch
-path it replaces (SDPA per run of equal segments), side by side, then its effect on one image's
-encode in the engine. With ``--device cuda``: the one-call flash varlen path against the same
+path it replaces (SDPA per run of equal segments) and against its own portable build (the plain
+C++ loops a CPU without its vector path gets), side by side, each rate also as a share of the
+machine's GEMM rate in the row's dtype; then its effect on one image's encode in the engine. With ``--device cuda``: the one-call flash varlen path against the same
 torch path, on the GPU (timed to the device's completion).
 
-Attention: Qwen2.5-VL-3B's tower shapes (16 heads x 80) for the layouts its blocks see: windowed
-blocks, many 64-token windows; full-attention blocks, one segment per image (~3,600 and ~1,200
-tokens). FLOPs are 4 * heads * dim * sum of len^2 (the engine's counters do the same); the two
-paths alternate, best of ``--repeats``.
+Attention: the Qwen-VL towers' shapes (16 heads x 80) for the layouts their blocks see:
+windowed blocks, many 64-token windows (Qwen2.5-VL); full-attention blocks, one segment per
+image (1,564 tokens for 640x480 at 28-pixel multiples, 3,600, and 4,784 for 1280x720). FLOPs are
+4 * heads * dim * sum of len^2 (the engine's counters do the same); the paths alternate, best of
+``--repeats``.
 
 Encode (``--encode``): the checkpoint with Qwen2.5-VL-3B's dims (``benchmark/memory.py``'s 3b
 shape, 2 vision blocks: one windowed, one full) in the offline engine; each run encodes a new
@@ -43,6 +45,7 @@ from sglang.srt import kernels
 from sglang.srt.models import fast_vision
 
 PATHS = ("kernel", "torch")  # on CUDA "kernel" is the flash varlen call
+CPU_PATHS = ("kernel", "portable", "torch")
 
 
 def _attention_case(
@@ -63,8 +66,10 @@ def _attention_case(
             ),
         }
     kernel = kernels.load("prefill_attention")
+    portable = kernels.load_portable("prefill_attention")
     return {
         "kernel": lambda: fast_vision._segments_on_kernel(kernel, q, k, v, cu, scale),
+        "portable": lambda: fast_vision._segments_on_kernel(portable, q, k, v, cu, scale),
         "torch": lambda: fast_vision._segments_by_runs(q, k, v, cu.tolist(), scale, 0.0),
     }
 
@@ -83,7 +88,7 @@ def _layout(text: str) -> list[int]:
     return [int(length)] * int(count or 1)
 
 
-def attention_rows(args: argparse.Namespace, peak: float) -> list[dict[str, Any]]:
+def attention_rows(args: argparse.Namespace, peaks: dict[str, float]) -> list[dict[str, Any]]:
     rows = []
     for dtype in args.dtypes:
         for layout in args.layouts:
@@ -94,10 +99,10 @@ def attention_rows(args: argparse.Namespace, peak: float) -> list[dict[str, Any]
             best = best_seconds(calls, args.repeats)
             flops = 4.0 * args.heads * args.dim * sum(n * n for n in lengths)
             row = {"dtype": dtype, "segments": layout, "gflop": flops / 1e9}
-            for path in PATHS:
+            for path in calls:
                 row[f"{path}_ms"] = best[path] * 1e3
                 row[f"{path}_gflops"] = flops / best[path] / 1e9
-                row[f"{path}_of_bf16_peak"] = row[f"{path}_gflops"] / peak
+                row[f"{path}_of_peak"] = row[f"{path}_gflops"] / peaks[dtype]
             row["kernel_over_torch"] = row["kernel_gflops"] / row["torch_gflops"]
             rows.append(row)
             print(row)
@@ -147,20 +152,25 @@ def encode_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    head = ["dtype", "segments", "GFLOP", "kernel ms", "kernel GFLOP/s", "of bf16 peak",
-            "torch ms", "torch GFLOP/s", "kernel / torch"]  # fmt: skip
-    rows = [
-        [r["dtype"], r["segments"], r["gflop"], r["kernel_ms"], r["kernel_gflops"],
-         r["kernel_of_bf16_peak"], r["torch_ms"], r["torch_gflops"], r["kernel_over_torch"]]
-        for r in result["rows"]
-    ]  # fmt: skip
+    paths = [p for p in CPU_PATHS if f"{p}_ms" in result["rows"][0]]
+    head = ["dtype", "segments", "GFLOP"]
+    for path in paths:
+        head += [f"{path} ms", f"{path} GFLOP/s", "of GEMM peak"]
+    head.append("kernel / torch")
+    rows = []
+    for r in result["rows"]:
+        cells = [r["dtype"], r["segments"], r["gflop"]]
+        for path in paths:
+            cells += [r[f"{path}_ms"], r[f"{path}_gflops"], r[f"{path}_of_peak"]]
+        rows.append([*cells, r["kernel_over_torch"]])
     load = " ".join(f"{x:.2f}" for x in result["load_average"])
     machine = cpu_line(result["cpu"])
     if result.get("gpu"):
         machine = gpu_line(result["gpu"]) + "; kernel = one flash varlen call"
+    peaks = ", ".join(f"{d} {v:.0f}" for d, v in result["peak_gflops"].items())
     text = (
-        f"{machine}; {result['threads']} threads; bfloat16 matmul peak "
-        f"{result['bf16_peak_gflops']:.0f} GFLOP/s; heads {result['config']['heads']}, dim "
+        f"{machine}; {result['threads']} threads; kernel ISA {result['kernel_isa']}; matmul "
+        f"peak GFLOP/s: {peaks}; heads {result['config']['heads']}, dim "
         f"{result['config']['dim']}; load average before the run {load}\n\n"
         + markdown_table(head, rows)
     )
@@ -180,7 +190,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dim", type=int, default=80)
-    p.add_argument("--layouts", type=lambda s: s.split(","), default=["64x56", "3600", "1200"])
+    p.add_argument(
+        "--layouts", type=lambda s: s.split(","), default=["64x56", "1564", "3600", "4784"]
+    )
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bfloat16", "float32"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--encode", action="store_true", help="also one image's encode in the engine")
@@ -194,16 +206,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started, load_before = time.perf_counter(), os.getloadavg()  # the run itself adds ~2
     cpu, gpu = cpu_info(), gpu_info() if on_gpu else None
     print(cpu_line(cpu) + (f"; {gpu_line(gpu)}" if gpu else ""))
-    peak = cuda_matmul_peak_gflops() if on_gpu else matmul_peak_gflops(dtype="bfloat16")
-    peak = peak["gflop_per_s"]
+    if on_gpu:
+        peaks = {d: cuda_matmul_peak_gflops()["gflop_per_s"] for d in args.dtypes}
+    else:
+        peaks = {d: matmul_peak_gflops(dtype=d)["gflop_per_s"] for d in args.dtypes}
     result: dict[str, Any] = {
         "benchmark": "vision_attention",
         "config": vars(args),
         "cpu": cpu,
         "gpu": gpu,
         "threads": torch.get_num_threads(),
-        "bf16_peak_gflops": peak,
-        "rows": attention_rows(args, peak),
+        "peak_gflops": peaks,
+        "kernel_isa": "cuda" if on_gpu else kernels.load("prefill_attention").isa(),
+        "rows": attention_rows(args, peaks),
         "encode": encode_rows(args) if args.encode else [],
         "load_average": load_before,
     }

@@ -145,17 +145,21 @@ def test_a_killed_build_is_not_waited_for_and_a_live_one_is(tmp_path, monkeypatc
 
 def test_the_expected_isa_follows_the_cpu_flags(monkeypatch) -> None:
     avx512 = {"avx512f", "avx512dq", "avx512bw", "avx512vl"}
-    cases = [  # flags, the shared rule's ISA, linear_bf16's, linear_quant's
-        ({"avx2"}, "portable", "portable", "portable"),  # no FMA: no AVX2 path
-        ({"avx2", "fma"}, "portable", "portable", "avx2"),
-        (avx512 | {"avx2", "fma"}, "avx512", "portable", "avx2"),
-        (avx512 | {"avx512_bf16", "avx2", "fma"}, "avx512_bf16", "avx512_bf16", "avx512_bf16"),
-        ({"avx512f", "avx512_bf16"}, "portable", "avx512_bf16", "portable"),  # linear_bf16: F
+    cases = [  # flags, the shared rule's ISA, the attention kernels', linear_bf16's, linear_quant's
+        ({"avx2"}, "portable", "portable", "portable", "portable"),  # no FMA: no AVX2 path
+        ({"avx2", "fma"}, "portable", "avx2", "portable", "avx2"),
+        (avx512 | {"avx2", "fma"}, "avx512", "avx512", "portable", "avx2"),
+        (
+            avx512 | {"avx512_bf16", "avx2", "fma"},
+            *("avx512_bf16", "avx512_bf16", "avx512_bf16", "avx512_bf16"),
+        ),
+        ({"avx512f", "avx512_bf16"}, "portable", "portable", "avx512_bf16", "portable"),
     ]
-    for flags, shared, linear, quant in cases:
+    for flags, shared, attention, linear, quant in cases:
         monkeypatch.setattr(kernels, "cpu_flags", lambda flags=flags: frozenset(flags))
-        assert kernels.expected_isa("prefill_attention") == shared
         assert kernels.expected_isa("quick_gelu") == shared
+        assert kernels.expected_isa("prefill_attention") == attention
+        assert kernels.expected_isa("decode_attention") == attention
         assert kernels.expected_isa("linear_bf16") == linear
         assert kernels.expected_isa("linear_quant") == quant
     vnni = avx512 | {"avx512_bf16", "avx512_vnni"}

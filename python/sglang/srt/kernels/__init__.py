@@ -58,11 +58,13 @@ BF16_ONLY = {
 # Kernels whose vector path is AVX512-VNNI's integer products (on the bfloat16 tile's helpers).
 VNNI_ONLY = {"linear_int8dq": ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni")}
 # Kernels with an AVX2 path where their AVX-512 one cannot be built (linear_quant: float32
-# FMAs; linear_int8dq: vpmaddubsw; decode_attention: its float32 task).
+# FMAs; linear_int8dq: vpmaddubsw; decode_attention: its float32 task; prefill_attention: its
+# float32 tiles).
 AVX2_FALLBACK = {
     "linear_quant": ("avx2", "fma"),
     "linear_int8dq": ("avx2",),
     "decode_attention": ("avx2", "fma"),
+    "prefill_attention": ("avx2", "fma"),
 }
 
 

@@ -96,9 +96,7 @@ void task_generic(const Task& t, const T* q, const T* k, const T* v, T* out, Scr
     for (int64_t i = 0; i < dim; ++i) out[g * dim + i] = static_cast<T>(w.acc[g * dim + i]);
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(SGLANG_PORTABLE_KERNELS)
-#include <immintrin.h>
-#define SGLANG_F32_AVX2 1
+#ifdef SGLANG_AVX2
 #ifndef SGLANG_AVX512
 #undef SGLANG_COMPILED_ISA
 #define SGLANG_COMPILED_ISA "avx2"  // its float32 task: the build's one vector path
@@ -111,48 +109,11 @@ inline void prefetch_f32_row(const float* row, int64_t dim) {
     _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
 }
 
-// All ones in the first min(left, 8) lanes.
-inline __m256i lanes_below(int64_t left) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const int count = static_cast<int>(std::min<int64_t>(left, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane);
-}
-
-// The first min(left, 8) floats at src; zeros past them.
-inline __m256 load8(const float* src, int64_t left) {
-  return left >= 8 ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, lanes_below(left));
-}
-
-inline void store8(float* dst, __m256 v, int64_t left) {
-  if (left >= 8) {
-    _mm256_storeu_ps(dst, v);
-  } else {
-    _mm256_maskstore_ps(dst, lanes_below(left), v);
-  }
-}
-
-inline float sum8(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-
-// e^x for x <= 0 (scores minus their maximum): 2^t = 2^floor(t) 2^f, 2^f by vector_math.h's
-// degree-5 polynomial (relative error < 8e-8), 2^floor(t) put into the exponent bits; t is held
-// at -126 and above (e^x below 2^-126 counts as 2^-126 against a sum of at least 1, the
-// maximum's own term).
-inline __m256 exp8_nonpositive(__m256 x) {
-  const __m256 t = _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)),
-                                 _mm256_set1_ps(-126.f));
-  const __m256 whole = _mm256_floor_ps(t);
-  const __m256 f = _mm256_sub_ps(t, whole);
-  __m256 p = _mm256_set1_ps(vec::kExp2Degree5[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(vec::kExp2Degree5[i]));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(whole), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
+using vec::exp_nonpositive8;
+using vec::load8;
+using vec::lanes_below;
+using vec::store8;
+using vec::sum8;
 
 void task_f32(const Task& t, const float* q, const float* k, const float* v, float* out,
               Scratch& w) {
@@ -184,7 +145,7 @@ void task_f32(const Task& t, const float* q, const float* k, const float* v, flo
     const float top = *std::max_element(row, row + n);
     __m256 total = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; j += 8) {
-      const __m256 e = exp8_nonpositive(_mm256_sub_ps(load8(row + j, n - j), _mm256_set1_ps(top)));
+      const __m256 e = exp_nonpositive8(_mm256_sub_ps(load8(row + j, n - j), _mm256_set1_ps(top)));
       const __m256 kept = _mm256_and_ps(e, _mm256_castsi256_ps(lanes_below(n - j)));
       store8(row + j, kept, n - j);
       total = _mm256_add_ps(total, kept);
@@ -337,7 +298,7 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
         }
       }
 #endif
-#ifdef SGLANG_F32_AVX2
+#ifdef SGLANG_AVX2
       if constexpr (std::is_same_v<T, float>) {
         task_f32(t, qg, kg, vg, og, scratch);
         continue;

@@ -14,7 +14,8 @@
 //
 // The block layouts and micro-kernels, chosen at compile time for the ISA present
 // (-march=native), are in prefill_attention_tiles.h: bfloat16 pairs for vdpbf16ps where
-// AVX512-BF16 is present (P is then rounded to bfloat16), float32 blocks otherwise.
+// AVX512-BF16 is present (P is then rounded to bfloat16), float32 blocks otherwise (16-lane
+// FMAs with AVX-512, 8-lane ones with AVX2 alone).
 //
 // varlen_attention runs the same code without a pool or a mask: bidirectional attention within
 // each segment [cu[i], cu[i+1]) of packed tokens (the vision towers' windows and images), keys
@@ -38,6 +39,11 @@
 
 #include "prefill_attention_tiles.h"
 #include "run_tasks.h"
+
+#ifdef SGLANG_TILES_AVX2
+#undef SGLANG_COMPILED_ISA
+#define SGLANG_COMPILED_ISA "avx2"
+#endif
 
 namespace {
 

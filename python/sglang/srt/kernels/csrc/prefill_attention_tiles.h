@@ -3,7 +3,8 @@
 // of P.V, and the online-softmax step between them (with a vector exp). One layout per storage
 // and ISA:
 // - FloatLayout: float32 blocks, K as [dim][kKeys] and V as [kKeys][dim]; AVX-512 micro-kernels
-//   where present (SGLANG_AVX512, vector_math.h), portable loops elsewhere.
+//   where present (SGLANG_AVX512, vector_math.h), else AVX2 ones (SGLANG_TILES_AVX2: 16 ymm
+//   registers hold R rows x 16 keys or dims of accumulators), portable loops elsewhere.
 // - PairLayout (bfloat16 with AVX512-BF16): K as [dim/2][kKeys][2] and V as [kKeys/2][dim][2],
 //   pairs for vdpbf16ps (16 key scores, or 16 output dims, per instruction).
 // Micro-kernels take R query rows (R <= kRowTile) at once; scores and P rows are kKeys apart.
@@ -26,6 +27,8 @@ namespace prefill_tiles {
 #ifdef SGLANG_AVX512
 using vec::exp2_512;
 using vec::widen16;
+#elif defined(SGLANG_AVX2)
+#define SGLANG_TILES_AVX2 1
 #endif
 
 constexpr int64_t kKeys = 128;    // keys per packed block (one online-softmax step)
@@ -85,6 +88,10 @@ inline void store_scaled(const float* acc, float scale, int64_t n, T* dst) {
   if constexpr (kStores16<T>)
     for (; d + 16 <= n; d += 16)
       store16(dst + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), _mm512_set1_ps(scale)));
+#elif defined(SGLANG_TILES_AVX2)
+  if constexpr (std::is_same_v<T, float>)
+    for (; d + 8 <= n; d += 8)
+      _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), _mm256_set1_ps(scale)));
 #endif
   for (; d < n; ++d) dst[d] = static_cast<T>(acc[d] * scale);
 }
@@ -93,6 +100,8 @@ inline void store_scaled(const float* acc, float scale, int64_t n, T* dst) {
 // Keeps a loaded vector in a register: without this the compiler folds the load into each FMA
 // that uses it, one load per FMA, and the float32 micro-kernels become load-bound.
 inline void in_register(__m512& x) { asm("" : "+v"(x)); }
+#elif defined(SGLANG_TILES_AVX2)
+inline void in_register(__m256& x) { asm("" : "+x"(x)); }
 #endif
 
 // Tells the compiler that a micro-kernel's loop runs at least once (head dims are multiples of
@@ -142,6 +151,25 @@ struct FloatLayout {
     }
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < NK; ++v) _mm512_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][v]);
+#elif defined(SGLANG_TILES_AVX2)
+    for (int v = 0; v < NK; ++v) {  // 16 keys at a time: 2R accumulators, 2 keys, 1 query
+      const float* kv = k + h + 16 * v;
+      __m256 acc[R][2];
+      for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < dim; ++d) {
+        __m256 lo = _mm256_loadu_ps(kv + d * kKeys), hi = _mm256_loadu_ps(kv + d * kKeys + 8);
+        in_register(lo), in_register(hi);
+        for (int r = 0; r < R; ++r) {
+          const __m256 b = _mm256_broadcast_ss(q + r * dim + d);
+          acc[r][0] = _mm256_fmadd_ps(b, lo, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(b, hi, acc[r][1]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        _mm256_storeu_ps(scores + r * kKeys + h + 16 * v, acc[r][0]);
+        _mm256_storeu_ps(scores + r * kKeys + h + 16 * v + 8, acc[r][1]);
+      }
+    }
 #else
     for (int r = 0; r < R; ++r) {
       float* row = scores + r * kKeys + h;
@@ -175,6 +203,28 @@ struct FloatLayout {
     }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * dim + d0 + 16 * c, a[r][c]);
+#elif defined(SGLANG_TILES_AVX2)
+    for (int c = 0; c < NV; ++c) {  // 16 dims at a time: 2R accumulators, 2 values, 1 weight
+      const int64_t at = d0 + 16 * c;
+      __m256 a[R][2];
+      for (int r = 0; r < R; ++r) {
+        a[r][0] = _mm256_loadu_ps(acc + r * dim + at);
+        a[r][1] = _mm256_loadu_ps(acc + r * dim + at + 8);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        __m256 lo = _mm256_loadu_ps(v + j * dim + at), hi = _mm256_loadu_ps(v + j * dim + at + 8);
+        in_register(lo), in_register(hi);
+        for (int r = 0; r < R; ++r) {
+          const __m256 b = _mm256_broadcast_ss(p + r * kKeys + j);
+          a[r][0] = _mm256_fmadd_ps(b, lo, a[r][0]);
+          a[r][1] = _mm256_fmadd_ps(b, hi, a[r][1]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        _mm256_storeu_ps(acc + r * dim + at, a[r][0]);
+        _mm256_storeu_ps(acc + r * dim + at + 8, a[r][1]);
+      }
+    }
 #else
     for (int r = 0; r < R; ++r)
       for (int64_t j = 0; j < n; ++j) {
@@ -292,6 +342,14 @@ void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, floa
       vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
   }
   const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax) * scale2);
+#elif defined(SGLANG_TILES_AVX2)
+  // the keys in [j0, j1): whole vectors of 8, then the rest one by one
+  __m256 vmax = _mm256_set1_ps(kNegInf);
+  int64_t at = j0;
+  for (; at + 8 <= j1; at += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + at));
+  float block_max = vec::max8(vmax);
+  for (; at < j1; ++at) block_max = std::max(block_max, s[at]);
+  const float new_max = std::max(row_max, block_max * scale2);
 #else
   float block_max = kNegInf;
   for (int64_t at = j0; at < j1; ++at) block_max = std::max(block_max, s[at]);
@@ -317,6 +375,44 @@ void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, floa
     }
   }
   _mm512_storeu_ps(sum_lanes, vsum);
+#elif defined(SGLANG_TILES_AVX2)
+  const __m256 valpha = _mm256_set1_ps(alpha);
+  __m256 sum_lo = _mm256_mul_ps(_mm256_loadu_ps(sum_lanes), valpha);
+  __m256 sum_hi = _mm256_mul_ps(_mm256_loadu_ps(sum_lanes + 8), valpha);
+  if constexpr (std::is_same_v<Elem, float>) {
+    const __m256 vscale = _mm256_set1_ps(scale2), shift = _mm256_set1_ps(new_max);
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 lo = _mm256_set1_ps(static_cast<float>(j0));
+    const __m256 hi = _mm256_set1_ps(static_cast<float>(j1));
+    auto weights = [&](int64_t at) {  // 8 weights from key `at` on, 0 outside [j0, j1)
+      const __m256 x = _mm256_fmsub_ps(_mm256_loadu_ps(s + at), vscale, shift);
+      const __m256 key = _mm256_add_ps(lane, _mm256_set1_ps(static_cast<float>(at)));
+      const __m256 inside = _mm256_and_ps(_mm256_cmp_ps(key, lo, _CMP_GE_OQ),
+                                          _mm256_cmp_ps(key, hi, _CMP_LT_OQ));
+      return _mm256_and_ps(vec::exp2_nonpositive8(_mm256_min_ps(x, _mm256_setzero_ps())), inside);
+    };
+    if (j0 == 0 && j1 == n_padded) {  // the common case: no mask to build
+      for (; j + 16 <= n_padded; j += 16) {
+        const __m256 e0 = vec::exp2_nonpositive8(
+            _mm256_fmsub_ps(_mm256_loadu_ps(s + j), vscale, shift));
+        const __m256 e1 = vec::exp2_nonpositive8(
+            _mm256_fmsub_ps(_mm256_loadu_ps(s + j + 8), vscale, shift));
+        _mm256_storeu_ps(p + j, e0);
+        _mm256_storeu_ps(p + j + 8, e1);
+        sum_lo = _mm256_add_ps(sum_lo, e0);
+        sum_hi = _mm256_add_ps(sum_hi, e1);
+      }
+    }
+    for (; j + 16 <= n_padded; j += 16) {
+      const __m256 e0 = weights(j), e1 = weights(j + 8);
+      _mm256_storeu_ps(p + j, e0);
+      _mm256_storeu_ps(p + j + 8, e1);
+      sum_lo = _mm256_add_ps(sum_lo, e0);
+      sum_hi = _mm256_add_ps(sum_hi, e1);
+    }
+  }
+  _mm256_storeu_ps(sum_lanes, sum_lo);
+  _mm256_storeu_ps(sum_lanes + 8, sum_hi);
 #else
   for (int l = 0; l < 16; ++l) sum_lanes[l] *= alpha;
 #endif

@@ -1,6 +1,7 @@
 // Vector helpers the kernels share: bfloat16 <-> float32 conversions exactly as torch does them,
 // and 2^t / e^x of float vectors. AVX-512 (F, DQ, BW, VL: every AVX-512 CPU since Skylake-SP and
 // Zen 4) where compiled for it: SGLANG_AVX512 says so, SGLANG_AVX512_BF16 adds AVX512-BF16.
+// SGLANG_AVX2 says AVX2 and FMA are there (on AVX-512 CPUs too): 8-lane loads, sums and e^x.
 
 #pragma once
 
@@ -13,6 +14,10 @@
 #if defined(__AVX512BF16__)
 #define SGLANG_AVX512_BF16 1
 #endif
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && !defined(SGLANG_PORTABLE_KERNELS)
+#include <immintrin.h>
+#define SGLANG_AVX2 1
 #endif
 
 // The instruction set the including kernel was compiled for (its module's isa()).
@@ -85,6 +90,61 @@ inline __m512 exp2_512(__m512 t) {
 // e^x, to float32's rounding.
 inline __m512 exp512(__m512 x) {
   return exp2_512<5>(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)));
+}
+#endif
+
+#ifdef SGLANG_AVX2
+// All ones in the first min(left, 8) lanes.
+inline __m256i lanes_below(int64_t left) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int count = static_cast<int>(left < 8 ? left : 8);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane);
+}
+
+// The first min(left, 8) floats at src; zeros past them.
+inline __m256 load8(const float* src, int64_t left) {
+  return left >= 8 ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, lanes_below(left));
+}
+
+inline void store8(float* dst, __m256 v, int64_t left) {
+  if (left >= 8) {
+    _mm256_storeu_ps(dst, v);
+  } else {
+    _mm256_maskstore_ps(dst, lanes_below(left), v);
+  }
+}
+
+inline float sum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+inline float max8(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// 2^t for t <= 0: 2^floor(t) 2^f, 2^f by the degree-5 polynomial above (relative error < 8e-8),
+// 2^floor(t) put into the exponent bits; t is held at -126 and above (a weight below 2^-126
+// counts as 2^-126 against a softmax sum of at least 1, the maximum's own term).
+inline __m256 exp2_nonpositive8(__m256 t) {
+  t = _mm256_max_ps(t, _mm256_set1_ps(-126.f));
+  const __m256 whole = _mm256_floor_ps(t);
+  const __m256 f = _mm256_sub_ps(t, whole);
+  __m256 p = _mm256_set1_ps(kExp2Degree5[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Degree5[i]));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(whole), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// e^x for x <= 0 (scores minus their maximum).
+inline __m256 exp_nonpositive8(__m256 x) {
+  return exp2_nonpositive8(_mm256_mul_ps(x, _mm256_set1_ps(1.4426950408889634f)));
 }
 #endif
 
