@@ -1,8 +1,9 @@
 """The vision towers' segment attention on the CPU: the native varlen kernel against the torch
 path it replaces (SDPA per run of equal segments) and against its own portable build (the plain
 C++ loops a CPU without its vector path gets), side by side, each rate also as a share of the
-machine's GEMM rate in the row's dtype; then its effect on one image's encode in the engine. With ``--device cuda``: the one-call flash varlen path against the same
-torch path, on the GPU (timed to the device's completion).
+machine's GEMM rate in the row's dtype; then its effect on one image's encode in the engine.
+With ``--device cuda``: the one-call flash varlen path against the same torch path, on the GPU
+(timed to the device's completion).
 
 Attention: the Qwen-VL towers' shapes (16 heads x 80) for the layouts their blocks see:
 windowed blocks, many 64-token windows (Qwen2.5-VL); full-attention blocks, one segment per
