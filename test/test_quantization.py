@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import sglang
 from sglang.launch_server import parse_args
+from sglang.srt import kernels
 from sglang.srt.layers.quantized_linear import QuantizedLinear, quantize, quantize_embedding
 from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 from sglang.srt.model_executor.host_memory import module_bytes as weight_bytes
@@ -50,8 +51,10 @@ MAX_BYTES_RATIO = {"int4": 0.35, "int8": 0.55, "int8dq": 0.6, "8da4": 0.35}  # i
 
 
 def _dynamic(config: str) -> bool:
-    """Whether the config quantizes activations at run time: int8dq, 8da4w-<group>."""
-    return config == "int8dq" or config.startswith("8da4w")
+    """Whether the config quantizes activations at run time: int8dq, 8da4w-<group>, and
+    int4wo-<group> on a CPU without AVX512-BF16 (served as Q4_0 x Q8_0 there)."""
+    int4wo_on_int8 = config.startswith("int4wo") and "avx512_bf16" not in kernels.cpu_flags()
+    return config == "int8dq" or config.startswith("8da4w") or int4wo_on_int8
 
 
 def _int4(config: str) -> bool:
@@ -138,6 +141,12 @@ def _hf_language_model(model: nn.Module) -> nn.Module:
 # The tiny random DeepSeek-OCR2 encoder maps a white and a noise image to nearly one embedding
 # (0.035 nats apart); its image path is covered by test_bf16's dropped-image error.
 IMAGE_BLIND = ("deepseek_ocr2",)
+# In the tiny MiniCPM-V 4.6 / 4.7, int4 weights times int8 activations (int4wo on a CPU without
+# AVX512-BF16, where the engine runs float32) make HF's bfloat16-vs-float32 gap 0.13 nats on
+# the mean, as large as what a white image or the unquantized model moves (0.31-0.81): the
+# bound there is float32's own noise (HF float32 vs float64 with the same weights, 0.009; the
+# engine 0.0013-0.0022 from HF float32).
+FLOAT32_NOISE_ON_Q4_Q8 = ("minicpmv4_6", "minicpmv4_7")
 QUANTIZED_CASES = [
     *[(family, "int4wo-32", "int8") for family in ALL_VLM_FAMILIES],
     *[(family, "int8wo", "int8") for family in ALL_VLM_FAMILIES],
@@ -209,6 +218,11 @@ def test_engine_matches_hf_quantized_the_same_way(
     _, ref_exact = _hf_logprobs(family, exact, processor, prompt, image)
     statistic, factor = ONE_POSITION_DECIDES.get(family, (_largest, 2))
     bound = factor * statistic(ref - ref_exact)
+    if family in FLOAT32_NOISE_ON_Q4_Q8 and _int4(config) and _dynamic(config):
+        assert not cpu_bfloat16_isa()  # int4wo takes int8 activations only there
+        exact64 = _hf_with_the_weights_of(family, hf, torch.float64)
+        _, ref_exact64 = _hf_logprobs(family, exact64, processor, prompt, image)
+        bound = factor * statistic(ref_exact - ref_exact64)
 
     engine = sglang.Engine(
         model_path=model_dir(family),
@@ -338,6 +352,31 @@ def test_int4_skips_layers_the_kernel_cannot_take() -> None:
     assert not torch.equal(quantized, dense)
     assert (quantized - dense).norm() < 0.2 * dense.norm()
     assert apply_torchao_config(model, "") is None
+
+
+@pytest.mark.parametrize("flags", [{"avx2", "fma"}, {"avx512f", "avx512bw", "avx512_bf16"}])
+def test_int4wo_takes_int8_activations_on_cpus_without_avx512_bf16(flags, monkeypatch) -> None:
+    """Without bfloat16 products the int4 weights multiply int8 activations (the 8da4w kernel
+    over int4wo's own codes, as llama.cpp's Q4_0 x Q8_0), said in the report; with them the
+    layers stay weight-only. Either way the output follows the same int4 weights."""
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(flags))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 64)).to(torch.bfloat16)
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        dense = model(x).float()
+    report = apply_torchao_config(model, "int4wo-64")
+    on_int8 = "avx512_bf16" not in flags
+    assert report is not None and report.as_dict()["activations"] == (
+        "int8" if on_int8 else "bfloat16"
+    )
+    layer = model[0]
+    assert isinstance(layer, QuantizedLinear) and layer.bits == 4 and layer.dynamic == on_int8
+    with torch.no_grad():
+        got = model(x).float()
+    want = x.float() @ exact_weight(layer).float().T + layer.bias.float()
+    assert (got - dense).norm() < 0.2 * dense.norm()
+    assert (got - want).norm() < (0.05 if on_int8 else 0.02) * want.norm()
 
 
 @pytest.mark.parametrize(

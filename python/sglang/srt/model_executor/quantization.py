@@ -34,6 +34,7 @@ from typing import Any
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from sglang.srt import kernels
 from sglang.srt.layers import checkpoint_formats, packed_linear, quantized_linear
 from sglang.srt.model_executor.host_memory import module_bytes
 
@@ -83,6 +84,7 @@ class QuantizationReport:
     embeddings: str = "bfloat16"
     vision_layers: int = 0  # int8: with int4, or int8dq with --vision-int8dq
     vision_int8dq: bool = False
+    activations: str = "bfloat16"  # the language model's quantized linears' inputs
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +98,7 @@ class QuantizationReport:
             "embeddings": self.embeddings,
             "vision_layers_int8": self.vision_layers,
             "vision_int8dq": self.vision_int8dq,
+            "activations": self.activations,
         }
 
 
@@ -117,9 +120,23 @@ def parse_torchao_config(value: str) -> TorchaoSpec | None:
 
 
 def dynamic_activations(torchao_config: str) -> bool:
-    """Whether ``torchao_config`` (a valid value or "") quantizes activations at run time."""
+    """Whether ``torchao_config`` (a valid value or "") asks for activations quantized at run
+    time (int8dq, 8da4w-<group>)."""
     spec = parse_torchao_config(torchao_config)
     return spec is not None and spec.dynamic
+
+
+def int8_activations(spec: TorchaoSpec, device: str = "cpu") -> bool:
+    """Whether the language model's quantized linears take int8 activations: with int8dq and
+    8da4w always; with int4wo on a CPU without AVX512-BF16 too. There the int4 weight-only
+    kernel has no bfloat16 products and computes in float32 FMAs: a 7B-shaped decode step took
+    186 ms on a Zen 3 (AVX2), where 8da4w took 98.9 and llama.cpp's Q4_0 116. So on such CPUs
+    int4wo's weights (its own codes, scales and mins) are served as llama.cpp serves Q4_0, times
+    int8 activations quantized per row (Q4_0 x Q8_0)."""
+    if spec.dynamic:
+        return True
+    weight_only_int4 = spec.group_size is not None and device == "cpu"
+    return weight_only_int4 and "avx512_bf16" not in kernels.cpu_flags()
 
 
 def check_torchao_dtype(torchao_config: str, dtype: str) -> None:
@@ -179,12 +196,20 @@ def apply_torchao_config(
     targets = set(_target_layers(language_model, spec, device, report))
     if device == "cpu":  # the native kernel's layouts (layers/quantized_linear.py)
         bits = 8 if spec.group_size is None else 4
+        dynamic = int8_activations(spec, device)
+        if dynamic and not spec.dynamic:
+            logger.info(
+                "torchao %s: this CPU has no AVX512-BF16, so the int4 weights take int8 "
+                "activations (as llama.cpp's Q4_0 x Q8_0), faster there than weight-only",
+                spec.name,
+            )
         quantized_linear.replace_linears(
-            language_model, targets, bits, spec.group_size, dynamic=spec.dynamic
+            language_model, targets, bits, spec.group_size, dynamic=dynamic
         )
     else:
         quantize_, ao_config = _torchao(spec, device)
         quantize_(language_model, ao_config, filter_fn=lambda module, _fqn: module in targets)
+    report.activations = "int8" if int8_activations(spec, device) else "bfloat16"
     report.quantized_layers = len(targets)
     report.weight_bytes_after = module_bytes(language_model)
     logger.info(
@@ -224,12 +249,13 @@ def quantize_head_and_embeddings(
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     spec = parse_torchao_config(report.config)
     assert spec is not None
+    dynamic = report.activations == "int8"  # as the decoder's linears
     usable = isinstance(head, nn.Linear) and head.weight.device.type == "cpu"
     tied = embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", None)
     quantize_head = usable and head_dtype != "bfloat16"
     if tied:
         if quantize_head and packed_linear.lookups_can_move_to(embed, head):
-            shared = quantized_linear.quantize(head, 8, None, spec.dynamic)
+            shared = quantized_linear.quantize(head, 8, None, dynamic)
             model.set_output_embeddings(shared)
             quantized_linear.serve_lookups_from_head(embed, shared)
             report.lm_head, report.embeddings = "int8", "int8 (the head's)"
@@ -237,10 +263,10 @@ def quantize_head_and_embeddings(
         if quantize_head:
             group = spec.group_size
             if head_dtype == "int4" and group and not int4_skip_reason(head, group, "cpu"):
-                model.set_output_embeddings(quantized_linear.quantize(head, 4, group, spec.dynamic))
+                model.set_output_embeddings(quantized_linear.quantize(head, 4, group, dynamic))
                 report.lm_head = f"int4-{group}"
             else:
-                model.set_output_embeddings(quantized_linear.quantize(head, 8, None, spec.dynamic))
+                model.set_output_embeddings(quantized_linear.quantize(head, 8, None, dynamic))
                 report.lm_head = "int8"
         if embed is not None and quantized_linear.quantize_embedding(embed):
             report.embeddings = "int8"
