@@ -194,9 +194,9 @@ def apply_torchao_config(
     assert spec is not None
     report = QuantizationReport(torchao_config, weight_bytes_before=module_bytes(language_model))
     targets = set(_target_layers(language_model, spec, device, report))
+    dynamic = int8_activations(spec, device)
     if device == "cpu":  # the native kernel's layouts (layers/quantized_linear.py)
         bits = 8 if spec.group_size is None else 4
-        dynamic = int8_activations(spec, device)
         if dynamic and not spec.dynamic:
             logger.info(
                 "torchao %s: this CPU has no AVX512-BF16, so the int4 weights take int8 "
@@ -209,7 +209,7 @@ def apply_torchao_config(
     else:
         quantize_, ao_config = _torchao(spec, device)
         quantize_(language_model, ao_config, filter_fn=lambda module, _fqn: module in targets)
-    report.activations = "int8" if int8_activations(spec, device) else "bfloat16"
+    report.activations = "int8" if dynamic else "bfloat16"
     report.quantized_layers = len(targets)
     report.weight_bytes_after = module_bytes(language_model)
     logger.info(
