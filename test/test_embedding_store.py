@@ -25,6 +25,7 @@ from sglang.srt.mem_cache.embedding_store import (
     open_embedding_store,
 )
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
+from sglang.srt.mem_cache.store_backend import BlobBackend
 from sglang.srt.model_executor.mm_fingerprint import checkpoint_identity
 
 FAMILY = "qwen2_5_vl"
@@ -93,11 +94,10 @@ def test_nothing_but_tensors_is_decoded() -> None:
 
 
 # Failure handling, on a backend that fails on demand ------------------------------------------
-class FlakyStore(EmbeddingStore):
-    backend = "memory"
+class FlakyBlobs(BlobBackend):
+    kind = "memory"
 
-    def __init__(self, retry_after_s: float) -> None:
-        super().__init__(FP, None, retry_after_s)
+    def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
         self.failing = False
         self.calls = 0
@@ -107,21 +107,25 @@ class FlakyStore(EmbeddingStore):
         if self.failing:
             raise ConnectionError("store is down")
 
-    def _get_many(self, names):
+    def get_many(self, names):
         self._op()
         return [self.data.get(n) for n in names]
 
-    def _put_many(self, blobs):
+    def put_many(self, blobs, ttl_s):
         self._op()
         self.data.update(blobs)
 
-    def _exists(self, name):
+    def exists(self, name):
         self._op()
         return name in self.data
 
-    def _delete(self, name):
+    def delete(self, name):
         self._op()
         self.data.pop(name, None)
+
+
+def FlakyStore(retry_after_s: float) -> EmbeddingStore:
+    return EmbeddingStore(FlakyBlobs(), FP, None, retry_after_s)
 
 
 def test_a_failing_store_reads_as_empty_and_is_left_alone_until_retry() -> None:
@@ -129,13 +133,13 @@ def test_a_failing_store_reads_as_empty_and_is_left_alone_until_retry() -> None:
     entry = _entry(3, 4, 0, torch.float32)
     store.save({1: entry})
     assert store.exists(1) and torch.equal(store.load({1: 3})[1].embedding, entry.embedding)
-    store.failing = True
+    store.blobs.failing = True
     assert store.load({1: 3}) == {} and not store.available
-    calls = store.calls
+    calls = store.blobs.calls
     assert store.load({1: 3}) == {} and store.save({2: entry}) is None and not store.exists(1)
-    assert store.calls == calls  # not tried while marked down
-    assert store.counters.errors == 1 and store.counters.skipped == 3
-    store.failing = False
+    assert store.blobs.calls == calls  # not tried while marked down
+    assert store.guard.errors == 1 and store.guard.skipped == 3
+    store.blobs.failing = False
     time.sleep(0.35)
     assert store.available and 1 in store.load({1: 3})
     assert store.stats()["last_error"] == "ConnectionError: store is down"
@@ -143,9 +147,9 @@ def test_a_failing_store_reads_as_empty_and_is_left_alone_until_retry() -> None:
 
 def test_rejected_entries_are_deleted_and_counted() -> None:
     store = FlakyStore(retry_after_s=1)
-    store.data[store.name(1)] = encode_entry(_entry(3, 4, 0, torch.float32), FP, 1)[:-1]
+    store.blobs.data[store.name(1)] = encode_entry(_entry(3, 4, 0, torch.float32), FP, 1)[:-1]
     assert store.load({1: 3}) == {} and store.counters.rejected == 1
-    assert store.name(1) not in store.data
+    assert store.name(1) not in store.blobs.data
 
 
 # Checkpoint identity --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
 from sglang.srt.function_call import get_tool_call_parser
+from sglang.srt.mem_cache.embedding_store import check_store_url
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.multimodal.media_fetch import FetchPolicy
 
@@ -55,6 +56,51 @@ class ServerArgs(EngineConfig):
             "help": "Running requests take their decode step inside a batch that runs a prompt "
             "chunk instead of waiting for it (not for linear-attention models)."
         },
+    )
+    # Hierarchical cache: prefix KV pages in a store every worker reaches
+    enable_hierarchical_cache: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep prefix KV pages in --hicache-storage-backend too, so a conversation "
+            "that moves to another worker or outlives a restart prefills only its new tokens.",
+            "aliases": ("--enable-hicache",),
+        },
+    )
+    hicache_storage_backend: str | None = field(
+        default=None,
+        metadata={
+            "help": "file (a directory every worker reaches: SGLANG_HICACHE_FILE_BACKEND_"
+            "STORAGE_DIR, else file_storage_path in the extra config, else /tmp/hicache) or "
+            "redis (url in the extra config, else --mm-global-cache-url)."
+        },
+    )
+    hicache_write_policy: str = field(
+        default="write_through",
+        metadata={
+            "help": "write_through: a request's full pages are written when it ends; "
+            "write_back: when the radix cache evicts them; write_through_selective: only "
+            "pages a request found cached (reused at least once)."
+        },
+    )
+    hicache_storage_prefetch_policy: str = field(
+        default="timeout",
+        metadata={
+            "help": "When a waiting request stops waiting for its pages: best_effort (at its "
+            "turn, with what has arrived), wait_complete, timeout (prefetch_timeout_base + "
+            "prefetch_timeout_per_ki_token per 1024 tokens, seconds)."
+        },
+    )
+    hicache_storage_backend_extra_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "JSON: url, file_storage_path, prefetch_threshold (tokens; fewer missing "
+            "are computed), prefetch_timeout_base, prefetch_timeout_per_ki_token, "
+            "write_mb_per_s (the writer's bandwidth), max_pending_write_mb, ttl_s."
+        },
+    )
+    page_size: int | None = field(
+        default=None,
+        metadata={"help": "Tokens in a stored KV page (default 64; the radix cache is per token)."},
     )
     random_seed: int | None = field(
         default=None,
@@ -187,6 +233,7 @@ class ServerArgs(EngineConfig):
             raise ValueError("max_request_body_mb must be positive")
         if self.limit_mm_data_per_request is not None:
             self.mm_limit("image")  # validates the JSON
+        _ = self.hicache  # validates the hierarchical cache's flags
 
     @property
     def image_limit(self) -> int | None:
@@ -207,6 +254,15 @@ class ServerArgs(EngineConfig):
             raise ValueError(
                 f'limit_mm_data_per_request must be JSON like \'{{"image": 8, "video": 1}}\': {exc}'
             ) from exc
+
+    @property
+    def hicache(self) -> HiCacheSettings | None:
+        """The hierarchical cache's settings (None: off); raises ValueError on bad flags."""
+        if not self.enable_hierarchical_cache:
+            if self.hicache_storage_backend is not None:
+                raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
+            return None
+        return HiCacheSettings.from_args(self)
 
     @property
     def fetch_policy(self) -> FetchPolicy:
@@ -246,6 +302,88 @@ class ServerArgs(EngineConfig):
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+HICACHE_BACKENDS = ("file", "redis")
+HICACHE_WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
+HICACHE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+DEFAULT_HICACHE_PAGE_SIZE = 64
+
+
+@dataclass(frozen=True)
+class HiCacheSettings:
+    """The hierarchical cache's flags and extra config, validated."""
+
+    backend: str
+    location: str  # a directory (file) or a URL (redis)
+    page_size: int
+    write_policy: str
+    prefetch_policy: str
+    prefetch_threshold: int = 256
+    prefetch_timeout_base: float = 1.0
+    prefetch_timeout_per_ki_token: float = 0.25
+    write_mb_per_s: float = 1024.0
+    max_pending_write_mb: float = 512.0
+    ttl_s: float | None = None
+
+    @classmethod
+    def from_args(cls, args: ServerArgs) -> HiCacheSettings:
+        backend = args.hicache_storage_backend
+        if backend not in HICACHE_BACKENDS:
+            raise ValueError(
+                "--enable-hierarchical-cache keeps pages in a storage backend here (the KV pool "
+                f"is host memory already): --hicache-storage-backend {'|'.join(HICACHE_BACKENDS)}"
+                f", not {backend!r}"
+            )
+        if args.hicache_write_policy not in HICACHE_WRITE_POLICIES:
+            raise ValueError(f"hicache_write_policy must be one of {HICACHE_WRITE_POLICIES}")
+        if args.hicache_storage_prefetch_policy not in HICACHE_PREFETCH_POLICIES:
+            raise ValueError(
+                f"hicache_storage_prefetch_policy must be one of {HICACHE_PREFETCH_POLICIES}"
+            )
+        if args.disable_radix_cache:
+            raise ValueError("--enable-hierarchical-cache stores the radix cache's pages")
+        extra = _json_object(args.hicache_storage_backend_extra_config)
+        known = {f.name for f in fields(cls)} - {"backend", "location", "page_size"}
+        unknown = set(extra) - known - {"url", "file_storage_path"}
+        if unknown:
+            raise ValueError(f"unknown hicache extra config keys {sorted(unknown)}")
+        if backend == "file":
+            location = (
+                os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
+                or extra.get("file_storage_path")
+                or "/tmp/hicache"
+            )
+        else:
+            location = extra.get("url") or args.mm_global_cache_url
+            check_store_url(location)
+        page_size = args.page_size or DEFAULT_HICACHE_PAGE_SIZE
+        settings = cls(
+            backend,
+            str(location),
+            page_size,
+            args.hicache_write_policy,
+            args.hicache_storage_prefetch_policy,
+            **{k: v for k, v in extra.items() if k in known},
+        )
+        numbers = (settings.prefetch_timeout_base, settings.prefetch_timeout_per_ki_token)
+        if page_size <= 0 or settings.prefetch_threshold < 0 or min(numbers) < 0:
+            raise ValueError("page_size must be positive, the prefetch settings >= 0")
+        if settings.write_mb_per_s <= 0 or settings.max_pending_write_mb <= 0:
+            raise ValueError("write_mb_per_s and max_pending_write_mb must be positive")
+        return settings
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"hicache_storage_backend_extra_config is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError("hicache_storage_backend_extra_config must be a JSON object")
+    return value
 
 
 def _base_type(hint: Any) -> type:

@@ -10,12 +10,13 @@ import numpy as np
 import torch
 
 # Placeholder ids in radix keys are replaced by values in [PAD_BASE, PAD_BASE + PAD_RANGE): far
-# above any vocabulary, so an image key never equals a text token.
-PAD_BASE = 1 << 31
-PAD_RANGE = 1 << 30
-# A prefix-LM prompt's first key entry: a value above the image pads derived from the whole
-# prompt, so that its KV (which every prompt token computed attending to all of them) is matched
-# only by the same prompt.
+# above any vocabulary, so an image key never equals a text token, and 61 bits of the image's
+# content hash, so that keys shared across a fleet (stored KV pages) do not collide.
+PAD_BASE = 1 << 62
+PAD_RANGE = 1 << 61
+# A prefix-LM prompt's first key entry: a value between the vocabulary and the image pads derived
+# from the whole prompt, so that its KV (which every prompt token computed attending to all of
+# them) is matched only by the same prompt.
 PROMPT_KEY_BASE = 1 << 32
 PROMPT_KEY_RANGE = 1 << 60
 

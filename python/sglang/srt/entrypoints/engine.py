@@ -96,6 +96,8 @@ class Engine:
         reqs = [self.scheduler.add_request(t) for t in tokenized]
         while not all(req.finished for req in reqs):
             self.scheduler.step()
+        if self.scheduler.hicache is not None:  # as a server's last output waits for its pages
+            self.scheduler.hicache.wait_persisted(reqs, timeout=30)
         return reqs
 
     def _fan_out(self, tokenized: list[TokenizedRequest]) -> list[TokenizedRequest]:
@@ -210,6 +212,8 @@ class Engine:
         self.scheduler.waiting.clear()
         self.scheduler.grammar_queue.clear()
         self.scheduler.constraints.close()
+        if self.scheduler.hicache is not None:
+            self.scheduler.hicache.drain()  # pages a later worker may read
 
     def __enter__(self) -> Engine:
         return self

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.core.req import Req, ReqStatus
+from sglang.srt.managers.hicache import HiCache
 from sglang.srt.managers.linear_state import LinearStateManager
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -70,8 +71,10 @@ class PrefillPlanner:
         runner: ModelRunner,
         tree: RadixCache,
         states: LinearStateManager | None,
+        hicache: HiCache | None = None,
     ) -> None:
         self.args = args
+        self.hicache = hicache
         self.embedder = runner.embedder
         self.kv_pool = runner.kv_pool
         self.req_to_token = runner.req_to_token_pool
@@ -96,6 +99,8 @@ class PrefillPlanner:
                 chosen.append(req)
         while waiting and budget > 0 and len(running) < self.max_running_requests:
             req = waiting[0]
+            if self.hicache is not None and not self.hicache.ready(req):
+                break  # its pages are on their way from the store
             if not self._admit(req, running):
                 break
             running.append(waiting.popleft())
@@ -118,6 +123,8 @@ class PrefillPlanner:
         if self.args.disable_radix_cache:
             slots, node = torch.empty(0, dtype=torch.int64), self.tree.root
         else:
+            if self.hicache is not None:
+                self.hicache.take(req)
             slots, node = self.tree.match_prefix(req.radix_key(req.uncached_from))
         self.tree.inc_lock_ref(node)
         req.cached_len = req.computed_len = len(slots)
@@ -158,6 +165,8 @@ class PrefillPlanner:
         if self.args.disable_radix_cache:
             self.kv_pool.free(slots[req.cached_len :])
         else:
+            if self.hicache is not None:
+                self.hicache.on_release(req, slots)
             dup = self.tree.insert(req.radix_key(req.computed_len), slots)
             self.kv_pool.free(slots[req.cached_len : dup])
         if self.states is not None:

@@ -30,6 +30,7 @@ from sglang.srt.managers.batch_builder import BatchBuilder
 from sglang.srt.managers.compute_env import decode_threads, intra_op_threads
 from sglang.srt.managers.constraints import ConstraintManager
 from sglang.srt.managers.gc_monitor import GcMonitor
+from sglang.srt.managers.hicache import build_hicache
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
 from sglang.srt.managers.output_processor import OutputProcessor
 from sglang.srt.managers.prefill_planner import PrefillPlanner, ready_to_decode
@@ -65,6 +66,7 @@ class Scheduler:
         self.kv_pool = runner.kv_pool
         self.req_to_token = runner.req_to_token_pool
         self.tree, self.states = prefix_caches(args, runner, tokenizer)
+        self.hicache = build_hicache(args, runner, self.tree, hybrid=self.states is not None)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.grammar_queue: list[Req] = []  # constrained requests whose grammar is compiling
@@ -77,7 +79,7 @@ class Scheduler:
             else None
         )
         self.constraints = ConstraintManager(tokenizer, runner.vocab_size, self.eos_token_ids, args)
-        self.planner = PrefillPlanner(args, runner, self.tree, self.states)
+        self.planner = PrefillPlanner(args, runner, self.tree, self.states, self.hicache)
         self.builder = BatchBuilder(runner, self.tree, self.states, self.constraints)
         self.outputs = OutputProcessor(runner, tokenizer, self.constraints, self.states)
         self.gc_monitor: GcMonitor | None = None  # the server's compute process sets one
@@ -162,6 +164,8 @@ class Scheduler:
         )
         self._set_mrope_positions(req)
         req.arrival_time = time.perf_counter()
+        if self.hicache is not None:
+            self.hicache.prefetch(req)
         if self.constraints.attach(req):
             self.grammar_queue.append(req)
         else:
@@ -186,6 +190,8 @@ class Scheduler:
                 if req.rid == rid:
                     queue.remove(req)
                     req.finish_reason = FinishReason.abort()
+                    if self.hicache is not None:
+                        self.hicache.forget(req)
                     return True
         for req in self.running:
             if req.rid == rid:
@@ -205,6 +211,8 @@ class Scheduler:
         if self.waiting_timeout is not None:
             for req in [r for r in self.waiting if now - r.arrival_time > self.waiting_timeout]:
                 self.waiting.remove(req)
+                if self.hicache is not None:
+                    self.hicache.forget(req)
                 req.finish_reason = FinishReason.error("Request waiting timeout reached.", 503)
                 ended.append(req)
         if self.running_timeout is not None:
@@ -256,6 +264,8 @@ class Scheduler:
         failing = {id(f.req) for f in failed}
         reqs = ready_to_decode([r for r in self.running if id(r) not in failing])
         if not reqs:
+            if self.hicache is not None and self.waiting:
+                self.hicache.wait(0.005)  # the queue waits for the store: nap, do not spin
             return None, failed
         batch, failed_decode = self.builder.build(reqs, is_decode=True)
         return batch, failed + failed_decode
@@ -388,6 +398,7 @@ class Scheduler:
                 **runner.embedder.cache.stats(),
             },
             "mm_global_cache": runner.embedder.store.stats() if runner.embedder.store else None,
+            "hicache": self.hicache.stats() if self.hicache else None,
             "encoder_workers": runner.embedder.remote.as_dict() if runner.embedder.remote else None,
             "perf": runner.perf.as_dict(),
             "gc": self.gc_monitor.stats() if self.gc_monitor else None,

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -31,6 +32,7 @@ from sglang.srt.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 500
+HELD_POLL_S = 0.005
 PARENT_POLL_S = 0.5
 PR_SET_PDEATHSIG = 1
 
@@ -42,10 +44,13 @@ class SchedulerLoop:
         self.send = send
         self.sent: dict[str, int] = {}  # rid -> tokens already sent
         self.step_started: float | None = None  # monotonic time of the step in progress
+        self.held: list[Req] = []  # ended requests whose KV pages are still being stored
 
     def run_forever(self) -> None:
         while True:
-            self._receive(block=not self.scheduler.has_work)
+            if self.held:
+                self._release_held(wait=not self.scheduler.has_work)
+            self._receive(block=not self.scheduler.has_work and not self.held)
             if self.scheduler.has_work:
                 self.step_started = time.monotonic()
                 try:
@@ -118,7 +123,21 @@ class SchedulerLoop:
             logger.exception("control call %s failed", msg.method)
             return RpcResponse(msg.call_id, error=f"{msg.method} failed: {exc}")
 
+    def _release_held(self, wait: bool) -> None:
+        """Emit the held requests whose pages are stored (with ``wait``: nap for them first)."""
+        hicache = self.scheduler.hicache
+        assert hicache is not None
+        if wait:
+            hicache.wait_persisted(self.held[:1], HELD_POLL_S)
+        ready, self.held = _split(self.held, hicache.persisted)
+        if ready:
+            self._emit(ready)
+
     def _emit(self, reqs: list[Req]) -> None:
+        hicache = self.scheduler.hicache
+        if hicache is not None:
+            reqs, waiting = _split(reqs, lambda r: not r.finished or hicache.persisted(r))
+            self.held += waiting
         outputs = []
         for req in reqs:
             if req.rid not in self.sent:
@@ -153,6 +172,14 @@ class SchedulerLoop:
     def _send_error(self, msg: TokenizedRequest, message: str, status_code: int = 400) -> None:
         out = RequestOutput.failed(msg.rid, message, status_code, len(msg.input_ids))
         self.send.send_pyobj(BatchOutput([out]))
+
+
+def _split(reqs: list[Req], keep: Callable[[Req], bool]) -> tuple[list[Req], list[Req]]:
+    """(those ``keep`` accepts, the others), in order."""
+    kept, other = [], []
+    for req in reqs:
+        (kept if keep(req) else other).append(req)
+    return kept, other
 
 
 def run_scheduler_process(

@@ -46,6 +46,7 @@ def _match_len(a: Sequence[int], b: Sequence[int]) -> int:
 class RadixCache:
     def __init__(self, free_slots: Callable[[torch.Tensor], None]) -> None:
         self._free_slots = free_slots
+        self.on_evict: Callable[[TreeNode], None] | None = None  # sees a leaf before it goes
         self.reset()
 
     def reset(self) -> None:
@@ -134,6 +135,8 @@ class RadixCache:
         freed = 0
         while freed < num_tokens and heap:
             leaf = heapq.heappop(heap)
+            if self.on_evict is not None:
+                self.on_evict(leaf)
             freed += len(leaf.key)
             parent = self._remove_leaf(leaf)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:

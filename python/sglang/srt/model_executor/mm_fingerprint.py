@@ -121,3 +121,24 @@ def shared_store(args: EngineConfig, fingerprint: str) -> EmbeddingStore | None:
     return open_embedding_store(
         url, fingerprint, args.mm_global_cache_ttl or None, args.mm_global_cache_timeout
     )
+
+
+def kv_fingerprint(runner: Any, page_size: int, kv_format: str = "kv-fingerprint-1") -> str:
+    """The fingerprint of a worker's prefix KV pages: its embeddings' fingerprint (checkpoint,
+    preprocessing, dtype, the tower's quantization) plus the language model's quantization, the
+    KV dtype, the pool layout and the page size. Two workers share pages only when all agree."""
+    embeddings = worker_fingerprint(
+        runner.args, runner.model_path, runner.embedder.preprocess, runner.dtype,
+        runner.quantization,
+    )  # fmt: skip
+    parts = {
+        "embeddings": embeddings,
+        "weights": runner.weight_quantization(),
+        "lm_head": runner.args.cpu_lm_head_dtype if runner.args.torchao_config else "",
+        "kv_dtype": str(runner.kv_cache_dtype),
+        "layers": runner.kv_pool.layer_shapes,
+        "page_size": page_size,
+    }
+    h = hashlib.blake2b(kv_format.encode(), digest_size=16)
+    h.update(json.dumps(parts, sort_keys=True, default=str).encode())
+    return h.hexdigest()
