@@ -16,6 +16,15 @@ from prometheus_client import (
 )
 
 STORE_COUNTERS = ("hits", "misses", "saved", "rejected", "errors")
+HICACHE_COUNTERS = (
+    "tokens_loaded",
+    "pages_loaded",
+    "pages_saved",
+    "rejected",
+    "errors",
+    "pages_dropped",
+    "prefetch_timeouts",
+)
 GEN_WINDOW_S = 10.0
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -64,6 +73,14 @@ class Metrics:
             "mm_global_cache_rejected": "Shared-store entries rejected on arrival",
             "mm_global_cache_errors": "Shared-store operations that failed",
             "mm_global_cache_available": "1 while the shared store answers (0 without one)",
+            "hicache_tokens_loaded": "Prefix tokens loaded from the KV page store",
+            "hicache_pages_loaded": "KV pages loaded from the store",
+            "hicache_pages_saved": "KV pages written to the store",
+            "hicache_rejected": "KV pages rejected on arrival (corrupt, truncated, foreign)",
+            "hicache_errors": "KV page store operations that failed",
+            "hicache_pages_dropped": "KV page writes dropped over the pending-bytes bound",
+            "hicache_prefetch_timeouts": "Prefetches admission stopped waiting for",
+            "hicache_available": "1 while the KV page store answers (0 without one)",
             "mm_remote_items": "Embeddings received from encoder workers",
             "mm_remote_failures": "Calls to encoder workers that failed or timed out",
         }
@@ -109,6 +126,7 @@ class Metrics:
         mm = info.get("mm_embedding_cache", {})
         store = info.get("mm_global_cache") or {}
         remote = info.get("encoder_workers") or {}
+        hicache = info.get("hicache") or {}
         values = {
             "num_running_reqs": info.get("num_running_reqs", 0),
             "num_queue_reqs": info.get("num_queue_reqs", 0),
@@ -128,6 +146,8 @@ class Metrics:
             "mm_preprocess_skipped": mm.get("preprocess_skipped", 0),
             **{f"mm_global_cache_{k}": store.get(k, 0) for k in STORE_COUNTERS},
             "mm_global_cache_available": int(bool(store.get("available", False))),
+            **{f"hicache_{k}": hicache.get(k, 0) for k in HICACHE_COUNTERS},
+            "hicache_available": int(bool(hicache.get("available", False))),
             "mm_remote_items": remote.get("remote_items", 0),
             "mm_remote_failures": remote.get("remote_failures", 0),
         }
