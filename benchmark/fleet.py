@@ -4,11 +4,16 @@ on the other worker, per fleet layout:
 - ``local``: two workers, each with its own per-image cache;
 - ``store``: the same with the shared embedding store (a Redis started here);
 - ``epd``: one encoder-only worker and two language-only workers;
-- ``epd+store``: the encoder and the language workers sharing the store.
+- ``epd+store``: the encoder and the language workers sharing the store;
+- ``store+kv``: the store plus the hierarchical cache's KV tier in the same Redis (prefix KV
+  pages shared: a round prefills only its new tokens on either worker);
+- ``sticky``: one worker behind the router, which holds the whole conversation (the floor the
+  fleet layouts are measured against).
 
-Per round: TTFT through the router and the images encoded across the fleet (the sum of every
-worker's encoder counter). Per layout: the store's cost per item (lookup and write round trips,
-bytes) and the encoder workers' time per call as the language workers saw it.
+Per round: TTFT through the router, the prompt tokens prefilled (not cached) and the images
+encoded across the fleet (the sum of every worker's encoder counter). Per layout: the store's
+cost per item (lookup and write round trips, bytes), the KV tier's bytes and seconds per round,
+and the encoder workers' time per call as the language workers saw it.
 
     python -m benchmark.fleet --model-path ~/.cache/sglang/bench-models/qwen2_5_vl-7b-L8-V32-v3
     python -m benchmark.fleet --quick          # the embedded small model, 4 rounds
@@ -39,18 +44,24 @@ from benchmark.common import (
 from benchmark.multiturn_image import FIRST_TEXT, NEXT_TEXT, SPECIAL, default_model
 from benchmark.servers import launch, launch_router, redis_server
 
-LAYOUTS = ("local", "store", "epd", "epd+store")
+LAYOUTS = ("local", "store", "epd", "epd+store", "store+kv", "sticky")
+KV_PAGE = 64
 
 
 @contextlib.contextmanager
 def fleet(layout: str, model_path: str, dtype: str, extra: list[str]) -> Iterator[dict]:
     """The processes of ``layout``: yields {"router", "workers", "encoders"} (URLs)."""
     with contextlib.ExitStack() as stack:
-        flags = ["--chunked-prefill-size", "2048", *extra]
+        flags = ["--chunked-prefill-size", "2048", "--enable-cache-report", *extra]
         if "store" in layout:
-            limits = ("--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru")
+            limits = ("--maxmemory", "4gb", "--maxmemory-policy", "allkeys-lru")
             store, _ = stack.enter_context(redis_server(*limits))
             flags += ["--enable-mm-global-cache", "--mm-global-cache-url", store]
+        if layout.endswith("+kv"):
+            flags += [
+                "--enable-hierarchical-cache",
+                *("--hicache-storage-backend", "redis", "--page-size", str(KV_PAGE)),
+            ]
         encoders = []
         if layout.startswith("epd"):
             encoder = stack.enter_context(
@@ -58,9 +69,10 @@ def fleet(layout: str, model_path: str, dtype: str, extra: list[str]) -> Iterato
             )
             encoders = [encoder.base_url]
             flags += ["--language-only", "--encoder-urls", *encoders]
+        count = 1 if layout == "sticky" else 2
         workers = [
             stack.enter_context(launch("ours", model_path, extra=flags, dtype=dtype)).base_url
-            for _ in "ab"
+            for _ in range(count)
         ]
         router, _ = stack.enter_context(launch_router(workers, "--policy", "round_robin"))
         yield {"router": router, "workers": workers, "encoders": encoders}
@@ -70,6 +82,15 @@ def _encoded(client: httpx.Client, urls: list[str]) -> int:
     return sum(
         server_info(client, u).get("mm_embedding_cache", {}).get("encoded_items", 0) for u in urls
     )
+
+
+KV_FIELDS = ("bytes_loaded", "bytes_saved", "load_seconds", "save_seconds", "tokens_loaded")
+
+
+def _kv_tier(client: httpx.Client, urls: list[str]) -> dict[str, float]:
+    """The KV tier's counters summed over ``urls`` (zeros without one)."""
+    stats = [server_info(client, u).get("hicache") or {} for u in urls]
+    return {k: sum(s.get(k, 0) for s in stats) for k in KV_FIELDS}
 
 
 def play(
@@ -90,13 +111,25 @@ def play(
         part = image_part(make_jpeg(r, w, h))
         text = FIRST_TEXT if r == 0 else NEXT_TEXT
         messages.append({"role": "user", "content": [part, {"type": "text", "text": text}]})
-        before = _encoded(client, everyone)
+        before, kv_before = _encoded(client, everyone), _kv_tier(client, procs["workers"])
         res = chat(client, procs["router"], "default", messages, max_tokens)
         if not res.ok:
             raise RuntimeError(f"round {r} failed: {res.error}")
         encoded = _encoded(client, everyone) - before
-        rows.append({"round": r, "ttft_ms": res.ttft * 1e3, "encoded": encoded, "reply": res.text})
-        progress.set_postfix(ttft_ms=f"{res.ttft * 1e3:.0f}", encoded=encoded)
+        kv = {k: v - kv_before[k] for k, v in _kv_tier(client, procs["workers"]).items()}
+        prefilled = res.prompt_tokens - (res.cached_tokens or 0)
+        rows.append(
+            {
+                "round": r,
+                "ttft_ms": res.ttft * 1e3,
+                "encoded": encoded,
+                "prompt_tokens": res.prompt_tokens,
+                "prefilled": prefilled,
+                "kv": kv,
+                "reply": res.text,
+            }
+        )
+        progress.set_postfix(ttft_ms=f"{res.ttft * 1e3:.0f}", encoded=encoded, prefill=prefilled)
         progress.update(1)
     return rows
 
@@ -143,25 +176,39 @@ def markdown(result: dict[str, Any]) -> str:
         f"Model: `{result['model_path']}` ({result['dtype']})",
         "",
     ]
-    headers = ["layout", "images encoded", "mean TTFT ms", "TTFT rounds 1+ ms", "replies equal"]
+    headers = [
+        "layout",
+        "images encoded",
+        "mean TTFT ms",
+        "TTFT rounds 1+ ms",
+        "/ sticky",
+        "prefill tokens rounds 1+",
+        "replies equal",
+    ]
     reference = runs[0]["replies"]
+    sticky = next((_later_ttft(r) for r in runs if r["layout"] == "sticky"), None)
     rows = []
     for run in runs:
         ttft = [r["ttft_ms"] for r in run["rounds"]]
-        later = ttft[1:] or ttft
+        later = _later_ttft(run)
         rows.append(
             [
                 run["layout"],
                 run["encoded_total"],
                 f"{sum(ttft) / len(ttft):.0f}",
-                f"{sum(later) / len(later):.0f}",
+                f"{later:.0f}",
+                f"{later / sticky:.2f}" if sticky else "",
+                sum(r.get("prefilled", 0) for r in run["rounds"][1:]),
                 run["replies"] == reference,
             ]
         )
     lines += [markdown_table(headers, rows), ""]
-    lines += ["Per round, TTFT ms (images encoded):", ""]
+    lines += ["Per round, TTFT ms (prompt tokens prefilled, images encoded):", ""]
     per_round = [
-        [run["layout"], *(f"{r['ttft_ms']:.0f} ({r['encoded']})" for r in run["rounds"])]
+        [
+            run["layout"],
+            *(f"{r['ttft_ms']:.0f} ({r.get('prefilled')}, {r['encoded']})" for r in run["rounds"]),
+        ]
         for run in runs
     ]
     rounds = [f"r{i}" for i in range(result["rounds"])]
@@ -174,6 +221,16 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{s['ms_per_write']:.2f} ms per item, {s['bytes_per_entry'] / 2**10:.0f} KiB "
                 f"per entry ({s['hits']} hits, {s['misses']} misses, {s['saved']} written)"
             )
+        kv = [r["kv"] for r in run["rounds"][1:] if r.get("kv", {}).get("tokens_loaded")]
+        if kv:
+            mean = {k: sum(x[k] for x in kv) / len(kv) for k in KV_FIELDS}
+            lines.append(
+                f"- {run['layout']}: KV tier per round {mean['bytes_loaded'] / 2**20:.0f} MiB "
+                f"loaded in {mean['load_seconds'] * 1e3:.0f} ms, "
+                f"{mean['bytes_saved'] / 2**20:.0f} MiB written in "
+                f"{mean['save_seconds'] * 1e3:.0f} ms (writer thread), "
+                f"{mean['tokens_loaded']:.0f} tokens loaded"
+            )
         if run["remote"]:
             r = run["remote"]
             lines.append(
@@ -181,6 +238,13 @@ def markdown(result: dict[str, Any]) -> str:
                 f"each as the language workers waited, {r['failures']} failed"
             )
     return "\n".join(lines) + "\n"
+
+
+def _later_ttft(run: dict[str, Any]) -> float:
+    """Mean TTFT of rounds 1+ (round 0 alone when there is one round)."""
+    ttft = [r["ttft_ms"] for r in run["rounds"]]
+    later = ttft[1:] or ttft
+    return sum(later) / len(later)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -523,14 +523,22 @@ def test_decode_step_smoke(tmp_path: Path) -> None:
 
 
 def test_fleet_smoke(tiny_model: str, tmp_path: Path) -> None:
-    """Two round-robin workers sharing a store: one encode per round across the fleet."""
-    from benchmark.fleet import main
+    """Two round-robin workers sharing a store and its KV tier: one encode per round across the
+    fleet, each round prefilling no more than a sticky worker does (plus a partial page)."""
+    from benchmark.fleet import KV_PAGE, main
 
     out = tmp_path / "fleet"
-    main(["--model-path", tiny_model, "--layouts", "store", "--rounds", "3", "--resolution",
-          "64x48", "--max-tokens", "4", "--dtype", "float32", "--out", str(out)])  # fmt: skip
-    (run,) = _load(out)["runs"]
+    main(["--model-path", tiny_model, "--layouts", "store+kv,sticky", "--rounds", "3",
+          "--resolution", "64x48", "--max-tokens", "4", "--dtype", "float32",
+          "--out", str(out)])  # fmt: skip
+    run, sticky = _load(out)["runs"]
     assert [r["encoded"] for r in run["rounds"]] == [1, 1, 1] and run["encoded_total"] == 3
     store = run["store"]
-    assert store["saved"] == 3 and store["hits"] > 0 and store["ms_per_lookup"] > 0
+    assert store["saved"] == 3 and store["ms_per_lookup"] > 0
+    assert store["hits"] == 0  # the earlier rounds' images come as KV, not as embeddings
+    assert run["replies"] == sticky["replies"]
+    for fleet_round, sticky_round in zip(run["rounds"][1:], sticky["rounds"][1:]):
+        assert fleet_round["prefilled"] <= sticky_round["prefilled"] + KV_PAGE
+    assert sum(r["kv"]["tokens_loaded"] for r in run["rounds"]) > 0
+    assert "/ sticky" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 0

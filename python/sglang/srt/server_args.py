@@ -93,8 +93,8 @@ class ServerArgs(EngineConfig):
     hicache_storage_backend_extra_config: str | None = field(
         default=None,
         metadata={
-            "help": "JSON: url, file_storage_path, prefetch_threshold (tokens; fewer missing "
-            "are computed), prefetch_timeout_base, prefetch_timeout_per_ki_token, "
+            "help": "JSON: url, file_storage_path, prefetch_threshold (tokens, default 0; "
+            "fewer missing are computed), prefetch_timeout_base, prefetch_timeout_per_ki_token, "
             "write_mb_per_s (the writer's bandwidth), max_pending_write_mb, ttl_s."
         },
     )
@@ -319,7 +319,7 @@ class HiCacheSettings:
     page_size: int
     write_policy: str
     prefetch_policy: str
-    prefetch_threshold: int = 256
+    prefetch_threshold: int = 0  # SGLang's GPU default is 256; on a CPU a page computes slowly
     prefetch_timeout_base: float = 1.0
     prefetch_timeout_per_ki_token: float = 0.25
     write_mb_per_s: float = 1024.0
