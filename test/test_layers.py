@@ -1,5 +1,6 @@
 """The layer map of docs/architecture.md holds: no module of ``sglang`` imports a module of a
-higher layer (at any depth: module level, inside functions, under TYPE_CHECKING)."""
+higher layer (at any depth: module level, inside functions, under TYPE_CHECKING), and no module
+imports itself through others (no cycle, whatever the layers)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "python" / "sglang"
 
 # Longest prefix wins. Equal ranks may import each other; a module imports only its rank or lower.
 LAYERS: dict[str, int] = {
+    "sglang.version": 0,
     "sglang.tiny_models": 0,  # leaf: builds checkpoints with transformers only
     "sglang.srt.kernels": 0,
     "sglang.srt.sampling": 0,
@@ -31,8 +33,8 @@ LAYERS: dict[str, int] = {
     "sglang.testing": 7,  # test helpers: may use anything
     "sglang.test": 7,  # SGLang's sglang.test.test_utils, for its kits and lmms-eval
 }
-# The package root holds ``__version__`` and re-exports Engine lazily (``sglang.Engine``): any
-# module may read the version, and the root's own lazy import is the one upward import allowed.
+# The package root re-exports Engine lazily (``sglang.Engine``): the one upward import allowed.
+# Modules read the version from ``sglang.version``.
 EXEMPT = {"sglang", "sglang.srt"}
 
 
@@ -91,6 +93,63 @@ def upward_imports(root: Path = PACKAGE_ROOT) -> list[str]:
             if rank is None or rank > own:
                 problems.append(f"{name}:{line} imports {target} (layer {rank} > {own})")
     return problems
+
+
+def import_graph(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    """Module -> the ``sglang`` modules it imports (an import names the module it names; the
+    packages above it are not counted)."""
+    graph = {}
+    for path in sorted(root.rglob("*.py")):
+        name = module_name(path, root)
+        graph[name] = {m for _, m in imported_modules(path, name, root) if m != name}
+    return graph
+
+
+def module_cycles(root: Path = PACKAGE_ROOT) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    graph = import_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v] & graph.keys()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_module_cycle() -> None:
+    assert module_cycles() == []
+
+
+def test_a_module_cycle_is_caught(tmp_path: Path) -> None:
+    """The checker itself: one late import that closes a cycle inside a package fails."""
+    import shutil
+
+    copy = tmp_path / "sglang"
+    shutil.copytree(PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    packed = copy / "srt" / "layers" / "packed_linear.py"
+    late = "\n\ndef _late():\n    from sglang.srt.layers import checkpoint_formats\n"
+    packed.write_text(packed.read_text() + late)
+    cycles = module_cycles(copy)
+    assert any("sglang.srt.layers.packed_linear" in c for c in cycles), cycles
 
 
 def test_no_module_imports_a_higher_layer() -> None:

@@ -282,7 +282,7 @@ def test_a_consumed_weight_is_packed_slice_by_slice_and_given_back(rows, monkeyp
     slice of a partial panel included), and as each slice is packed its pages go back to the
     system (the process's anonymous memory shrinks by the slice then and there), so the weight
     and its panels are never both whole in memory; without ``consume`` nothing goes."""
-    from sglang.srt.layers import checkpoint_formats
+    from sglang.srt.layers import page_release
 
     cols = 8192  # 16 KiB a row: 64-row panels of 1 MiB, slices of 4 panels (4 MiB)
     weight = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows))
@@ -292,7 +292,7 @@ def test_a_consumed_weight_is_packed_slice_by_slice_and_given_back(rows, monkeyp
     assert torch.equal(_ReferencePanels.pack(weight), want)  # left as it was
     source = weight.clone()
     freed = []
-    drop = checkpoint_formats.drop_pages
+    drop = page_release.drop_pages
 
     def measured(tensor: torch.Tensor) -> bool:
         before = _resident_anon_mb()
@@ -300,7 +300,7 @@ def test_a_consumed_weight_is_packed_slice_by_slice_and_given_back(rows, monkeyp
         freed.append(before - _resident_anon_mb())
         return done
 
-    monkeypatch.setattr(checkpoint_formats, "drop_pages", measured)
+    monkeypatch.setattr(page_release, "drop_pages", measured)
     got = packed_linear.pack_panels(_ReferencePanels, source, consume=True, slice_bytes=4 << 20)
     assert torch.equal(got, want)
     slices = [min(256, rows - first) * cols * 2 / 2**20 for first in range(0, rows, 256)]

@@ -30,7 +30,7 @@ from safetensors import safe_open
 from torch import nn
 
 import sglang
-from sglang.srt.layers import checkpoint_formats
+from sglang.srt.layers import checkpoint_formats, page_release
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 from sglang.srt.model_executor import prequantized
 from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
@@ -339,11 +339,11 @@ def test_released_checkpoint_pages_leave_the_resident_set_and_read_back(tmp_path
     mapped = load_file(tmp_path / "w.safetensors")["w"]  # a view of the file's mapping
     assert int(mapped.sum()) == int(values.sum())  # every page read
     before = _resident_file_mb()
-    assert checkpoint_formats.release_file_pages(mapped)
+    assert page_release.release_file_pages(mapped)
     assert before - _resident_file_mb() > 48
     assert torch.equal(mapped, values)
     anonymous = values.clone()
-    assert not checkpoint_formats.release_file_pages(anonymous)
+    assert not page_release.release_file_pages(anonymous)
     assert torch.equal(anonymous, values)
 
 
@@ -382,22 +382,22 @@ def test_a_mapped_tensor_is_cast_a_slice_at_a_time(tmp_path: Path, monkeypatch) 
     values = torch.randn(32 * 2**20, generator=torch.Generator().manual_seed(0)).half()
     save_file({"w": values}, tmp_path / "w.safetensors")
     mapped = load_file(tmp_path / "w.safetensors")["w"]
-    checkpoint_formats.release_file_pages(mapped)  # start with none of it resident
+    page_release.release_file_pages(mapped)  # start with none of it resident
     base = _resident_file_mb()
     resident = []
-    drop = checkpoint_formats.drop_pages
+    drop = page_release.drop_pages
 
     def recording(tensor: torch.Tensor) -> bool:
         resident.append(_resident_file_mb() - base)
         return drop(tensor)
 
-    monkeypatch.setattr(checkpoint_formats, "drop_pages", recording)
-    cast = checkpoint_formats.cast_releasing(mapped, torch.bfloat16, slice_bytes=4 * 2**20)
+    monkeypatch.setattr(page_release, "drop_pages", recording)
+    cast = page_release.cast_releasing(mapped, torch.bfloat16, slice_bytes=4 * 2**20)
     assert torch.equal(cast, values.to(torch.bfloat16))
     assert len(resident) == 16 + 1 and max(resident) < 16, resident
     assert _resident_file_mb() - base < 4
     anonymous = values.clone()
-    assert torch.equal(checkpoint_formats.cast_releasing(anonymous, torch.bfloat16), cast)
+    assert torch.equal(page_release.cast_releasing(anonymous, torch.bfloat16), cast)
 
 
 def test_only_tensors_on_a_mapping_or_views_are_copied_off_the_checkpoint(tmp_path: Path) -> None:
@@ -415,9 +415,9 @@ def test_only_tensors_on_a_mapping_or_views_are_copied_off_the_checkpoint(tmp_pa
     module.own = torch.nn.Parameter(values.clone())
     module.view = torch.nn.Parameter(values.clone().view(4, -1)[1])
     own_address = module.own.data_ptr()
-    assert checkpoint_formats.on_checkpoint_mapping(module.mapped)
+    assert page_release.on_checkpoint_mapping(module.mapped)
     assert copy_out_of_checkpoint(module) == 4 * 2**20 + 2**20
-    assert not checkpoint_formats.on_checkpoint_mapping(module.mapped)
+    assert not page_release.on_checkpoint_mapping(module.mapped)
     assert torch.equal(module.mapped, values)
     assert module.own.data_ptr() == own_address
     assert module.view.untyped_storage().nbytes() == 2**20 and torch.equal(

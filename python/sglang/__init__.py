@@ -2,7 +2,9 @@
 
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from sglang.version import __version__
+
+__all__ = ["Engine", "__version__"]
 
 if TYPE_CHECKING:
     from sglang.srt.entrypoints.engine import Engine  # noqa: F401

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from sglang.srt import kernels
+from sglang.srt.layers import page_release
 
 PANEL_ROWS = 64  # output rows per panel of the native GEMM's layout (gemm_bf16.cpp)
 
@@ -182,21 +183,19 @@ def pack_panels(
     anonymous pages where the weight owns all of its storage): the weight and its panels are
     never both whole in memory (2 GiB at once for a 7B's head). For a weight nothing reads
     afterwards."""
-    from sglang.srt.layers import checkpoint_formats  # which imports this module
-
     rows, cols = weight.shape
     step = PANEL_ROWS * max(1, slice_bytes // (PANEL_ROWS * cols * weight.element_size()))
     if not consume or rows <= step or not weight.is_contiguous():
         return gemm.pack(weight)
     owned = weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
-    give_back = owned or checkpoint_formats.on_checkpoint_mapping(weight)
+    give_back = owned or page_release.on_checkpoint_mapping(weight)
     packed = torch.empty(-(-rows // PANEL_ROWS), cols // 2, PANEL_ROWS, 2, dtype=weight.dtype)
     for first in range(0, rows, step):
         piece = weight[first : first + step]
         panel = first // PANEL_ROWS
         packed[panel : panel + -(-piece.shape[0] // PANEL_ROWS)] = gemm.pack(piece)
         if give_back:
-            checkpoint_formats.drop_pages(piece)
+            page_release.drop_pages(piece)
     return packed
 
 

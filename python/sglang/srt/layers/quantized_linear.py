@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers import packed_linear
+from sglang.srt.layers import packed_linear, page_release
 
 PANEL_COLS = 64  # output columns per panel of the native GEMM's layout (gemm_tile.h)
 
@@ -468,14 +468,12 @@ def replace_linears(
     A weight on a checkpoint's mapping has its file pages released once quantized: a quantizing
     load holds the codes and one source weight, not the whole checkpoint beside them (a later
     read of the weight would fault its bytes in from the file again)."""
-    from sglang.srt.layers import checkpoint_formats  # which imports this module
-
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if child in targets:
                 layer = quantize(child, bits, group, dynamic)
-                checkpoint_formats.release_file_pages(child.weight)
+                page_release.release_file_pages(child.weight)
                 # hooks on the layer (the towers' FLOP counters) stay with it
                 layer._forward_pre_hooks.update(child._forward_pre_hooks)
                 layer._forward_hooks.update(child._forward_hooks)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-import sglang
+from sglang.version import __version__
 from sglang.srt.core.finish import FinishReason
 from sglang.srt.core.forward_batch import ForwardBatch
 from sglang.srt.core.io_struct import TokenizedRequest
@@ -376,7 +376,7 @@ class Scheduler:
             **{k: v for k, v in dataclasses.asdict(self.args).items() if k != "api_key"},
             "dtype": dtype_name(runner.dtype),  # in use, after --dtype auto is resolved
             "kv_cache_dtype": dtype_name(runner.kv_cache_dtype),
-            "version": sglang.__version__,
+            "version": __version__,
             "dp_size": 1,
             "tp_size": 1,
             "load": self.load(),

@@ -19,12 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from sglang.srt.layers.checkpoint_formats import (
-    CheckpointLinear,
-    PrequantizedFormat,
-    cast_releasing,
-    refuse,
-)
+from sglang.srt.layers.checkpoint_formats import CheckpointLinear, PrequantizedFormat, refuse
+from sglang.srt.layers.page_release import cast_releasing
 from sglang.srt.model_executor.memory import safetensors_headers
 
 logger = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from sglang.srt import kernels
-from sglang.srt.layers import checkpoint_formats, packed_linear, quantized_linear
+from sglang.srt.layers import packed_linear, page_release, quantized_linear
 from sglang.srt.model_executor.host_memory import module_bytes
 
 logger = logging.getLogger(__name__)
@@ -330,8 +330,8 @@ def copy_out_of_checkpoint(model: nn.Module) -> int:
         storage = tensor.untyped_storage().nbytes()
         if storage < size:  # released by packed_linear
             continue
-        if checkpoint_formats.on_checkpoint_mapping(tensor):
-            tensor.data = checkpoint_formats.cast_releasing(tensor.data, tensor.dtype)
+        if page_release.on_checkpoint_mapping(tensor):
+            tensor.data = page_release.cast_releasing(tensor.data, tensor.dtype)
         elif storage > size:  # a view that keeps a larger block alive
             tensor.data = tensor.data.clone()
         else:
