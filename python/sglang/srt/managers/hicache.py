@@ -17,6 +17,7 @@ the whole prefix); a slot allocated for loaded pages goes to the radix cache or 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import math
 import threading
@@ -185,12 +186,11 @@ class HiCache:
     def prefetch(self, req: Req) -> None:
         """Start looking up the request's pages past the local radix match."""
         key = req.radix_key(req.uncached_from)
-        keys = self.store.keys(key)
-        local = len(self.tree.match_prefix(key)[0])
-        first = local // self.page_size
-        missing = (len(keys) - first) * self.page_size
+        first = len(self.tree.match_prefix(key)[0]) // self.page_size
+        missing = (len(key) // self.page_size - first) * self.page_size
         if missing <= 0 or missing < self.settings.prefetch_threshold:
-            return
+            return  # before hashing the prompt: a sticky worker's turns mostly end here
+        keys = self.store.keys(key)
         deadline = math.inf
         if self.settings.prefetch_policy == "timeout":
             per_ki = self.settings.prefetch_timeout_per_ki_token
@@ -208,19 +208,11 @@ class HiCache:
             return True
         return time.monotonic() >= p.deadline
 
-    @property
-    def waiting_for_store(self) -> bool:
-        return any(not p.future.done() for p in self._prefetches.values())
-
     def wait(self, timeout: float) -> None:
         """Block up to ``timeout`` for any prefetch in flight (an idle scheduler's nap)."""
-        for p in list(self._prefetches.values()):
-            if not p.future.done():
-                try:
-                    p.future.result(timeout)
-                except Exception:
-                    pass
-                return
+        pending = next((p for p in self._prefetches.values() if not p.future.done()), None)
+        if pending is not None:
+            concurrent.futures.wait([pending.future], timeout)
 
     def forget(self, req: Req) -> None:
         """The request left the queue without admission (aborted, timed out)."""
@@ -298,11 +290,13 @@ class HiCache:
         return True
 
     def wait_persisted(self, reqs: list[Req], timeout: float) -> None:
+        """Wait up to ``timeout`` for the pages of ended ``reqs``; those stored are forgotten
+        (the others stay for ``persisted``)."""
         end = time.monotonic() + timeout
         for req in reqs:
             done = self._tickets.get(req.rid)
-            if done is not None:
-                done.wait(max(0.0, end - time.monotonic()))
+            if done is not None and done.wait(max(0.0, end - time.monotonic())):
+                del self._tickets[req.rid]
 
     def _write_evicted(self, leaf: TreeNode) -> None:
         """write_back: the pages that end inside ``leaf``, which the radix cache evicts."""

@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from sglang.version import __version__
 from sglang.srt.core.finish import FinishReason
 from sglang.srt.core.forward_batch import ForwardBatch
 from sglang.srt.core.io_struct import TokenizedRequest
@@ -40,6 +39,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.dtypes import dtype_name
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
+from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
 
