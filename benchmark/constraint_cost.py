@@ -22,7 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmark.common import markdown_table, write_json
+from benchmark.lib.report import markdown_table, write_json
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"batches": "1,4", "steps": 16, "repeats": 1, "size": "tiny"},

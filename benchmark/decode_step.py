@@ -33,14 +33,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmark.common import (
-    cpu_info,
-    cpu_line,
-    markdown_table,
-    memory_bandwidth_gbs,
-    pyplot,
-    run_and_write,
-)
+from benchmark.lib.hardware import cpu_info, cpu_line, memory_bandwidth_gbs
+from benchmark.lib.report import markdown_table, pyplot, run_and_write
 from benchmark.memory import SHAPES, cached_checkpoint, shape_config
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 
@@ -103,7 +97,7 @@ def _engines(args: argparse.Namespace, path: str, paths: list[str]) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmark.common import matmul_peak_gflops
+    from benchmark.lib.hardware import matmul_peak_gflops
     from sglang.srt.model_executor.quantization import dynamic_activations
 
     cpu = cpu_info()

@@ -24,7 +24,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmark.common import cpu_info, cpu_line, markdown_table, pyplot, write_results
+from benchmark.lib.hardware import cpu_info, cpu_line
+from benchmark.lib.report import markdown_table, pyplot, write_results
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"tokens": 500, "repeats": 1},

@@ -20,15 +20,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmark.common import (
-    cpu_info,
-    cpu_line,
-    make_jpeg,
-    markdown_table,
-    parse_resolution,
-    pyplot,
-    write_results,
-)
+from benchmark.lib.hardware import cpu_info, cpu_line
+from benchmark.lib.images import make_jpeg, parse_resolution
+from benchmark.lib.report import markdown_table, pyplot, write_results
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # Qwen2-VL's placeholder
 INSTRUCTIONS = {
@@ -42,7 +36,7 @@ MODES = {"on": "per-image", "off": "off"}
 
 def default_model() -> str:
     """The small Qwen2-VL (text 256 x 4, vision depth 4 x 384) as a GME-style embedding model."""
-    from sglang.tiny_models.retrieval import build_tiny_embedding_model
+    from sglang_dev.tiny_models.retrieval import build_tiny_embedding_model
 
     out = Path(tempfile.gettempdir()) / "sglang-embed-corpus-qwen2_vl"
     return str(build_tiny_embedding_model("qwen2_vl", out, size="small"))

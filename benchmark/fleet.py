@@ -30,17 +30,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from benchmark.common import (
-    chat,
-    cpu_info,
-    cpu_line,
-    image_part,
-    make_jpeg,
-    markdown_table,
-    pyplot,
-    server_info,
-    write_results,
-)
+from benchmark.lib.client import chat, server_info
+from benchmark.lib.hardware import cpu_info, cpu_line
+from benchmark.lib.images import image_part, make_jpeg
+from benchmark.lib.report import markdown_table, pyplot, write_results
 from benchmark.multiturn_image import FIRST_TEXT, NEXT_TEXT, SPECIAL, default_model
 from benchmark.servers import launch, launch_router, redis_server
 

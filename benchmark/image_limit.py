@@ -24,17 +24,9 @@ import httpx
 import psutil
 from tqdm import tqdm
 
-from benchmark.common import (
-    CACHE_MODES,
-    chat,
-    flush_cache,
-    image_part,
-    make_jpeg,
-    markdown_table,
-    parse_resolution,
-    pyplot,
-    write_json,
-)
+from benchmark.lib.client import CACHE_MODES, chat, flush_cache
+from benchmark.lib.images import image_part, make_jpeg, parse_resolution
+from benchmark.lib.report import markdown_table, pyplot, write_json
 from benchmark.servers import launch
 
 PH = "<|vision_start|><|image_pad|><|vision_end|>"

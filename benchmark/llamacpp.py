@@ -40,16 +40,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from benchmark.common import (
-    chat,
-    cpu_info,
-    cpu_line,
-    markdown_table,
-    parse_resolution,
-    pyplot,
-    ratio,
-    run_and_write,
-)
+from benchmark.lib.client import chat
+from benchmark.lib.hardware import cpu_info, cpu_line
+from benchmark.lib.images import parse_resolution
+from benchmark.lib.report import markdown_table, pyplot, ratio, run_and_write
 from benchmark.memory import SHAPES, cached_checkpoint, rss_snapshot, shape_config
 from benchmark.multiturn_image import best_of, run_conversation
 from benchmark.peers.llamacpp_convert import TYPES, default_root, outputs

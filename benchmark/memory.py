@@ -38,19 +38,11 @@ import httpx
 import psutil
 from tqdm import tqdm
 
-from benchmark.common import (
-    counter_delta,
-    cpu_info,
-    cpu_line,
-    image_part,
-    make_jpeg,
-    markdown_table,
-    memory_bandwidth_gbs,
-    perf_counters,
-    pyplot,
-    server_info,
-    write_json,
-)
+from benchmark.lib.client import server_info
+from benchmark.lib.counters import counter_delta, perf_counters
+from benchmark.lib.hardware import cpu_info, cpu_line, memory_bandwidth_gbs
+from benchmark.lib.images import image_part, make_jpeg
+from benchmark.lib.report import markdown_table, pyplot, write_json
 from benchmark.servers import Server, free_port, launch
 
 GIB = 1 << 30
@@ -279,8 +271,8 @@ def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
     import torch
     import transformers
 
-    from sglang.tiny_models import build_tokenizer
     from sglang.tiny_models.common import patch_json, qwen_ids
+    from sglang_dev.tiny_models import build_tokenizer
 
     config_class, processor_class, architecture = _FAMILY[dims["model_type"]]
     tok = build_tokenizer("qwen2_5_vl")
@@ -324,7 +316,7 @@ def published_twin(model: Path, fmt: str) -> Path:
     """``model``'s shapes in a published quantized format (``awq`` or ``gptq``, group 128):
     the decoder linears as random codes, zeros and scales, everything else in float16, as
     AutoAWQ and AutoGPTQ store it; built beside ``model`` on first use."""
-    from sglang.testing.quantized_checkpoints import write_quantized
+    from sglang_dev.quantized_checkpoints import write_quantized
 
     final = model.with_name(f"{model.name}-{fmt}")
     if (final / "config.json").is_file():

@@ -25,37 +25,36 @@ import httpx
 import transformers
 from tqdm import tqdm
 
-from benchmark.common import (
+from benchmark.lib.client import (
     CACHE_MODES,
-    ROUND_PARTS,
     THINK_MODES,
-    achieved,
     chat,
-    counter_delta,
-    cpu_info,
-    cpu_line,
-    encoder_counters,
     flush_cache,
-    gc_counters,
-    gpu_info,
-    gpu_line,
-    image_part,
-    make_jpeg,
-    markdown_table,
-    matmul_peak_gflops,
-    memory_bandwidth_gbs,
-    parse_resolution,
-    parts_of_round,
-    paused,
-    perf_counters,
-    process_tree_cpu_seconds,
-    pyplot,
-    ratio,
-    round_breakdown,
     server_info,
     think_mode_body,
-    write_json,
 )
+from benchmark.lib.counters import (
+    ROUND_PARTS,
+    achieved,
+    counter_delta,
+    encoder_counters,
+    gc_counters,
+    parts_of_round,
+    perf_counters,
+    round_breakdown,
+)
+from benchmark.lib.hardware import (
+    cpu_info,
+    cpu_line,
+    gpu_info,
+    gpu_line,
+    matmul_peak_gflops,
+    memory_bandwidth_gbs,
+    paused,
+    process_tree_cpu_seconds,
+)
+from benchmark.lib.images import image_part, make_jpeg, parse_resolution
+from benchmark.lib.report import markdown_table, pyplot, ratio, write_json
 from benchmark.servers import connect, launch
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_dtype
 
@@ -381,7 +380,7 @@ def plot(runs: list[dict[str, Any]], resolutions: list[str], path: Path) -> None
 
 
 def default_model(size: str, family: str | None = None) -> str:
-    from sglang.tiny_models import DEFAULT_FAMILY, tiny_model_path
+    from sglang_dev.tiny_models import DEFAULT_FAMILY, tiny_model_path
 
     return str(tiny_model_path(family or DEFAULT_FAMILY, size=size))
 

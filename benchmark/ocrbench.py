@@ -35,17 +35,9 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from benchmark.common import (
-    CACHE_MODES,
-    THINK_MODES,
-    achat,
-    cpu_info,
-    cpu_line,
-    markdown_table,
-    pyplot,
-    think_mode_body,
-    write_json,
-)
+from benchmark.lib.client import CACHE_MODES, THINK_MODES, achat, think_mode_body
+from benchmark.lib.hardware import cpu_info, cpu_line
+from benchmark.lib.report import markdown_table, pyplot, write_json
 from benchmark.servers import Server, connect, launch
 
 CATEGORIES = (
@@ -74,7 +66,7 @@ CONFIGS = {
     "8da4w": ("bfloat16", ["--torchao-config", "8da4w-128", "--vision-int8dq"]),
     "chunk-16": ("float32", ["--chunked-prefill-size", "16"]),
     # the model's language-model linears written in a published format (round to nearest,
-    # group 128; sglang.testing.quantized_checkpoints) and served from that checkpoint
+    # group 128; sglang_dev.quantized_checkpoints) and served from that checkpoint
     "awq": ("bfloat16", ["--quantization", "awq"]),
     "gptq": ("bfloat16", ["--quantization", "gptq"]),
     "w4a16": ("bfloat16", ["--quantization", "compressed-tensors"]),
@@ -85,7 +77,7 @@ PUBLISHED = {"awq": "awq", "gptq": "gptq", "w4a16": "ct-w4a16", "w8a8": "ct-w8a8
 
 def published_copy(model_path: str, config: str, root: Path) -> str:
     """``model_path`` written in ``config``'s published format under ``root``."""
-    from sglang.testing.quantized_checkpoints import write_quantized
+    from sglang_dev.quantized_checkpoints import write_quantized
 
     return str(write_quantized(model_path, root / config, PUBLISHED[config], 128))
 

@@ -19,15 +19,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from benchmark.common import (
-    best_seconds,
-    cpu_info,
-    cpu_line,
-    markdown_table,
-    matmul_peak_gflops,
-    pyplot,
-    run_and_write,
-)
+from benchmark.lib.hardware import cpu_info, cpu_line, matmul_peak_gflops
+from benchmark.lib.report import best_seconds, markdown_table, pyplot, run_and_write
 from sglang.srt import kernels
 from sglang.srt.core.perf_counters import causal_attention_flops, causal_keys_seen
 from sglang.srt.layers.attention.torch_native import _causal_over_pool, _KVLayout

@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from benchmark.common import markdown_table, parse_resolution, write_json
+from benchmark.lib.images import parse_resolution
+from benchmark.lib.report import markdown_table, write_json
 from benchmark.multiturn_image import default_model, run_conversation
 from benchmark.servers import launch
 

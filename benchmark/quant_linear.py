@@ -52,15 +52,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from benchmark.common import (
-    cpu_info,
-    cpu_line,
-    markdown_table,
-    matmul_peak_gflops,
-    memory_bandwidth_gbs,
-    pyplot,
-    run_and_write,
-)
+from benchmark.lib.hardware import cpu_info, cpu_line, matmul_peak_gflops, memory_bandwidth_gbs
+from benchmark.lib.report import markdown_table, pyplot, run_and_write
 
 SHAPES = {  # (out, in) of one decoder layer's linears
     "7b": [(3584, 3584), (512, 3584), (512, 3584), (3584, 3584), (18944, 3584), (18944, 3584),

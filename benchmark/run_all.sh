@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 R=benchmark/results
-SMALL="$($PY -m sglang.tiny_models --size small)"
+SMALL="$($PY -m sglang_dev.tiny_models --size small)"
 $PY -m benchmark.multiturn_image --quick --repeats 3 --engines ours,vllm,hf --out $R/multiturn_image_quick
 $PY -m benchmark.serving_throughput --quick --num-prompts 32 --engines ours,vllm,hf --out $R/serving_throughput_quick
 $PY -m benchmark.vit_per_chunk --out $R/vit_per_chunk

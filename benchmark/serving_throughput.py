@@ -21,20 +21,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from benchmark.common import (
-    CACHE_MODES,
-    ChatResult,
-    achat,
-    flush_cache,
-    image_part,
-    make_jpeg,
-    markdown_table,
-    parse_resolution,
-    percentiles,
-    process_tree_cpu_seconds,
-    pyplot,
-    write_json,
-)
+from benchmark.lib.client import CACHE_MODES, ChatResult, achat, flush_cache
+from benchmark.lib.hardware import process_tree_cpu_seconds
+from benchmark.lib.images import image_part, make_jpeg, parse_resolution
+from benchmark.lib.report import markdown_table, percentiles, pyplot, write_json
 from benchmark.multiturn_image import default_model, targets
 from benchmark.servers import Server, connect, launch
 

@@ -36,10 +36,12 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from benchmark.common import chat, cpu_info, cpu_line, markdown_table, pyplot, write_json
+from benchmark.lib.client import chat
+from benchmark.lib.hardware import cpu_info, cpu_line
+from benchmark.lib.report import markdown_table, pyplot, write_json
 from benchmark.servers import launch
-from sglang.testing.video_clips import encode_clip, random_frames
-from sglang.tiny_models import tiny_model_path
+from sglang_dev.tiny_models import tiny_model_path
+from sglang_dev.video_clips import encode_clip, random_frames
 
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 QUESTIONS = [

@@ -31,17 +31,15 @@ from typing import Any
 
 import torch
 
-from benchmark.common import (
-    best_seconds,
+from benchmark.lib.hardware import (
     cpu_info,
     cpu_line,
     cuda_matmul_peak_gflops,
     gpu_info,
     gpu_line,
-    markdown_table,
     matmul_peak_gflops,
-    write_results,
 )
+from benchmark.lib.report import best_seconds, markdown_table, write_results
 from sglang.srt import kernels
 from sglang.srt.models import fast_vision
 

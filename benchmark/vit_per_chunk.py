@@ -24,15 +24,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmark.common import (
-    CACHE_MODES,
-    make_jpeg,
-    markdown_table,
-    parse_resolution,
-    pyplot,
-    write_json,
-)
-from sglang.tiny_models import (
+from benchmark.lib.client import CACHE_MODES
+from benchmark.lib.images import make_jpeg, parse_resolution
+from benchmark.lib.report import markdown_table, pyplot, write_json
+from sglang_dev.tiny_models import (
     DEFAULT_FAMILY,
     IMAGE_PLACEHOLDER,
     SMALL_FAMILIES,

@@ -22,7 +22,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmark.common import cpu_info, cpu_line, markdown_table, pyplot, run_and_write
+from benchmark.lib.hardware import cpu_info, cpu_line
+from benchmark.lib.report import markdown_table, pyplot, run_and_write
 from benchmark.servers import Server, launch, peer_python
 
 METRICS = ("ttft", "tpot", "itl", "e2el")

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--bench-s", type=float, required=True)
     args = p.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmark.common import gpu_info
+    from benchmark.lib.hardware import gpu_info
 
     report = args.out / "cuda_tests.json"
     summary = {

@@ -23,7 +23,7 @@ from PIL import Image
 from sglang.srt import kernels
 from sglang.srt.models.adapters import load_vlm
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.tiny_models import (
+from sglang_dev.tiny_models import (
     BASE_VLM_FAMILIES,
     EXTRA_VLM_FAMILIES,
     HYBRID_VLM_FAMILIES,

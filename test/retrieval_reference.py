@@ -15,7 +15,7 @@ import transformers
 from conftest import hf_inputs, load_hf_model, make_image
 
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.tiny_models.retrieval import (
+from sglang_dev.tiny_models.retrieval import (
     RERANK_TOKENS,
     build_tiny_embedding_model,
     build_tiny_reranker,

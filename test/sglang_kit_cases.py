@@ -46,7 +46,7 @@ from sglang.test.test_utils import (  # noqa: E402
     popen_launch_server,
     terminate_and_kill_process_tree,
 )
-from sglang.testing.video_clips import encode_clip, random_frames  # noqa: E402
+from sglang_dev.video_clips import encode_clip, random_frames  # noqa: E402
 
 
 def _reasoning_parser_module() -> types.ModuleType:

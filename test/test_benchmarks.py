@@ -99,7 +99,7 @@ def test_synthetic_set_format(tmp_path: Path) -> None:
 # Smoke runs (tiny model, tiny settings) ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from sglang.tiny_models import build_tiny_model
+    from sglang_dev.tiny_models import build_tiny_model
 
     return str(build_tiny_model("qwen2_5_vl", tmp_path_factory.mktemp("bench") / "qwen2_5_vl"))
 
@@ -143,7 +143,7 @@ def test_matmul_peak_takes_the_faster_product() -> None:
     so MFU is measured against the faster of the two."""
     from conftest import NATIVE_GEMM_EXPECTED
 
-    from benchmark.common import matmul_peak_gflops
+    from benchmark.lib.hardware import matmul_peak_gflops
 
     peak = matmul_peak_gflops(size=256, seconds=0.1, dtype="bfloat16")
     rates = [v for k, v in peak.items() if k.endswith("_gflop_per_s")]
@@ -194,7 +194,7 @@ def test_parts_of_round_split_the_forwards_time_and_work() -> None:
     """Attention and the rest, in the tower and in the LM: the four parts' times add up to the
     prefill forwards' time, each rate is its FLOPs over its time, and MFU at part peaks is the
     time at every part's peak over TTFT."""
-    from benchmark.common import parts_of_round
+    from benchmark.lib.counters import parts_of_round
 
     perf = {
         "vision_seconds": 0.15, "vision_flops": 180e9, "vision_attention_seconds": 0.04,
@@ -293,7 +293,7 @@ def test_multiturn_image_smoke(tiny_model: str, tmp_path: Path, interleave: bool
 def test_multiturn_image_smoke_on_qwen3_5(tmp_path: Path) -> None:
     """The hybrid model resumes every later round from a state snapshot; thinking off."""
     from benchmark.multiturn_image import main
-    from sglang.tiny_models import build_tiny_model
+    from sglang_dev.tiny_models import build_tiny_model
 
     model = build_tiny_model("qwen3_5", tmp_path / "qwen3_5")
     out = tmp_path / "mt35"

@@ -22,7 +22,7 @@ from PIL import Image
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from server_utils import launch_server
 
-from sglang.testing.video_clips import encode_clip, random_frames
+from sglang_dev.video_clips import encode_clip, random_frames
 
 CHROMIUM = os.environ.get("SGLANG_TEST_CHROMIUM", "/usr/bin/chromium")
 # As root in a sandbox with no outside network: no sandboxing, and no background connections.

@@ -22,7 +22,7 @@ from sglang.srt.models.adapters import (
     UnsupportedModelError,
     check_model,
 )
-from sglang.tiny_models import EXTRA_VLM_FAMILIES
+from sglang_dev.tiny_models import EXTRA_VLM_FAMILIES
 
 MAX_NEW = 6
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}

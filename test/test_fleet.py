@@ -19,7 +19,7 @@ from server_utils import free_port, launch_router, launch_server, redis_server
 
 from sglang.srt.mem_cache.embedding_store import decode_entry
 from sglang.srt.multimodal.remote_encoder import unpack_reply
-from sglang.testing.video_clips import encode_clip, random_frames
+from sglang_dev.video_clips import encode_clip, random_frames
 
 FAMILY = "qwen2_5_vl"
 TURNS = 8

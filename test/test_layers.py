@@ -30,7 +30,6 @@ LAYERS: dict[str, int] = {
     "sglang.srt.server_args": 5,
     "sglang.srt.entrypoints": 6,
     "sglang.launch_server": 6,
-    "sglang.testing": 7,  # test helpers: may use anything
     "sglang.test": 7,  # SGLang's sglang.test.test_utils, for its kits and lmms-eval
 }
 # The package root re-exports Engine lazily (``sglang.Engine``): the one upward import allowed.
@@ -139,15 +138,22 @@ def test_no_module_cycle() -> None:
     assert module_cycles() == []
 
 
-def test_a_module_cycle_is_caught(tmp_path: Path) -> None:
-    """The checker itself: one late import that closes a cycle inside a package fails."""
+def _copy_with_late_import(tmp_path: Path, module: str, imported: str) -> Path:
+    """A copy of the package whose ``module`` (a path under it) ends with a function-level
+    ``imported`` (an import statement)."""
     import shutil
 
     copy = tmp_path / "sglang"
     shutil.copytree(PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    packed = copy / "srt" / "layers" / "packed_linear.py"
-    late = "\n\ndef _late():\n    from sglang.srt.layers import checkpoint_formats\n"
-    packed.write_text(packed.read_text() + late)
+    path = copy / module
+    path.write_text(path.read_text() + f"\n\ndef _late():\n    {imported}\n")
+    return copy
+
+
+def test_a_module_cycle_is_caught(tmp_path: Path) -> None:
+    """The checker itself: one late import that closes a cycle inside a package fails."""
+    late = "from sglang.srt.layers import checkpoint_formats"
+    copy = _copy_with_late_import(tmp_path, "srt/layers/packed_linear.py", late)
     cycles = module_cycles(copy)
     assert any("sglang.srt.layers.packed_linear" in c for c in cycles), cycles
 
@@ -158,34 +164,77 @@ def test_no_module_imports_a_higher_layer() -> None:
 
 def test_an_upward_import_is_caught(tmp_path: Path) -> None:
     """The checker itself: a copy of the package with one upward import added fails."""
-    import shutil
-
-    copy = tmp_path / "sglang"
-    shutil.copytree(PACKAGE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    req = copy / "srt" / "core" / "req.py"
-    late = "\n\ndef _late():\n    from sglang.srt.managers import scheduler\n"
-    req.write_text(req.read_text() + late)
+    late = "from sglang.srt.managers import scheduler"
+    copy = _copy_with_late_import(tmp_path, "srt/core/req.py", late)
     problems = upward_imports(copy)
     assert any("sglang.srt.core.req" in p and "sglang.srt.managers" in p for p in problems)
 
 
 @pytest.mark.parametrize(
     ("module", "rank"),
-    [("sglang.srt.core.req", 1), ("sglang.tiny_models.common", 0), ("sglang.testing.x", 7)],
+    [("sglang.srt.core.req", 1), ("sglang.tiny_models.common", 0), ("sglang.test.test_utils", 7)],
 )
 def test_longest_prefix_decides(module: str, rank: int) -> None:
     assert layer_of(module) == rank
 
 
-def test_the_engine_never_imports_test_helpers() -> None:
-    """``sglang.testing`` is for tests only: nothing a server runs (``srt``, the launcher, the
-    tiny-model builders behind the default model) imports it."""
-    offenders = []
-    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
-        name = module_name(path, PACKAGE_ROOT)
-        if name.startswith("sglang.testing"):
-            continue
-        for line, target in imported_modules(path, name, PACKAGE_ROOT):
-            if target == "sglang.testing" or target.startswith("sglang.testing."):
-                offenders.append(f"{name}:{line} imports {target}")
+def _top_level_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_package_never_imports_development_tools() -> None:
+    """``sglang_dev`` (the tiny families' recipes, checkpoint writers, video clips) stays in the
+    repository: nothing installed imports it."""
+    offenders = [
+        str(path.relative_to(PACKAGE_ROOT))
+        for path in sorted(PACKAGE_ROOT.rglob("*.py"))
+        if "sglang_dev" in _top_level_imports(path)
+    ]
     assert offenders == []
+
+
+def test_the_package_holds_one_family_recipe() -> None:
+    """The installed package builds only its default model: one module defines ``FAMILY_SPECS``
+    (the other recipes are ``sglang_dev.tiny_models``)."""
+    recipes = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == "FAMILY_SPECS" for t in targets):
+                recipes.append(module_name(path, PACKAGE_ROOT))
+    assert recipes == ["sglang.tiny_models.qwen2_5_vl"]
+
+
+def test_the_wheel_leaves_development_tools_out() -> None:
+    """The packages setuptools finds from pyproject's ``packages.find``: ``sglang`` only."""
+    import tomllib
+    from setuptools import find_namespace_packages
+
+    repo = PACKAGE_ROOT.parents[1]
+    find = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    packages = find_namespace_packages(where=str(repo / find["find"]["where"][0]))
+    assert "sglang.tiny_models" in packages
+    assert [p for p in packages if p.split(".")[0] != "sglang"] == []
+
+
+def test_start_up_imports_one_family_recipe() -> None:
+    """Resolving the default model (as the launcher does without ``--model-path``) imports its
+    one recipe module and no development tool."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import sglang.launch_server; "
+        "from sglang.tiny_models import default_family; default_family(); "
+        "print(sorted(m for m in sys.modules if m.startswith(('sglang.tiny_models.', "
+        "'sglang_dev'))))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    expected = ["sglang.tiny_models.build", "sglang.tiny_models.common"]
+    assert run.stdout.strip() == str([*expected, "sglang.tiny_models.qwen2_5_vl"])

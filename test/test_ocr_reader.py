@@ -24,7 +24,7 @@ from benchmark.train_reader import DEFAULT_OUT
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.testing.quantized_checkpoints import write_quantized
+from sglang_dev.quantized_checkpoints import write_quantized
 
 READER = str(DEFAULT_OUT)
 SET_SIZE = 300  # 30 per category: a second or two per engine

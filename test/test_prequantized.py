@@ -1,6 +1,6 @@
 """Checkpoints published quantized (``layers/checkpoint_formats.py``,
 ``model_executor/prequantized.py``): AWQ, GPTQ and compressed-tensors W4A16 / W8A8 checkpoints,
-written from each format's definition (``sglang.testing.quantized_checkpoints``), load straight
+written from each format's definition (``sglang_dev.quantized_checkpoints``), load straight
 into the native layouts and serve what the same weights dequantized serve in HF; misread
 layouts, a wrong image and shifted positions fall outside the bound; formats and options not
 supported, and flags that contradict the checkpoint, are refused before loading with one
@@ -36,7 +36,7 @@ from sglang.srt.model_executor import prequantized
 from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 from sglang.srt.models.adapters import UnsupportedModelError, check_model
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.testing.quantized_checkpoints import write_quantized
+from sglang_dev.quantized_checkpoints import write_quantized
 
 GROUP = 32
 MAX_NEW = 8

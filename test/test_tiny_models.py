@@ -13,17 +13,17 @@ import torch
 import transformers
 from PIL import Image
 
-import sglang.tiny_models as tiny
+import sglang_dev.tiny_models as tiny
 from sglang.srt.entrypoints.default_model import default_model_path
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.tiny_models import (
+from sglang.tiny_models import build as tiny_build
+from sglang_dev.tiny_models import (
     FAMILIES,
     IMAGE_PLACEHOLDER,
     IMAGE_TOKEN,
     build_tiny_model,
     tiny_model_path,
 )
-from sglang.tiny_models import build as tiny_build
 
 TEXT_ONLY = tuple(f for f in FAMILIES if f not in IMAGE_PLACEHOLDER)
 # Placeholder tokens per image for a 64x64 and a 96x128 (h x w) image; pins the tiny recipes.

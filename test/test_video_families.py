@@ -521,7 +521,7 @@ def test_deliberate_error_breaks_parity(family: str, video_cache: str) -> None:
 def test_glm4v_encoded_clip_writes_whole_seconds() -> None:
     """An encoded 3 s clip at 10 fps: GLM samples 2 frames a second (stream frames 0, 5, ...,
     25); each frame group is followed by the whole second of its first frame."""
-    from sglang.testing.video_clips import encode_clip, random_frames
+    from sglang_dev.video_clips import encode_clip, random_frames
 
     engine = _engine("glm4v")
     data = encode_clip(random_frames(0, 30, 64, 64), fps=10.0)
@@ -554,7 +554,7 @@ def test_glm4v_image_and_video_share_the_image_token() -> None:
 def test_encoded_clip_keeps_num_frames(family: str) -> None:
     """An encoded 3 s clip at 10 fps: InternVL keeps its 8 frames (``Frame1:`` ..
     ``Frame8:``), LLaVA-OneVision every one of the 30 (32 asked)."""
-    from sglang.testing.video_clips import encode_clip, random_frames
+    from sglang_dev.video_clips import encode_clip, random_frames
 
     engine = _engine(family)
     data = encode_clip(random_frames(0, 30, 64, 64), fps=10.0)
@@ -580,7 +580,7 @@ def test_encoded_clip_keeps_num_frames(family: str) -> None:
 )
 def test_request_sampling_options(family: str, options: dict, kept: int) -> None:
     """``mm_processor_kwargs`` per request, by the family's sampling rule (3 s at 10 fps)."""
-    from sglang.testing.video_clips import encode_clip, random_frames
+    from sglang_dev.video_clips import encode_clip, random_frames
 
     engine = _engine(family)
     data = encode_clip(random_frames(0, 30, 64, 64), fps=10.0)

@@ -28,7 +28,7 @@ from sglang.srt.multimodal.video_preprocess import (
     resized_size,
     sample_indices,
 )
-from sglang.testing.video_clips import decode_all, empty_clip, encode_clip, random_frames
+from sglang_dev.video_clips import decode_all, empty_clip, encode_clip, random_frames
 
 FAMILY = "qwen2_5_vl"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"

@@ -1,5 +1,5 @@
-"""``python -m sglang.tiny_models [--family F] [--out DIR] [--seed S] [--size S]``."""
+"""``python -m sglang_dev.tiny_models [--family F] [--out DIR] [--seed S] [--size S]``."""
 
-from sglang.tiny_models.build import main
+from sglang_dev.tiny_models.build import main
 
 main()

@@ -16,7 +16,7 @@ from sglang.tiny_models.common import (
     qwen_template,
     qwen_text,
 )
-from sglang.tiny_models.qwen3_vl import recipe_qwen3_vl
+from sglang_dev.tiny_models.qwen3_vl import recipe_qwen3_vl
 
 
 # Cosmos3 Reasoner (nvidia/Cosmos3-Nano, transformers cosmos3_omni): Qwen3-VL (deepstack, M-RoPE)

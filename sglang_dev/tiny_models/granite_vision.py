@@ -15,9 +15,9 @@ from sglang.tiny_models.common import (
     TokSpec,
     content_template,
 )
-from sglang.tiny_models.idefics import ROW_COL
-from sglang.tiny_models.llava import clip_vision
-from sglang.tiny_models.llava_next import ANYRES_PINPOINTS, anyres_preprocessor
+from sglang_dev.tiny_models.idefics import ROW_COL
+from sglang_dev.tiny_models.llava import clip_vision
+from sglang_dev.tiny_models.llava_next import ANYRES_PINPOINTS, anyres_preprocessor
 
 # Granite Vision 3.x: LLaVA-NeXT with a SigLIP tower, several feature layers concatenated and a
 # Granite LM (embedding / residual / attention multipliers, logits scaling) ---------------------

@@ -11,7 +11,7 @@ from sglang.tiny_models.common import (
     Recipe,
     TokSpec,
 )
-from sglang.tiny_models.llava import LLAVA_HEAD, LLAVA_ROLES, llava_text
+from sglang_dev.tiny_models.llava import LLAVA_HEAD, LLAVA_ROLES, llava_text
 
 # Idefics3 / SmolVLM: tiles with <row_i_col_j> tags around <image> runs, a global view last ------
 ROW_COL = tuple(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7))

@@ -17,7 +17,7 @@ from sglang.tiny_models.common import (
     qwen_generation,
     qwen_text,
 )
-from sglang.tiny_models.llava import (
+from sglang_dev.tiny_models.llava import (
     LLAVA_HEAD,
     LLAVA_ROLES,
     clip_vision,

@@ -13,7 +13,7 @@ from sglang.tiny_models.common import (
     qwen_generation,
     qwen_text,
 )
-from sglang.tiny_models.qwen3_5 import (
+from sglang_dev.tiny_models.qwen3_5 import (
     QWEN3_5_SPECIALS,
     QWEN3_5_TEMPLATE,
     QWEN3_5_TEXT,

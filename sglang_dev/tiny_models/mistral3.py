@@ -12,7 +12,7 @@ from sglang.tiny_models.common import (
     Recipe,
     TokSpec,
 )
-from sglang.tiny_models.llava import LLAVA_HEAD, LLAVA_ROLES, llava_generation, llava_text
+from sglang_dev.tiny_models.llava import LLAVA_HEAD, LLAVA_ROLES, llava_generation, llava_text
 
 # Mistral3 (Mistral-Small-3.1): Pixtral tower, [IMG] runs broken by [IMG_BREAK] per row ------------
 _MISTRAL3_TAIL = ("[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]")

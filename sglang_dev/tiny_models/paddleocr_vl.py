@@ -13,7 +13,7 @@ from sglang.tiny_models.common import (
     TokSpec,
     content_template,
 )
-from sglang.tiny_models.llava import LLAVA_HEAD, llava_text
+from sglang_dev.tiny_models.llava import LLAVA_HEAD, llava_text
 
 # PaddleOCR-VL (PaddlePaddle/PaddleOCR-VL): a NaViT-style SigLIP tower at native resolution (its own
 # smart_resize), 2 x 2 merged patches, an ERNIE-4.5 LM with M-RoPE ---------------------------------

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from types import ModuleType
 
-from sglang.tiny_models import (
+from sglang.tiny_models import qwen2_5_vl
+from sglang.tiny_models.common import Family
+from sglang_dev.tiny_models import (
     aria,
     aya_vision,
     cosmos3,
@@ -35,7 +37,6 @@ from sglang.tiny_models import (
     paddleocr_vl,
     paligemma,
     qwen2,
-    qwen2_5_vl,
     qwen2_vl,
     qwen3_5,
     qwen3_vl,
@@ -43,7 +44,6 @@ from sglang.tiny_models import (
     video_llama_3,
     video_llava,
 )
-from sglang.tiny_models.common import Family
 
 # Family modules in registration order (a module's FAMILY_SPECS keep their own order).
 _MODULES = (

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sglang.tiny_models.build import build_tiny_model
+from sglang_dev.tiny_models.build import build_tiny_model
 
 _ST_MODES = {"last": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_tokens",
              "cls": "pooling_mode_cls_token"}  # fmt: skip

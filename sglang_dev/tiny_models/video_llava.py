@@ -12,14 +12,14 @@ from sglang.tiny_models.common import (
     TokSpec,
     content_template,
 )
-from sglang.tiny_models.llava import (
+from sglang_dev.tiny_models.llava import (
     LLAVA_HEAD,
     LLAVA_ROLES,
     clip_vision,
     llava_generation,
     llava_text,
 )
-from sglang.tiny_models.llava_next import ANYRES_PINPOINTS, anyres_preprocessor
+from sglang_dev.tiny_models.llava_next import ANYRES_PINPOINTS, anyres_preprocessor
 
 # Video-LLaVA (LanguageBind/Video-LLaVA-7B-hf), LLaVA-NeXT-Video (llava-hf/LLaVA-NeXT-Video-7B-hf):
 # images as LLaVA 1.5 (center crop) and LLaVA-NeXT (anyres tiles), a Vicuna-style template; videos

@@ -1,13 +1,11 @@
-"""Tiny random Hugging Face model folders: the default model, and the checkpoints of tests and
-benchmarks.
+"""Tiny random Hugging Face model folders, built here from a ``Family`` spec: the builder and the
+one recipe the engine needs, its default model (``qwen2_5_vl``).
 
-Every family (Qwen2-VL, LLaVA, Gemma 3, InternVL, ... and the text-only Qwen2 and Llama) is
-one ``Family`` spec in a module of this package, registered in ``registry.REGISTRY``.
-``build_tiny_model(family, out_dir)`` writes a standard HF checkout with random float32 weights,
-deterministically from ``seed``; ``tiny_model_path(family)`` builds it once into the cache.
-This package is a leaf: it uses transformers, tokenizers and torch only, nothing of sglang.srt.
-
-CLI: ``python -m sglang.tiny_models [--family F] [--out DIR] [--seed S] [--size S]``.
+``build_tiny_model(spec, out_dir)`` writes a standard HF checkout with random float32 weights,
+deterministically from ``seed``; ``tiny_model_path(spec)`` builds it once into the cache. The
+other families' recipes, their registry and the CLI are development tools outside the installed
+package (``sglang_dev.tiny_models`` in the repository). This package is a leaf: it uses
+transformers, tokenizers and torch only, nothing of sglang.srt.
 """
 
 from sglang.tiny_models.build import (
@@ -15,43 +13,24 @@ from sglang.tiny_models.build import (
     SIZES,
     build_tiny_model,
     build_tokenizer,
-    main,
     tiny_model_path,
 )
 from sglang.tiny_models.common import Family
-from sglang.tiny_models.registry import (
-    BASE_VLM_FAMILIES,
-    DEFAULT_FAMILY,
-    EXTRA_VLM_FAMILIES,
-    FAMILIES,
-    HYBRID_VLM_FAMILIES,
-    IMAGE_PLACEHOLDER,
-    IMAGE_TOKEN,
-    REGISTRY,
-    SMALL_FAMILIES,
-    TEXT_FAMILIES,
-    VIDEO_FAMILIES,
-    VLM_FAMILIES,
-)
+
+
+def default_family() -> Family:
+    """The spec of the engine's default model (its recipe module is imported on first use)."""
+    from sglang.tiny_models.qwen2_5_vl import FAMILY_SPECS
+
+    return FAMILY_SPECS[0]
+
 
 __all__ = [
-    "BASE_VLM_FAMILIES",
-    "DEFAULT_FAMILY",
-    "EXTRA_VLM_FAMILIES",
-    "FAMILIES",
-    "HYBRID_VLM_FAMILIES",
-    "IMAGE_PLACEHOLDER",
-    "IMAGE_TOKEN",
     "RECIPE_VERSION",
-    "REGISTRY",
     "SIZES",
-    "SMALL_FAMILIES",
-    "TEXT_FAMILIES",
-    "VIDEO_FAMILIES",
-    "VLM_FAMILIES",
     "Family",
     "build_tiny_model",
     "build_tokenizer",
-    "main",
+    "default_family",
     "tiny_model_path",
 ]

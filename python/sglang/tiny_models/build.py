@@ -1,20 +1,19 @@
-"""Build a tiny random Hugging Face model folder of a registered family, and cache it.
+"""Build a tiny random Hugging Face model folder from a family's spec, and cache it.
 
-``build_tiny_model(family, out_dir)`` writes a standard HF checkout (config.json,
+``build_tiny_model(spec, out_dir)`` writes a standard HF checkout (config.json,
 model.safetensors, tokenizer.json, tokenizer_config.json, chat template,
 generation_config.json and, for VLMs, preprocessor_config.json / processor_config.json /
 video_preprocessor_config.json) with randomly initialised float32 weights. Everything is built
 locally and deterministically from ``seed``: the byte-level BPE tokenizer is trained on a small
 corpus, and the weights come from a seeded torch init.
 
-``size="small"`` (the families with ``small_vision``) gives a heavier model for benchmarks: text
+``size="small"`` (the specs with ``small_vision``) gives a heavier model for benchmarks: text
 hidden 256 with 4 layers, a depth-4 width-384 vision tower and Qwen's real pixel range, so that
 the vision encoder's cost is visible and grows with the image's resolution on a CPU.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import Any
 from sglang.tiny_models.common import (
     TEXT,
     VECTOR_NOISE,
+    Family,
     Recipe,
     cache_root,
     file_lock,
@@ -36,7 +36,6 @@ from sglang.tiny_models.common import (
     train_tokenizer,
     write_json,
 )
-from sglang.tiny_models.registry import DEFAULT_FAMILY, FAMILIES, REGISTRY, SMALL_FAMILIES
 
 logger = logging.getLogger(__name__)
 
@@ -60,23 +59,20 @@ _GEMMA_POST_NORM_BOOST = 3.0
 _GEMMA_POST_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
 
 
-def build_tokenizer(family: str) -> Any:
-    """The tokenizer of ``family`` (trained from its spec, as ``build_tiny_model`` saves it)."""
-    return train_tokenizer(REGISTRY[family].tokenizer)
+def build_tokenizer(spec: Family) -> Any:
+    """The tokenizer of ``spec`` (trained from it, as ``build_tiny_model`` saves it)."""
+    return train_tokenizer(spec.tokenizer)
 
 
-def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, size: str = "tiny") -> Path:
-    """Build a tiny random HF checkout of ``family`` into ``out_dir`` and return its path.
+def build_tiny_model(spec: Family, out_dir: str | Path, seed: int = 0, size: str = "tiny") -> Path:
+    """Build a tiny random HF checkout of ``spec`` into ``out_dir`` and return its path.
 
-    ``size="small"`` (``SMALL_FAMILIES``) builds the heavier benchmark variant."""
+    ``size="small"`` (specs with ``small_vision``) builds the heavier benchmark variant."""
     import torch
     import transformers
 
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
-    if size not in SIZES or (size == "small" and family not in SMALL_FAMILIES):
-        raise ValueError(f"size {size!r} is not available for {family!r}")
-    spec = REGISTRY[family]
+    if size not in SIZES or (size == "small" and spec.small_vision is None):
+        raise ValueError(f"size {size!r} is not available for {spec.name!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -104,7 +100,7 @@ def build_tiny_model(family: str, out_dir: str | Path, seed: int = 0, size: str 
     if recipe.processor is not None:
         write_json(out / "processor_config.json", recipe.processor)
     if (recipe.video_preprocessor is not None) != spec.video:
-        raise ValueError(f"{family!r}: the recipe's video processor disagrees with its spec")
+        raise ValueError(f"{spec.name!r}: the recipe's video processor disagrees with its spec")
     if recipe.video_preprocessor is not None:
         write_json(out / "video_preprocessor_config.json", recipe.video_preprocessor)
     return out
@@ -145,13 +141,11 @@ def _randomize_constants(model: Any) -> None:
                 param.normal_(0.0, TEXT["initializer_range"])
 
 
-def tiny_model_path(family: str, size: str = "tiny") -> Path:
-    """Return a cached tiny checkout of ``family`` (built once, safe across processes)."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+def tiny_model_path(spec: Family, size: str = "tiny") -> Path:
+    """Return a cached tiny checkout of ``spec`` (built once, safe across processes)."""
     root = cache_root()
     suffix = "" if size == "tiny" else f"-{size}"
-    final = root / f"{family}{suffix}-v{RECIPE_VERSION}"
+    final = root / f"{spec.name}{suffix}-v{RECIPE_VERSION}"
     if (final / "config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -164,12 +158,12 @@ def tiny_model_path(family: str, size: str = "tiny") -> Path:
             "building the %s %s checkpoint (a tokenizer trained here, seeded random weights): "
             "first use only, a few seconds; cached in %s",
             size,
-            family,
+            spec.name,
             final,
         )
         start = time.perf_counter()
         try:
-            build_tiny_model(family, tmp, size=size)
+            build_tiny_model(spec, tmp, size=size)
             os.replace(tmp, final)
             logger.info("built %s in %.1f s", final.name, time.perf_counter() - start)
         except OSError:
@@ -178,21 +172,3 @@ def tiny_model_path(family: str, size: str = "tiny") -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m sglang.tiny_models [--family F] [--out DIR] [--seed S] [--size S]``: build
-    into ``--out``, or into the cache, and print the folder."""
-    parser = argparse.ArgumentParser(
-        prog="python -m sglang.tiny_models", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--family", choices=FAMILIES, default=None)
-    parser.add_argument("--out", default=None, help="output folder (default: the cache)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", choices=SIZES, default="tiny")
-    args = parser.parse_args(argv)
-    family = args.family or DEFAULT_FAMILY
-    if args.out is None:
-        print(tiny_model_path(family, size=args.size))
-    else:
-        print(build_tiny_model(family, args.out, seed=args.seed, size=args.size))
