@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from benchmark.lib.hardware import cpu_info, cpu_line, memory_bandwidth_gbs
 from benchmark.lib.report import markdown_table, pyplot, run_and_write
-from benchmark.memory import SHAPES, cached_checkpoint, shape_config
+from benchmark.lib.shaped_checkpoints import SHAPES, cached_checkpoint, shape_config
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 
 PATHS = ("packed", "plain", "torch")

@@ -41,11 +41,12 @@ import httpx
 from tqdm import tqdm
 
 from benchmark.lib.client import chat
-from benchmark.lib.hardware import cpu_info, cpu_line
+from benchmark.lib.hardware import cpu_info, cpu_line, rss_snapshot
 from benchmark.lib.images import parse_resolution
 from benchmark.lib.report import markdown_table, pyplot, ratio, run_and_write
-from benchmark.memory import SHAPES, cached_checkpoint, rss_snapshot, shape_config
-from benchmark.multiturn_image import best_of, run_conversation
+from benchmark.lib.shaped_checkpoints import SHAPES, cached_checkpoint, shape_config
+from benchmark.multiturn_image import run_conversation
+from benchmark.multiturn_report import best_of
 from benchmark.peers.llamacpp_convert import TYPES, default_root, outputs
 from benchmark.servers import Server, _stop, _wait_healthy, free_port, launch
 

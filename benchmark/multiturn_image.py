@@ -34,7 +34,6 @@ from benchmark.lib.client import (
     think_mode_body,
 )
 from benchmark.lib.counters import (
-    ROUND_PARTS,
     achieved,
     counter_delta,
     encoder_counters,
@@ -54,7 +53,8 @@ from benchmark.lib.hardware import (
     process_tree_cpu_seconds,
 )
 from benchmark.lib.images import image_part, make_jpeg, parse_resolution
-from benchmark.lib.report import markdown_table, pyplot, ratio, write_json
+from benchmark.lib.report import write_json
+from benchmark.multiturn_report import best_of, goals, plot, report_markdown, summarize
 from benchmark.servers import connect, launch
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_dtype
 
@@ -186,199 +186,6 @@ def interleaved_rounds(
     return played
 
 
-def best_of(repeats: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per round, the repetition with the lowest TTFT (other load on the machine only ever adds
-    time); every repetition's TTFT is kept in ``ttft_ms_all``."""
-    rows = []
-    for per_round in zip(*repeats):
-        best = dict(min(per_round, key=lambda r: r["ttft_ms"]))
-        best["ttft_ms_all"] = [r["ttft_ms"] for r in per_round]
-        rows.append(best)
-    return rows
-
-
-def summarize(runs: list[dict[str, Any]], resolutions: list[str]) -> dict[str, Any]:
-    """Side-by-side ratios per resolution (last round = round 7 in the standard scenario)."""
-    summary: dict[str, Any] = {}
-    for res in resolutions:
-        by = {run["label"]: run["rounds"] for run in runs if run["resolution"] == res}
-        ttft = {label: [r["ttft_ms"] for r in rounds] for label, rounds in by.items()}
-        last = max((len(v) for v in ttft.values()), default=0) - 1
-        pi, co = ttft.get("ours:per-image"), ttft.get("ours:combined")
-        entry: dict[str, Any] = {
-            "last_round": last,
-            "ttft_last_ms": {k: v[-1] for k, v in ttft.items()},
-            "encoded_items_per_round": {
-                k: [r["encoded_items"] for r in v] for k, v in by.items() if k.startswith("ours")
-            },
-            "encoder_ms_per_round": {
-                k: [r["encoder_ms"] for r in v] for k, v in by.items() if k.startswith("ours")
-            },
-        }
-        if pi and co:
-            entry["last_per_image_over_combined"] = ratio(pi[-1], co[-1])
-        if pi and len(pi) > 1:
-            entry["per_image_last_over_round1"] = ratio(pi[-1], pi[1])
-            entry["per_image_last_over_round0"] = ratio(pi[-1], pi[0])
-        for peer in ("vllm", "hf"):
-            if pi and peer in ttft:
-                entry[f"per_image_over_{peer}"] = [ratio(a, b) for a, b in zip(pi, ttft[peer])]
-                entry[f"per_image_over_{peer}_mean"] = ratio(sum(pi), sum(ttft[peer]))
-        summary[res] = entry
-    return summary
-
-
-def goals(summary: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for res, s in summary.items():
-        items = s["encoded_items_per_round"].get("ours:per-image")
-        out[res] = {
-            "last_per_image_over_combined<=0.5": _le(s.get("last_per_image_over_combined"), 0.5),
-            "per_image_last_over_round1<=1.3": _le(s.get("per_image_last_over_round1"), 1.3),
-            "per_image_one_item_per_round": None if items is None else all(i == 1 for i in items),
-        }
-    return out
-
-
-def _le(value: float | None, bound: float) -> bool | None:
-    return None if value is None else value <= bound
-
-
-def markdown(runs: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    labels = list(dict.fromkeys(run["label"] for run in runs))
-    parts = []
-    for res, s in summary.items():
-        by = {run["label"]: run["rounds"] for run in runs if run["resolution"] == res}
-        n = max(len(v) for v in by.values())
-        headers = ["round"]
-        for label in labels:
-            headers += [f"{label} TTFT ms"]
-        headers += [f"{lb} items/enc ms" for lb in labels if lb.startswith("ours")]
-        cpu_labels = [lb for lb in labels if any(e.get("server_cpu_s") for e in by.get(lb, []))]
-        headers += [f"{lb} server CPU s" for lb in cpu_labels]
-        rows = []
-        for r in range(n):
-            row: list[Any] = [r]
-            row += [by[lb][r]["ttft_ms"] if r < len(by.get(lb, [])) else None for lb in labels]
-            for lb in labels:
-                if lb.startswith("ours") and r < len(by.get(lb, [])):
-                    e = by[lb][r]
-                    row.append(f"{e['encoded_items']} / {e['encoder_ms']:.0f}")
-            for lb in cpu_labels:
-                rounds = by[lb]
-                row.append(rounds[r]["server_cpu_s"] if r < len(rounds) else None)
-            rows.append(row)
-        pi = by.get("ours:per-image") or next(iter(by.values()))
-        cache = [f"{e['cached_tokens']}/{e['prompt_tokens']}" for e in pi]
-        parts.append(f"### {res}\n\n" + markdown_table(headers, rows))
-        parts.append("cached/prompt tokens (first listed run): " + ", ".join(cache))
-        perf_rows = [
-            [lb, r, e["vision_ms"], e["vision_gflop_per_s"], e["vision_of_peak"],
-             e["lm_attention_ms"], e["lm_attention_gflop_per_s"], e["lm_attention_of_peak"]]
-            for lb in labels if lb.startswith("ours")
-            for r, e in enumerate(by.get(lb, [])) if e.get("vision_ms") is not None
-        ]  # fmt: skip
-        if perf_rows:
-            parts.append(
-                "achieved rate (matmul peak from the probe at start):\n\n"
-                + markdown_table(
-                    [
-                        "run",
-                        "round",
-                        "ViT ms",
-                        "ViT GFLOP/s",
-                        "ViT / peak",
-                        "LM attn ms",
-                        "LM attn GFLOP/s",
-                        "LM attn / peak",
-                    ],
-                    perf_rows,
-                )  # fmt: skip
-            )
-        split_rows = [
-            [lb, r, e["ttft_ms"], e["round_gflops"], e["mfu"], e["api_other_ms"],
-             e["preprocess_ms"], e["vision_ms"], e["lm_ms"], e["sampling_ms"],
-             e["decode_ms_per_step"], e["decode_of_bandwidth"], e.get("gc_ms")]
-            for lb in labels if lb.startswith("ours")
-            for r, e in enumerate(by.get(lb, [])) if e.get("round_gflops") is not None
-        ]  # fmt: skip
-        if split_rows:
-            parts.append(
-                "model FLOPs utilisation and where TTFT went (ms); decode against the copy-probe "
-                "bandwidth; the compute process's garbage collection over the whole round:\n\n"
-                + markdown_table(
-                    [
-                        "run",
-                        "round",
-                        "TTFT",
-                        "GFLOP",
-                        "MFU",
-                        "API+other",
-                        "preprocess",
-                        "ViT",
-                        "LM",
-                        "sampling",
-                        "decode ms/step",
-                        "decode / bandwidth",
-                        "GC ms (round)",
-                    ],
-                    split_rows,
-                )  # fmt: skip
-            )
-        part_rows = [
-            [lb, r, e["mfu"], e["mfu_at_part_peaks"],
-             *[e[f"{part}_{k}"] for part in ROUND_PARTS for k in ("ms", "of_peak")]]
-            for lb in labels if lb.startswith("ours")
-            for r, e in enumerate(by.get(lb, [])) if e.get("mfu_at_part_peaks") is not None
-        ]  # fmt: skip
-        if part_rows:
-            parts.append(
-                "MFU per part: each part's ms and its rate over the peak of the arithmetic it "
-                "runs in (config.part_dtypes); MFU at part peaks = the round at every part's "
-                "peak over TTFT:\n\n"
-                + markdown_table(
-                    [
-                        "run",
-                        "round",
-                        "MFU",
-                        "MFU at part peaks",
-                        *[f"{PART_NAMES[p]} {k}" for p in ROUND_PARTS for k in ("ms", "/ peak")],
-                    ],
-                    part_rows,
-                )  # fmt: skip
-            )
-        ratios = {k: v for k, v in s.items() if isinstance(v, float)}
-        parts.append("ratios: " + ", ".join(f"{k} = {v:.3f}" for k, v in ratios.items()))
-    return "\n\n".join(parts) + "\n"
-
-
-PART_NAMES = {
-    "vision_attention": "ViT attn",
-    "vision_dense": "ViT rest",
-    "lm_attention": "LM attn",
-    "lm_dense": "LM rest",
-}
-
-
-def plot(runs: list[dict[str, Any]], resolutions: list[str], path: Path) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(resolutions), figsize=(4.2 * len(resolutions), 3.2))
-    axes = axes if len(resolutions) > 1 else [axes]
-    for ax, res in zip(axes, resolutions):
-        for run in (r for r in runs if r["resolution"] == res):
-            ys = [e["ttft_ms"] for e in run["rounds"]]
-            ax.plot(range(len(ys)), ys, marker="o", ms=3, label=run["label"])
-        ax.set_title(res)
-        ax.set_xlabel("round")
-        ax.set_ylabel("TTFT (ms)")
-        ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=70)
-    plt.close(fig)
-
-
 def default_model(size: str, family: str | None = None) -> str:
     from sglang_dev.tiny_models import DEFAULT_FAMILY, tiny_model_path
 
@@ -497,7 +304,7 @@ def play_interleaved(
     return runs, failures
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=PRESETS, default="full")
     p.add_argument("--quick", action="store_true", help="same as --preset quick")
@@ -524,41 +331,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--interleave", action="store_true",
                    help="launch every engine at once and play their rounds in turn (ratios "
                    "robust to slow spells of the machine)")  # fmt: skip
-    args = p.parse_args(argv)
-    cpu, gpu = cpu_info(), gpu_info()
-    print(cpu_line(cpu))
-    if gpu:
-        print(gpu_line(gpu))
-    preset = PRESETS["quick" if args.quick else args.preset]
-    resolutions = (args.resolutions or preset["resolutions"]).split(",")
-    rounds = args.rounds or preset["rounds"]
-    model_path = args.model_path or (
-        None if args.base_url else default_model(args.model_size or preset["size"], args.family)
-    )
-    # int8dq's linears multiply int8: its MFU is counted against vpdpbusd's own rate, and each
-    # part of a round against the peak of its own arithmetic
-    dtypes = part_dtypes(args)
-    probes = {} if args.no_probe else {d: matmul_peak_gflops(dtype=d) for d in {*dtypes.values()}}
-    peak = probes.get(dtypes["lm_dense"])
-    bandwidth = None if args.no_probe else memory_bandwidth_gbs()
-    extra = think_mode_body(args.think_mode)
-    plan = [("external", "")] if args.base_url else targets(args)
+    return p
+
+
+def play_in_sequence(
+    args: argparse.Namespace,
+    plan: list[tuple[str, str]],
+    model_path: str | None,
+    resolutions: list[str],
+    rounds: int,
+    common: dict[str, Any],
+    partial: Path,
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """One engine after the other (or the ``--base-url`` server), each resolution's
+    conversation ``--repeats`` times; the runs so far are written to ``partial`` as they end."""
     runs: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
-    out = Path(args.out)
-    total = len(plan) * len(resolutions) * rounds * args.repeats
-    bar = tqdm(total=total, desc="multiturn_image")
-    common = {
-        "max_tokens": args.max_tokens, "progress": bar, "extra": extra,
-        "peak_gflops": peak["gflop_per_s"] if peak else None,
-        "part_peaks": {part: probes[d]["gflop_per_s"] if probes else None
-                       for part, d in dtypes.items()},
-        "bandwidth_gbs": bandwidth["gb_per_s"] if bandwidth else None,
-    }  # fmt: skip
-    interleaved = args.interleave and not args.base_url
-    if interleaved:
-        runs, failures = play_interleaved(args, plan, model_path, resolutions, rounds, common)
-        plan = []  # played: the loop below plays engines one after the other
+    bar = common["progress"]
     for engine, mode in plan:
         if args.base_url:
             ctx = connect(args.base_url, args.label)
@@ -578,11 +367,50 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         for k in range(args.repeats)
                     ])  # fmt: skip
                     runs.append(_run(server, mode, res, start, rows))
-                    write_json(out.with_suffix(".partial.json"), runs)
+                    write_json(partial, runs)
         except (RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:
             if engine == "ours" or args.base_url:
                 raise
             _peer_failed(failures, engine, exc)
+    return runs, failures
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = _parser().parse_args(argv)
+    cpu, gpu = cpu_info(), gpu_info()
+    print(cpu_line(cpu))
+    if gpu:
+        print(gpu_line(gpu))
+    preset = PRESETS["quick" if args.quick else args.preset]
+    resolutions = (args.resolutions or preset["resolutions"]).split(",")
+    rounds = args.rounds or preset["rounds"]
+    model_path = args.model_path or (
+        None if args.base_url else default_model(args.model_size or preset["size"], args.family)
+    )
+    # int8dq's linears multiply int8: its MFU is counted against vpdpbusd's own rate, and each
+    # part of a round against the peak of its own arithmetic
+    dtypes = part_dtypes(args)
+    probes = {} if args.no_probe else {d: matmul_peak_gflops(dtype=d) for d in {*dtypes.values()}}
+    peak = probes.get(dtypes["lm_dense"])
+    bandwidth = None if args.no_probe else memory_bandwidth_gbs()
+    plan = [("external", "")] if args.base_url else targets(args)
+    out = Path(args.out)
+    bar = tqdm(total=len(plan) * len(resolutions) * rounds * args.repeats, desc="multiturn_image")
+    common = {
+        "max_tokens": args.max_tokens, "progress": bar, "extra": think_mode_body(args.think_mode),
+        "peak_gflops": peak["gflop_per_s"] if peak else None,
+        "part_peaks": {part: probes[d]["gflop_per_s"] if probes else None
+                       for part, d in dtypes.items()},
+        "bandwidth_gbs": bandwidth["gb_per_s"] if bandwidth else None,
+    }  # fmt: skip
+    interleaved = args.interleave and not args.base_url
+    if interleaved:
+        runs, failures = play_interleaved(args, plan, model_path, resolutions, rounds, common)
+    else:
+        partial = out.with_suffix(".partial.json")
+        runs, failures = play_in_sequence(
+            args, plan, model_path, resolutions, rounds, common, partial
+        )
     bar.close()
     summary = summarize(runs, resolutions)
     result = {
@@ -610,29 +438,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     write_json(out.with_suffix(".json"), result)
     out.with_suffix(".partial.json").unlink(missing_ok=True)
-    md = markdown(runs, summary)
-    if peak and bandwidth:
-        md = (
-            f"matmul peak (probe): {peak['gflop_per_s']:.1f} GFLOP/s "
-            f"({peak['dtype']}, "
-            + (f"{peak['size']}^3" if peak["size"] else peak.get("instruction", ""))
-            + f", {peak['threads']} threads"
-            + (
-                f"; torch {peak['torch_gflop_per_s']:.1f}, native {peak['native_gflop_per_s']:.1f}"
-                if "native_gflop_per_s" in peak
-                else ""
-            )
-            + "); memory bandwidth "
-            f"(copy probe): {bandwidth['gb_per_s']:.1f} GB/s\n\n" + md
-        )
-    if interleaved:
-        idle = [r["others_cpu_s"] for run in runs for r in run["rounds"] if r.get("others_cpu_s")]
-        md = (
-            "engines up together, rounds played in turn (--interleave), the idle servers stopped "
-            f"meanwhile (CPU they used during a round: at most {max(idle, default=0.0):.2f} s)"
-            "\n\n" + md
-        )
-    md = cpu_line(cpu) + "\n\n" + (gpu_line(gpu) + "\n\n" if gpu else "") + md
+    md = report_markdown(result)
     out.with_suffix(".md").write_text(md)
     plot(runs, resolutions, out.with_suffix(".png"))
     print(md)

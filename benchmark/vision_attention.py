@@ -121,7 +121,7 @@ def encode_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     from PIL import Image
 
     import sglang
-    from benchmark.memory import cached_checkpoint, shape_config
+    from benchmark.lib.shaped_checkpoints import cached_checkpoint, shape_config
 
     path = str(cached_checkpoint(shape_config("3b", 4, 2), "3b"))
     engine = sglang.Engine(model_path=path, dtype="bfloat16")

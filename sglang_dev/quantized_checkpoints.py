@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from sglang.srt.model_executor.memory import _is_lm_linear
+from sglang.srt.model_executor.memory.estimate import _is_lm_linear
 
 FORMATS = ("awq", "gptq", "ct-w4a16", "ct-w8a8")
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's order_map

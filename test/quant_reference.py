@@ -6,6 +6,19 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from sglang.srt.layers.quantized_linear import QuantizedLinear
+
+GROUPS = (32, 64, 128, 256)  # the group sizes the int4 layouts take
+
+
+def stored_quantized(module: nn.Module) -> bool:
+    """A linear stored quantized: the native kernel's layer on a CPU, torchao's tensor on CUDA."""
+    weight = getattr(module, "weight", None)
+    return isinstance(module, QuantizedLinear) or (
+        weight is not None and is_traceable_wrapper_subclass(weight)
+    )
 
 
 def int4_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Benchmarks: OCRBench scoring, and smoke runs of every benchmark at tiny settings."""
+"""Benchmarks: smoke runs of every benchmark at tiny settings (their pieces that need no server:
+``test_benchmark_units.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ sys.path.insert(0, str(ROOT))
 pytest.importorskip("httpx")
 pytest.importorskip("tqdm")
 
-from benchmark.ocrbench import is_correct, score  # noqa: E402
 
 HAS_SERVER = importlib.util.find_spec("sglang.launch_server") is not None
 needs_server = pytest.mark.skipif(not HAS_SERVER, reason="sglang.launch_server not available")
@@ -30,70 +30,6 @@ def _isa_as_cpuinfo_says(isa: dict[str, bool]) -> bool:
 
     flags = kernels.cpu_flags()
     return bool(isa) and all(have == (flag in flags) for flag, have in isa.items())
-
-
-# OCRBench scoring ------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "prediction, answers, ok",
-    [
-        ("The word is HELLO.", ["hello"], True),  # case-insensitive
-        ("  hello\nworld ", "hello world", True),  # newline -> space, string answer
-        ("hel lo", ["hello"], False),  # spaces matter outside HME100k
-        ("nothing here", ["cat", "dog"], False),
-        ("a big Dog", ["cat", "dog"], True),  # any of several answers
-        ("", ["x"], False),
-    ],
-)
-def test_normal_rule(prediction: str, answers: list[str] | str, ok: bool) -> None:
-    assert is_correct(prediction, answers, "IIIT5K") is ok
-
-
-@pytest.mark.parametrize(
-    "prediction, answers, ok",
-    [
-        ("x ^ { 2 } + 1", ["x^{2}+1"], True),  # all spaces removed from both sides
-        ("x^{2}+1", ["x ^ { 2 } + 1"], True),
-        ("X^{2}+1", ["x^{2}+1"], False),  # case-sensitive
-        ("= \\frac { a } { b }", ["\\frac{a}{b}"], True),
-        ("x^{3}", ["x^{2}"], False),
-    ],
-)
-def test_hme_rule(prediction: str, answers: list[str], ok: bool) -> None:
-    assert is_correct(prediction, answers, "HME100k") is ok
-
-
-def test_score_groups_categories() -> None:
-    entries = [
-        {"type": "Regular Text Recognition", "dataset_name": "IIIT5K", "answers": ["cat"]},
-        {"type": "Regular Text Recognition", "dataset_name": "IIIT5K", "answers": ["dog"]},
-        {"type": "Doc-oriented VQA", "dataset_name": "docVQA", "answers": ["Paris"]},
-        {
-            "type": "Handwritten Mathematical Expression Recognition",
-            "dataset_name": "HME100k",
-            "answers": ["a+b"],
-        },
-    ]
-    result = score(entries, ["a cat", "a cow", "it is paris", "A + B"])
-    assert result["categories"]["Regular Text Recognition"] == {"correct": 1, "total": 2}
-    assert result["categories"]["Doc-oriented VQA"] == {"correct": 1, "total": 1}
-    hme = result["categories"]["Handwritten Mathematical Expression Recognition"]
-    assert hme == {"correct": 0, "total": 1}  # case-sensitive
-    assert result["text_recognition"] == {"correct": 1, "total": 2}
-    assert (result["correct"], result["total"], result["accuracy"]) == (2, 4, 0.5)
-
-
-def test_synthetic_set_format(tmp_path: Path) -> None:
-    from benchmark.ocrbench import CATEGORIES, load_dataset
-    from benchmark.ocrbench_synth import generate
-
-    folder = generate(tmp_path / "ocr", count=20)
-    entries = load_dataset(folder)
-    assert len(entries) == 20
-    assert {e["type"] for e in entries} == set(CATEGORIES)
-    for e in entries:
-        assert {"dataset_name", "id", "image_path", "question", "answers", "type"} <= e.keys()
-        assert Path(e["_image_file"]).is_file()
-        assert (e["dataset_name"] == "HME100k") == (e["type"] == CATEGORIES[-1])
 
 
 # Smoke runs (tiny model, tiny settings) ----------------------------------------------------------
@@ -136,106 +72,6 @@ def test_video_chat_smoke(tiny_model: str, tmp_path: Path) -> None:
     assert long[("per-group", 8.0)]["max_call_tokens"] <= 32  # two groups of 16 rows at most
     assert long[("per-group", 8.0)]["encoded_tokens"] == long[("whole", 8.0)]["encoded_tokens"]
     assert out.with_suffix(".png").is_file()
-
-
-def test_matmul_peak_takes_the_faster_product() -> None:
-    """In bfloat16 the probe times the engine's own GEMM too where it serves the packed linears,
-    so MFU is measured against the faster of the two."""
-    from conftest import NATIVE_GEMM_EXPECTED
-
-    from benchmark.lib.hardware import matmul_peak_gflops
-
-    peak = matmul_peak_gflops(size=256, seconds=0.1, dtype="bfloat16")
-    rates = [v for k, v in peak.items() if k.endswith("_gflop_per_s")]
-    assert peak["gflop_per_s"] == max(rates) > 0 and peak["torch_gflop_per_s"] > 0
-    assert ("native_gflop_per_s" in peak) == NATIVE_GEMM_EXPECTED
-
-
-@pytest.mark.parametrize(
-    ("dtype", "server_args", "want"),
-    [("float32", "", "float32"), ("bfloat16", "--chunked-prefill-size 64", "bfloat16"),
-     ("float32", "--dtype bfloat16", "bfloat16"), ("auto", "--dtype=float32", "float32"),
-     ("float32", "--dtype bfloat16 --dtype float16", "float16")],
-)  # fmt: skip
-def test_multiturn_image_probes_the_dtype_our_server_runs(dtype, server_args, want) -> None:
-    """A --dtype among our server's extra flags comes after the benchmark's own and wins: the
-    matmul probe that MFU is counted against must take it too."""
-    import argparse
-
-    from benchmark.multiturn_image import our_dtype
-
-    assert our_dtype(argparse.Namespace(dtype=dtype, server_args=server_args)) == want
-
-
-@pytest.mark.parametrize(
-    ("dtype", "server_args", "vision_dense", "lm_dense", "attention"),
-    [("bfloat16", "", "bfloat16", "bfloat16", "bfloat16"),
-     ("float32", "", "float32", "float32", "float32"),
-     ("bfloat16", "--torchao-config int8wo", "bfloat16", "bfloat16", "bfloat16"),
-     ("bfloat16", "--torchao-config int8dq", "bfloat16", "int8", "bfloat16"),
-     ("bfloat16", "--torchao-config int8dq --vision-int8dq", "int8", "int8", "bfloat16"),
-     ("bfloat16", "--torchao-config 8da4w-128 --vision-int8dq", "int8", "int8", "bfloat16")],
-)  # fmt: skip
-def test_multiturn_image_counts_each_part_against_its_arithmetic(
-    dtype, server_args, vision_dense, lm_dense, attention
-) -> None:
-    """Linears that take int8 activations count against the int8 product's peak (the tower's
-    only with --vision-int8dq); attention, and weight-only widths, against the compute dtype's."""
-    import argparse
-
-    from benchmark.multiturn_image import part_dtypes
-
-    got = part_dtypes(argparse.Namespace(dtype=dtype, server_args=server_args))
-    assert got == {"vision_attention": attention, "vision_dense": vision_dense,
-                   "lm_attention": attention, "lm_dense": lm_dense}  # fmt: skip
-
-
-def test_parts_of_round_split_the_forwards_time_and_work() -> None:
-    """Attention and the rest, in the tower and in the LM: the four parts' times add up to the
-    prefill forwards' time, each rate is its FLOPs over its time, and MFU at part peaks is the
-    time at every part's peak over TTFT."""
-    from benchmark.lib.counters import parts_of_round
-
-    perf = {
-        "vision_seconds": 0.15, "vision_flops": 180e9, "vision_attention_seconds": 0.04,
-        "vision_attention_flops": 25e9, "lm_attention_seconds": 0.01, "lm_attention_flops": 3e9,
-        "lm_linear_flops": 180e9, "lm_head_flops": 1e9, "prefill_forward_seconds": 0.3,
-    }  # fmt: skip
-    encoder = {"encoder_seconds": 0.16}  # the tower plus its preprocessing
-    peaks = {"vision_attention": 1000.0, "vision_dense": 2000.0, "lm_attention": 1000.0,
-             "lm_dense": 2000.0}  # fmt: skip
-    out = parts_of_round(perf, encoder, 0.4, peaks)
-    ms = {p: out[f"{p}_ms"] for p in peaks}
-    assert ms == pytest.approx(
-        {"vision_attention": 40, "vision_dense": 110, "lm_attention": 10, "lm_dense": 130}
-    )
-    assert out["vision_dense_gflop_per_s"] == pytest.approx(155 / 0.11)
-    assert out["lm_dense_of_peak"] == pytest.approx(181 / 0.13 / 2000)
-    assert out["vision_attention_of_peak"] == pytest.approx(25 / 0.04 / 1000)
-    ideal = 25 / 1000 + 155 / 2000 + 3 / 1000 + 181 / 2000  # seconds (GFLOP / GFLOP/s)
-    assert out["mfu_at_part_peaks"] == pytest.approx(ideal / 0.4)
-    # a part without a probed peak: its rate stands, nothing is counted against a peak
-    partial = parts_of_round(perf, encoder, 0.4, {**peaks, "lm_attention": None})
-    assert partial["lm_attention_of_peak"] is None and partial["mfu_at_part_peaks"] is None
-    assert partial["lm_attention_gflop_per_s"] == pytest.approx(300)
-    assert parts_of_round(None, encoder, 0.4, peaks) == {}
-
-
-def test_quant_linear_counts_each_width_against_its_products_peak(monkeypatch) -> None:
-    """Weight-only int8 / int4 multiply in the float product (bfloat16, or float32 without it);
-    only int8dq and 8da4w count against the int8 product's peak."""
-    import benchmark.quant_linear as quant_linear
-    from sglang.srt.model_executor import dtypes
-
-    rates = {"int8": 300.0, "bfloat16": 100.0, "float32": 50.0}
-    monkeypatch.setattr(
-        quant_linear, "matmul_peak_gflops", lambda dtype: {"gflop_per_s": rates[dtype]}
-    )
-    for isa, float_peak in (("avx512_bf16", 100.0), (None, 50.0)):
-        monkeypatch.setattr(dtypes, "cpu_bfloat16_isa", lambda isa=isa: isa)
-        peaks = quant_linear._compute_peaks(["bf16", "int8", "int4-128", "int8dq", "8da4w-128"])
-        assert peaks == {"bf16": float_peak, "int8": float_peak, "int4-128": float_peak,
-                         "int8dq": 300.0, "8da4w-128": 300.0}  # fmt: skip
 
 
 @needs_server
@@ -407,7 +243,8 @@ def test_constraint_cost_smoke(tiny_model: str, tmp_path: Path) -> None:
 def test_memory_smoke(tmp_path: Path) -> None:
     """A Qwen2.5-VL-shaped checkpoint with tiny widths, built in bfloat16 and served (built into
     the test's folder; the native kernels stay in the suite's cache)."""
-    from benchmark.memory import build_checkpoint, main, shape_config
+    from benchmark.lib.shaped_checkpoints import build_checkpoint, shape_config
+    from benchmark.memory import main
 
     model = build_checkpoint(tmp_path / "ckpt", shape_config("tiny", None, None))
     out = tmp_path / "mem"
@@ -439,64 +276,6 @@ def test_detokenize_smoke(tiny_model: str, tmp_path: Path) -> None:
     for r in data["results"]:
         assert len(r["us_per_event"]) == 2 and all(us > 0 for us in r["us_per_event"])
     assert out.with_suffix(".png").exists()
-
-
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
-def test_shaped_checkpoint_speaks_in_tokenizer_ids(tmp_path: Path, family: str) -> None:
-    """Random shaped checkpoints: the head scores 0 for every id the tokenizer lacks, its special
-    tokens and pieces that are no text alone (a random model's first token is text: client-timed
-    TTFT is the first token's), the config names the generating architecture (peers pick the
-    model class from it), tied heads are written once."""
-    import transformers
-    from safetensors.torch import load_file
-
-    from benchmark.memory import SHAPES, build_checkpoint, shape_config
-
-    dims = shape_config("tiny", None, None)
-    if family == "qwen2_vl":  # the 2B's layout (full-attention tower, tied head), tiny widths
-        vision = {**SHAPES["2b"]["vision"], "depth": 1, "embed_dim": 32, "num_heads": 2,
-                  "hidden_size": dims["text"]["hidden_size"]}  # fmt: skip
-        dims = {"model_type": "qwen2_vl", "text": {**dims["text"], "tie_word_embeddings": True},
-                "vision": vision}  # fmt: skip
-    out = build_checkpoint(tmp_path / family, dims)
-    config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == family
-    assert config["architectures"][0].endswith("ForConditionalGeneration")
-    tensors: dict = {}
-    for shard in out.glob("*.safetensors"):
-        tensors.update(load_file(shard))
-    heads = [n for n in tensors if n.endswith("lm_head.weight")]
-    if family == "qwen2_vl":
-        assert not heads  # tied: the embedding is the head
-        heads = [n for n in tensors if n.endswith("embed_tokens.weight")]
-    (head,) = heads
-    tok = transformers.AutoTokenizer.from_pretrained(out)
-    rows = tensors[head].float().abs().sum(dim=1)
-    assert len(tok) < rows.numel() and (rows[len(tok) :] == 0).all()
-    speaks = [i for i in range(len(tok)) if rows[i] > 0]
-    assert len(speaks) > len(tok) // 2 and not set(speaks) & set(tok.all_special_ids)
-    assert all(tok.decode([i]).strip() and "\ufffd" not in tok.decode([i]) for i in speaks)
-    # the muted ones are exactly those: specials and ids with no text of their own
-    assert all(i in tok.all_special_ids or not tok.decode([i]).strip()
-               or "\ufffd" in tok.decode([i]) for i in range(len(tok)) if rows[i] == 0)  # fmt: skip
-
-
-def test_bench_serve_command_is_what_vllm_parses() -> None:
-    """The random-mm bucket string is the dict vLLM's parser reads (a literal with tuple keys)."""
-    import argparse
-    import ast
-
-    from benchmark.servers import Server
-    from benchmark.vllm_bench_serve import client_command, main  # noqa: F401
-
-    args = argparse.Namespace(image_size=448, model_path="/m", num_prompts=8, max_concurrency=8,
-                              input_len=64, output_len=32, images=2)  # fmt: skip
-    cmd = client_command(Server("http://127.0.0.1:1", "default", "ours", "ours"), args, 8, 0,
-                         Path("/tmp"), "r.json")  # fmt: skip
-    flag = dict(zip(cmd[3::1], cmd[4::1]))
-    assert ast.literal_eval(flag["--random-mm-bucket-config"]) == {(448, 448, 1): 1.0}
-    assert json.loads(flag["--random-mm-limit-mm-per-prompt"]) == {"image": 2, "video": 0}
-    assert flag["--model"] == "default" and flag["--num-prompts"] == "8"
 
 
 @needs_plots

@@ -4,172 +4,41 @@ its frame groups), a cached prefix, a batch with an image request and a second t
 encodes nothing; a deliberate error (two frame groups' cached embeddings swapped, or the
 video's frames reversed where the video is one item) breaks the equality. Placeholder text is
 checked against HF's ``replace_video_token`` and positions against ``get_rope_index`` (through
-``generate``); preprocessing against HF's video processor where torchvision imports, and
-without it against the family's own transform applied per frame."""
+``generate``). Preprocessing: ``test_video_preprocessing.py``."""
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-import transformers
 from conftest import hf_greedy, make_image, model_dir
-from transformers.video_utils import VideoMetadata
+from video_families_reference import (
+    FAMILIES,
+    FIXED_SIZE,
+    MAX_NEW,
+    SPECS,
+    clip,
+    hf_video_greedy,
+    prompt_of,
+    video_prompt,
+    video_settings,
+)
 
 import sglang
 from sglang.srt.multimodal.embedder import EncoderStats
 from sglang.srt.multimodal.frame_groups import frame_groups
-from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.video_io import load_video
-from sglang.srt.multimodal.video_preprocess import VideoSettings, preprocess_frames
+from sglang.srt.multimodal.video_preprocess import preprocess_frames
 
-MAX_NEW = 6
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
-HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
-
-
-@dataclass(frozen=True)
-class Spec:
-    video: str  # what a prompt writes for a video
-    image: str  # ... and for an image
-    turn: str  # a user turn and the assistant's start, with {} for the content
-    end: str  # what closes an assistant answer
-    groups: int  # cache entries of the test clip (frame groups, or 1 for a whole video)
-    rows: int  # embedding rows of the test clip
-
-
-SPECS = {
-    "glm4v": Spec(
-        "<|begin_of_video|><|video|><|end_of_video|>",
-        "<|begin_of_image|><|image|><|end_of_image|>",
-        "<|user|>\n{}<|assistant|>\n",
-        "",
-        4,
-        16,
-    ),
-    # one pooled row per 28x28 frame (2x2 patches), one cache entry per frame, the newline
-    "llava_onevision": Spec(
-        "<video>\n",
-        "<image>\n",
-        "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
-        "<|im_end|>\n",
-        7,
-        8,
-    ),
-    # four rows per 56x56 frame tile, one cache entry per frame
-    "internvl": Spec(
-        "<video>\n",
-        "<IMG_CONTEXT>\n",
-        "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
-        "<|im_end|>\n",
-        7,
-        28,
-    ),
-}
-FAMILIES = tuple(SPECS)
-GLM_START = "[gMASK]<sop>"
-
-
-def prompt_of(family: str, *turns: str, answers: tuple[str, ...] = ()) -> str:
-    spec = SPECS[family]
-    head = GLM_START if family == "glm4v" else ""
-    text = ""
-    for i, turn in enumerate(turns):
-        text += spec.turn.format(turn)
-        if i < len(answers):
-            text += answers[i] + spec.end
-    return head + text
-
-
-def video_prompt(family: str) -> str:
-    return prompt_of(family, SPECS[family].video + "What happens in the clip?")
-
-
-def clip(seed: int, frames: int = 7, height: int = 50, width: int = 70) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (frames, height, width, 3), np.uint8)
 
 
 @functools.cache
 def _engine(family: str) -> sglang.Engine:
     return sglang.Engine(dtype="float32", model_path=model_dir(family), chunked_prefill_size=-1)
-
-
-@functools.cache
-def _hf_model(family: str):
-    model = transformers.AutoModelForImageTextToText.from_pretrained(
-        model_dir(family), dtype=torch.float32, attn_implementation="sdpa"
-    )
-    return model.eval()
-
-
-def _settings(family: str) -> VideoSettings:
-    return VideoSettings.from_model_dir(model_dir(family))
-
-
-def _hf_inputs(
-    family: str, prompt: str, frames: np.ndarray, images: tuple = ()
-) -> dict[str, torch.Tensor]:
-    """HF's model inputs for ``prompt`` with one video of already sampled ``frames`` (and
-    ``images`` before it, expanded by HF's processor): the video placeholder expanded by HF's
-    own ``replace_video_token`` (its video processor stood in for by the settings it reads),
-    the video's pixels from ``preprocess_frames`` (checked against HF's video processor in the
-    preprocessing tests)."""
-    settings = _settings(family)
-    video = load_video(frames, settings)
-    features = preprocess_frames(video.frames, settings)
-    processor = load_hf_processor(model_dir(family))
-    processor.video_processor = SimpleNamespace(merge_size=settings.merge_size)
-    inputs: dict = {k: torch.from_numpy(v) for k, v in features.items()}
-    if family == "glm4v":
-        metadata = VideoMetadata(
-            total_num_frames=len(frames), fps=settings.fps, frames_indices=list(range(len(frames)))
-        )
-        inputs["video_metadata"] = [metadata]
-    tokenizer = processor.tokenizer
-    # HF's processor expands the images before the video; the rest is tokenized on its own
-    # (the video placeholder sits between special tokens or after a word: the same tokens)
-    before, after = prompt.split(processor.video_token)
-    out: dict = {}
-    if images:
-        out = dict(processor(text=[before], images=[list(images)], return_tensors="pt"))
-        ids = out.pop("input_ids")[0].tolist()
-        for key in ("attention_mask", "mm_token_type_ids", "token_type_ids"):
-            out.pop(key, None)
-    else:
-        ids = tokenizer(before)["input_ids"]
-    replacement = processor.replace_video_token(inputs, 0)
-    ids += tokenizer(replacement + after, add_special_tokens=False)["input_ids"]
-    out["input_ids"] = torch.tensor([ids])
-    out.update({k: v for k, v in inputs.items() if k != "video_metadata"})
-    if family == "glm4v":
-        out["mm_token_type_ids"] = torch.tensor(processor.create_mm_token_type_ids([ids]))
-    if family == "internvl":  # InternVL's processor hands video frames over as image tiles
-        tiles = [out["pixel_values"]] if images else []
-        out["pixel_values"] = torch.cat([*tiles, out.pop("pixel_values_videos")[0]])
-    return out
-
-
-def hf_video_greedy(family: str, prompt: str, frames: np.ndarray, images: tuple = ()) -> tuple:
-    """(HF greedy output ids, their log-probs, prompt ids)."""
-    inputs = _hf_inputs(family, prompt, frames, images)
-    ids = inputs["input_ids"]
-    with torch.no_grad():
-        out = _hf_model(family).generate(
-            **inputs,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    new = out.sequences[0, ids.shape[1] :].tolist()
-    logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.logits, new)]
-    return new, logprobs, ids[0].tolist()
 
 
 @functools.cache
@@ -198,133 +67,6 @@ def _stats(engine: sglang.Engine) -> EncoderStats:
 
 def _separable(engine: sglang.Engine) -> bool:
     return engine.scheduler.runner.adapter.separable_video_groups
-
-
-# Preprocessing (against HF's processors: test_video.py's recorded reference) -----------------
-def test_glm4v_preprocess_is_qwen3_transform() -> None:
-    """GLM-4.1V's video processor is Qwen3-VL's transform (its ``smart_resize`` on frames x
-    height x width, the same patch layout) with GLM's own settings: equal to HF's GLM image
-    processor on a two-frame group where the image rule agrees (one 56x56 frame group)."""
-    from transformers.models.glm4v.video_processing_glm4v import smart_resize
-
-    settings = _settings("glm4v")
-    for frames, height, width in [(7, 50, 70), (2, 30, 200), (40, 90, 60)]:
-        want = smart_resize(
-            frames,
-            height,
-            width,
-            temporal_factor=2,
-            factor=settings.factor,
-            min_pixels=settings.min_pixels,
-            max_pixels=settings.max_pixels,
-        )
-        video = load_video(clip(1, frames, height, width), settings)
-        assert video.frames.shape[1:3] == want
-    # Two identical frames: HF's image processor tiles one image the same way
-    image = clip(5, 1, 56, 56)
-    pair = np.repeat(image, 2, axis=0)
-    processor = load_hf_processor(model_dir("glm4v"))
-    want = processor.image_processor(
-        images=[image[0]],
-        return_tensors="np",
-        size={"shortest_edge": 56 * 56, "longest_edge": 2 * 56 * 56},
-    )
-    got = preprocess_frames(pair, settings)
-    np.testing.assert_array_equal(got["video_grid_thw"], want["image_grid_thw"])
-    np.testing.assert_allclose(got["pixel_values_videos"], want["pixel_values"], atol=1e-6)
-
-
-FIXED_SIZE = ("llava_onevision", "internvl")
-
-
-@pytest.mark.parametrize("family", [f for f in FIXED_SIZE if f in SPECS])
-@pytest.mark.parametrize("size", [(28, 28), (50, 70)])
-def test_frames_equal_the_image_transform_per_frame(family: str, size) -> None:
-    """HF's video processor for these families is its base transform applied to every frame
-    (resize to one fixed size, rescale, normalise): the family's image processor's own resize,
-    rescale and normalise per frame give the same pixels. Equal up to float rounding where no
-    resize happens; PIL's bicubic (the image processor) and torchvision's (the video
-    processor, reproduced here) differ by at most a few uint8 steps where one does."""
-    from transformers.image_processing_utils import SizeDict
-
-    settings = _settings(family)
-    image_processor = load_hf_processor(model_dir(family)).image_processor
-    frames = clip(7, 5, *size)
-    got = preprocess_frames(load_video(frames, settings).frames, settings)
-    got = got["pixel_values_videos"][0]
-    target = SizeDict(height=settings.height, width=settings.width)
-    want = []
-    for frame in frames:
-        chw = frame.transpose(2, 0, 1)
-        chw = image_processor.resize(chw, target, resample=settings.resample)
-        chw = image_processor.rescale(chw, settings.rescale_factor)
-        want.append(image_processor.normalize(chw, settings.image_mean, settings.image_std))
-    want = np.stack(want)
-    assert got.shape == want.shape == (5, 3, settings.height, settings.width)
-    step = settings.rescale_factor / min(settings.image_std)  # one uint8 step, normalised
-    if size == (settings.height, settings.width):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
-    else:
-        assert np.abs(got - want).max() <= 4 * step
-        assert np.abs(got - want).mean() <= 0.5 * step
-
-
-def test_glm4v_sampling_rule() -> None:
-    """``Glm4vVideoProcessor.sample_frames``: ``fps`` frames a second at ``ceil(i * native /
-    fps)``, an even count (last repeated); past ``max_duration`` spread by linspace."""
-    from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor
-
-    from sglang.srt.multimodal.video_preprocess import sample_indices
-
-    settings = _settings("glm4v")
-    for total, fps in [(300, 30.0), (25, 10.0), (7, 24.0), (9000, 25.0), (100, 2.0)]:
-        metadata = VideoMetadata(total_num_frames=total, fps=fps, duration=total / fps)
-        want = Glm4vVideoProcessor.sample_frames(SimpleNamespace(fps=2, max_duration=300), metadata)
-        np.testing.assert_array_equal(sample_indices(total, fps, settings), want)
-
-
-def test_uniform_sampling_rules() -> None:
-    """LLaVA-OneVision: HF's ``default_sample_indices_fn`` (``arange(n) * total // n``);
-    InternVL: its ``sample_frames`` (``arange(total / n / 2, total, total / n)``; its module
-    imports torchvision, so its formula stands in where that is missing); ``num_frames`` else
-    ``fps``, at most every frame (HF refuses more)."""
-    from transformers.video_utils import default_sample_indices_fn
-
-    def internvl_indices(metadata: VideoMetadata, count: int) -> np.ndarray:
-        if HAS_TORCHVISION:
-            from transformers.models.internvl.video_processing_internvl import (
-                InternVLVideoProcessor,
-            )
-
-            shim = SimpleNamespace(num_frames=count, initial_shift=True)
-            return InternVLVideoProcessor.sample_frames(shim, metadata).numpy()
-        total = metadata.total_num_frames
-        return torch.arange(total / count / 2, total, total / count).int().numpy()
-
-    from sglang.srt.multimodal.video_preprocess import sample_indices
-
-    llava, internvl = _settings("llava_onevision"), _settings("internvl")
-    assert (llava.rule, llava.num_frames, internvl.rule, internvl.num_frames) == (
-        "llava_onevision",
-        32,
-        "internvl",
-        8,
-    )
-    for total, fps in [(300, 30.0), (33, 10.0), (9, 24.0), (1000, 25.0)]:
-        metadata = VideoMetadata(total_num_frames=total, fps=fps)
-        for count in (llava.num_frames, 8, 5):
-            if count > total:
-                continue
-            s = VideoSettings(rule="llava_onevision", num_frames=count)
-            want = default_sample_indices_fn(metadata, num_frames=count)
-            np.testing.assert_array_equal(sample_indices(total, fps, s), want)
-            s = VideoSettings(rule="internvl", num_frames=count)
-            want = internvl_indices(metadata, count)
-            np.testing.assert_array_equal(sample_indices(total, fps, s), want)
-        s = VideoSettings(rule="llava_onevision", fps=1.0)
-        want = default_sample_indices_fn(metadata, fps=1.0)
-        np.testing.assert_array_equal(sample_indices(total, fps, s), want)
-    assert len(sample_indices(5, 30.0, llava)) == 5  # 32 asked, 5 there
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -505,7 +247,7 @@ def test_deliberate_error_breaks_parity(family: str, video_cache: str) -> None:
     entries = cache._entries
     if engine.scheduler.runner.embedder._split_videos:
         assert video_cache == "per-group" and _separable(engine)
-        g0, g1 = frame_groups(item, _settings(family).frames_per_group)[:2]
+        g0, g1 = frame_groups(item, video_settings(family).frames_per_group)[:2]
         entries[g0.hash], entries[g1.hash] = entries[g1.hash], entries[g0.hash]
     else:
         assert video_cache == "whole"

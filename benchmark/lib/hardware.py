@@ -9,6 +9,7 @@ import platform
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -197,3 +198,31 @@ def paused(pids: list[int | None]) -> Iterator[None]:
                 proc.resume()
             except psutil.Error:
                 continue
+
+
+def _status_bytes(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+_STATUS_KEYS = {"peak_mb": "VmHWM", "rss_mb": "VmRSS", "anon_mb": "RssAnon", "file_mb": "RssFile"}
+
+
+def rss_snapshot(pid: int) -> dict[str, Any]:
+    """Peak (VmHWM) and current RSS of each process of the server's tree, in MiB; current RSS
+    split into anonymous memory and file pages (weights mapped from a safetensors file whose
+    dtype is the run dtype stay file pages, which the kernel can drop and read back)."""
+    procs = []
+    import psutil
+
+    for proc in _process_tree(pid) or []:
+        try:
+            row = {k: _status_bytes(proc.pid, key) / 2**20 for k, key in _STATUS_KEYS.items()}
+            procs.append({"pid": proc.pid, **row})
+        except (OSError, psutil.Error):
+            continue
+    totals = {k: sum(p[k] for p in procs) for k in _STATUS_KEYS}  # peaks: sum of each one's
+    return {**totals, "max_process_peak_mb": max((p["peak_mb"] for p in procs), default=0.0),
+            "processes": procs}  # fmt: skip

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import transformers
 from PIL import Image
-from transformers import AutoConfig
 
 from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.core.perf_counters import PerfCounters
@@ -23,9 +22,10 @@ from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.host_memory import module_bytes
 from sglang.srt.model_executor.mm_fingerprint import worker_fingerprint
-from sglang.srt.model_executor.model_runner import (
+from sglang.srt.model_executor.model_loader import (
     build_embedder,
     install_encoder_kernels,
+    load_config,
     load_model,
 )
 from sglang.srt.model_executor.prequantized import prequantized_config
@@ -59,18 +59,15 @@ class EncoderRunner:
         self.args = args
         self.model_path = model_path
         self.device = args.resolved_device
-        self.config = AutoConfig.from_pretrained(
-            model_path, trust_remote_code=args.trust_remote_code
-        )
+        self.config = load_config(args, model_path)
         if not hasattr(self.config, "vision_config"):
             raise ValueError("an encoder-only worker serves a model with a vision tower")
-        get_adapter(None, self.config)
         self.dtype = resolve_launch_dtypes(args, self.config)[0].dtype
         self.perf = PerfCounters()
-        load_config = tower_only_config(self.config)
+        tower_config = tower_only_config(self.config)
         published = read_format(self.config)
         if published is not None:  # its tower's quantized linears (if any) load as published
-            load_config = prequantized_config(load_config, published, model_path, tower_only=True)
+            tower_config = prequantized_config(tower_config, published, model_path, tower_only=True)
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # the decoder's tensors are left unread
         try:
@@ -80,7 +77,7 @@ class EncoderRunner:
                 self.dtype,
                 args,
                 self.perf,
-                load_config=load_config,
+                load_config=tower_config,
                 ignore_mismatched_sizes=True,
             )
         finally:

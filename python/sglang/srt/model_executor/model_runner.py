@@ -2,51 +2,38 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections import Counter
 from typing import Any
 
 import torch
-import transformers
-from transformers import AutoConfig
 
 from sglang.srt.core.forward_batch import ForwardBatch, PromptLogprobs
-from sglang.srt.core.perf_counters import PerfCounters, instrument_vision, wait_for_device
+from sglang.srt.core.perf_counters import PerfCounters, wait_for_device
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
-from sglang.srt.layers import (
-    decode_linear,
-    native_activation,
-    native_norm,
-    native_rotary,
-    packed_linear,
-)
+from sglang.srt.layers import packed_linear
 from sglang.srt.layers.attention import create_attention_backend
-from sglang.srt.layers.checkpoint_formats import PrequantizedFormat, check_method_flag, read_format
 from sglang.srt.layers.pooler import Head, chunk_parts
 from sglang.srt.layers.pooling_config import PoolingConfig
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
-from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor import host_memory, memory
-from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa, dtype_name, resolve_launch_dtypes
+from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
 from sglang.srt.model_executor.linear_attention import install_pooled_linear_attention
-from sglang.srt.model_executor.mm_fingerprint import shared_store, worker_fingerprint
-from sglang.srt.model_executor.pooling_head import build_pooling
-from sglang.srt.model_executor.prequantized import prequantized_config
-from sglang.srt.model_executor.quantization import (
-    apply_torchao_config,
-    copy_out_of_checkpoint,
-    quantize_head_and_embeddings,
-    quantize_vision_tower,
+from sglang.srt.model_executor.mm_fingerprint import worker_fingerprint
+from sglang.srt.model_executor.model_loader import (
+    build_embedder,
+    install_cpu_kernels,
+    load_config,
+    load_model,
+    published_format,
+    quantize,
 )
-from sglang.srt.models import fast_vision
-from sglang.srt.models.adapters import get_adapter, load_vlm
-from sglang.srt.multimodal.embedder import MultimodalEmbedder
+from sglang.srt.model_executor.pooling_head import build_pooling
+from sglang.srt.models.adapters import get_adapter
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 from sglang.srt.multimodal.processor import ImagePreprocessor
 from sglang.srt.multimodal.remote_encoder import RemoteEncoders
@@ -54,30 +41,10 @@ from sglang.srt.multimodal.video_preprocess import VideoSettings
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_NAME = "sglang_engine"
 PROMPT_LOGPROB_ROWS = 256  # prompt positions whose logits exist at once
 # Hybrid models: shares of the cache budget for linear-attention state (unless set by flags).
 STATE_REQUESTS_FRACTION = 0.25
 STATE_SNAPSHOTS_FRACTION = 0.1
-
-
-def _engine_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-    batch: ForwardBatch = kwargs["forward_batch"]
-    out = batch.attn_backend.forward(
-        query,
-        key,
-        value,
-        module.kv_layer_idx,
-        batch,
-        scaling=scaling if scaling is not None else module.head_dim**-0.5,
-        sliding_window=kwargs.get("sliding_window"),
-        softcap=kwargs.get("softcap"),
-        save_kv=not module.kv_shared,
-    )
-    return out, None
-
-
-transformers.AttentionInterface.register(ATTENTION_NAME, _engine_attention)
 
 
 class ModelRunner:
@@ -85,23 +52,9 @@ class ModelRunner:
         self.args = args
         self.model_path = model_path
         self.device = args.resolved_device
-        self.config = AutoConfig.from_pretrained(
-            model_path, trust_remote_code=args.trust_remote_code
-        )
+        self.config = load_config(args, model_path)
         self.text_config = self.config.get_text_config()
-        get_adapter(None, self.config)  # an unservable model fails here, before its weights load
-        self.prequantized = read_format(self.config)
-        check_method_flag(args.quantization, self.prequantized)
-        if self.prequantized and self.device != "cpu":
-            raise ValueError(
-                f"a checkpoint published quantized ({self.prequantized.label}) loads on the CPU "
-                "only; on CUDA serve its unquantized weights with --torchao-config"
-            )
-        if self.prequantized and args.torchao_config:
-            raise ValueError(
-                f"--torchao-config {args.torchao_config}: the checkpoint is already quantized "
-                f"({self.prequantized.label})"
-            )
+        self.prequantized = published_format(args, self.config)
         self.is_multimodal = hasattr(self.config, "vision_config")
         choice, self.kv_cache_dtype = resolve_launch_dtypes(args, self.config)
         self.dtype = choice.dtype
@@ -118,39 +71,8 @@ class ModelRunner:
         )
         self.perf = PerfCounters()
         self._head_rows = 0  # rows the LM head scored in the current forward
-        self.lm_packed_copy_bytes = 0
-        with host_memory.heap_returned_while_loading():
-            self.model = load_model(
-                model_path, self.config, self.dtype, args, self.perf, self.prequantized
-            )
-            self.adapter = get_adapter(self.model, self.config)
-            self.quantization = apply_torchao_config(
-                self.adapter.language_model, args.torchao_config
-            )
-            if self.quantization is not None:
-                quantize_head_and_embeddings(
-                    self.model,
-                    self.adapter.language_model,
-                    self.quantization,
-                    args.cpu_lm_head_dtype,
-                )
-                quantize_vision_tower(
-                    self.model, self.adapter.language_model, self.quantization, args.vision_int8dq
-                )
-                copy_out_of_checkpoint(self.model)
+        self._load_weights()
         self._count_lm_work()
-        if self.device == "cpu" and self.dtype == torch.bfloat16:
-            head = self.model.get_output_embeddings()
-            lm_packed = self._route_lm_linears(head)
-            install_encoder_kernels(self.model, self.adapter.language_model)
-            if lm_packed and self.quantization is None:
-                copied = copy_out_of_checkpoint(self.model)  # what packing left on the mapping
-                logger.info("%.1f MiB not packed copied off the checkpoint", copied / 2**20)
-        elif self.device == "cpu" and self.dtype == torch.float32 and not cpu_bfloat16_isa():
-            head = self.model.get_output_embeddings()
-            linears = [*self.adapter.language_model.modules(), head]
-            routed = decode_linear.install(linears, torch.float32)
-            logger.info("decode batches' float32 linears on the native kernel: %d", routed)
         self.state_shape = install_pooled_linear_attention(
             self.adapter.language_model, self.dtype, getattr(torch, args.mamba_ssm_dtype)
         )
@@ -159,14 +81,44 @@ class ModelRunner:
         self.context_length = args.context_length or self.text_config.max_position_embeddings
         self.vocab_size = self.text_config.vocab_size
         self._init_memory()
+        self._init_attention()
+        self._init_processing()
+        self.pooling: PoolingConfig | None = None  # set when the model serves pooled states
+        self.pool_head: Head | None = None
+        if args.serves_pooling:
+            self.pooling, self.pool_head = build_pooling(
+                self.model_path, args.pooling_method, self.tokenizer, self._logits, self.dtype,
+                self.device,
+            )  # fmt: skip
+
+    def _load_weights(self) -> None:
+        """The model, its adapter, its quantization and the CPU kernels (``model_loader``)."""
+        args = self.args
+        with host_memory.heap_returned_while_loading():
+            self.model = load_model(
+                self.model_path, self.config, self.dtype, args, self.perf, self.prequantized
+            )
+            self.adapter = get_adapter(self.model, self.config)
+            self.quantization = quantize(self.model, self.adapter, args)
+        kernels = install_cpu_kernels(
+            self.model, self.adapter, args, self.dtype, self.quantization is not None
+        )
+        self.lm_packed_copy_bytes = kernels.lm_packed_copy_bytes
+
+    def _init_attention(self) -> None:
         self.attn_backend = create_attention_backend(
-            args.attention_backend or "torch_native",
+            self.args.attention_backend or "torch_native",
             kv_pool=self.kv_pool,
             req_to_token_pool=self.req_to_token_pool,
         )
         self.attn_backend.perf = self.perf
         self.attn_backend.spans_in_sliding_layers_only = self.adapter.bidirectional_sliding_only
         self.attn_backend.window_bounds_spans = self.adapter.window_bounds_spans
+
+    def _init_processing(self) -> None:
+        """The processor and tokenizer, and the chunk-aware embedder with its per-image cache
+        (and the fleet's store or encoder workers, under this worker's fingerprint)."""
+        args, model_path = self.args, self.model_path
         self.hf_processor = load_hf_processor(model_path)
         self.tokenizer = getattr(self.hf_processor, "tokenizer", self.hf_processor)
         preprocessor = ImagePreprocessor(
@@ -177,21 +129,10 @@ class ModelRunner:
             fingerprint = worker_fingerprint(
                 args, model_path, preprocessor, self.dtype, self.quantization
             )
+        remote = self._remote_encoders(fingerprint)
         self.embedder = build_embedder(
-            args,
-            self.adapter,
-            preprocessor,
-            self.dtype,
-            fingerprint,
-            self._remote_encoders(fingerprint),
+            args, self.adapter, preprocessor, self.dtype, fingerprint, remote
         )
-        self.pooling: PoolingConfig | None = None  # set when the model serves pooled states
-        self.pool_head: Head | None = None
-        if args.serves_pooling:
-            self.pooling, self.pool_head = build_pooling(
-                model_path, args.pooling_method, self.tokenizer, self._logits, self.dtype,
-                self.device,
-            )  # fmt: skip
 
     def _remote_encoders(self, fingerprint: str) -> RemoteEncoders | None:
         if not (self.args.encoder_urls and self.is_multimodal):
@@ -200,46 +141,6 @@ class ModelRunner:
         logger.info("encoder workers %s, fingerprint %s", urls, fingerprint)
         api_key = getattr(self.args, "api_key", None)  # a fleet shares the server's key
         return RemoteEncoders(urls, fingerprint, self.args.encoder_timeout, api_key)
-
-    def _route_lm_linears(self, head: torch.nn.Module) -> int:
-        """One layout per bfloat16 linear of the language model and its head: the native
-        GEMM's packed panels, which serve prompt chunks and decode rows alike, where the CPU
-        has that GEMM; elsewhere the plain weight, read by the decode kernel and torch's product
-        (with a oneDNN-packed copy beside it for prompt chunks only if asked for). A weight
-        another module shares stays plain, but for a head tied to the input embeddings (see
-        ``_pack_tied_head``). Returns how many linears hold only the packed layout."""
-        linears = [*self.adapter.language_model.modules(), head]
-        setting = self.args.cpu_packed_lm_weights
-        packed = 0
-        if setting != "off":
-            counts = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
-            own = [m for m in linears if counts[id(getattr(m, "weight", None))] == 1]
-            packed = packed_linear.install(own, native_only=True)
-            packed += self._pack_tied_head(head, counts)
-            logger.info("language-model linears on the native GEMM, packed only: %d", packed)
-        routed = decode_linear.install(linears)
-        logger.info("decode-sized bfloat16 linears on the native kernel: %d", routed)
-        if setting == "on":
-            plain = [m for m in linears[:-1] if not packed_linear.holds_only_packed(m)]
-            copies = packed_linear.add_packed_copies(plain)
-            self.lm_packed_copy_bytes = sum(getattr(m, "packed_weight_bytes", 0) for m in plain)
-            logger.info("language-model linears with packed copies for prompts: %d", copies)
-        return packed
-
-    def _pack_tied_head(self, head: torch.nn.Module, counts: Counter[int]) -> int:
-        """A head tied to the input embeddings (and nothing else) is packed too where the
-        embedding can read its rows from the head's panels: decode steps multiply every row by
-        the head, which is the largest matrix of a small model."""
-        embed = self.model.get_input_embeddings()
-        if counts[id(getattr(head, "weight", None))] != 2:  # shared with the embeddings only
-            return 0
-        if not packed_linear.lookups_can_move_to(embed, head):
-            return 0
-        if not packed_linear.install([head], native_only=True):
-            return 0
-        assert packed_linear.serve_lookups_from_head(embed, head)
-        logger.info("tied LM head packed; the input embeddings read its panels")
-        return 1
 
     def weight_quantization(self) -> dict[str, Any] | None:
         """What ``/server_info`` reports of the weights' quantization."""
@@ -435,84 +336,3 @@ class ModelRunner:
             top if req.top_logprobs_num else None,
             by_id if req.token_ids_logprob else None,
         )
-
-
-def build_embedder(
-    args: EngineConfig,
-    adapter: Any,
-    preprocessor: ImagePreprocessor,
-    dtype: torch.dtype,
-    fingerprint: str,
-    remote: RemoteEncoders | None = None,
-) -> MultimodalEmbedder:
-    """A worker's embedder (language or encoder-only): its per-image cache, and the fleet's
-    store under ``fingerprint`` when one is shared (empty: none)."""
-    return MultimodalEmbedder(
-        adapter,
-        preprocessor,
-        MultimodalEmbeddingCache(args.mm_cache_bytes),
-        args.resolved_device,
-        dtype,
-        args.mm_encoder_token_budget or max(args.chunked_prefill_size or 8192, 1024),
-        args.mm_cache_mode,
-        video_groups=args.mm_video_cache == "per-group",
-        store=shared_store(args, fingerprint) if fingerprint else None,
-        remote=remote,
-    )
-
-
-def load_model(
-    model_path: str,
-    config: Any,
-    dtype: torch.dtype,
-    args: EngineConfig,
-    perf: PerfCounters,
-    prequantized: PrequantizedFormat | None = None,
-    **kwargs: Any,
-) -> torch.nn.Module:
-    """The HF model on ``args``' device, its language model on the engine's attention and its
-    vision tower on SDPA (and the fast vision paths); ``kwargs`` go to ``from_pretrained``. A
-    ``prequantized`` checkpoint's linears load straight into the native quantized layouts."""
-    multimodal = hasattr(config, "vision_config")
-    if prequantized is not None:
-        kwargs["load_config" if multimodal else "config"] = prequantized_config(
-            config, prequantized, model_path
-        )
-    if multimodal:
-        load = functools.partial(load_vlm, config=config)
-        attn = {"text_config": ATTENTION_NAME, "vision_config": "sdpa", "": "sdpa"}
-    else:
-        load = transformers.AutoModelForCausalLM.from_pretrained
-        attn = ATTENTION_NAME
-    transformers.utils.logging.disable_progress_bar()
-    kwargs = {"dtype": dtype, "trust_remote_code": args.trust_remote_code, **kwargs}
-    try:
-        model = load(model_path, attn_implementation=attn, **kwargs)
-    except ValueError as exc:
-        if not multimodal or "scaled_dot_product_attention" not in str(exc):
-            raise
-        # A vision tower without SDPA (GOT-OCR 2's SAM encoder) runs its eager attention.
-        attn = {**attn, "vision_config": "eager", "": "eager"}
-        model = load(model_path, attn_implementation=attn, **kwargs)
-    model = model.to(args.resolved_device).eval()
-    if multimodal and fast_vision.install(model, config, perf):
-        instrument_vision(model.model.visual, perf)
-        if args.enable_torch_compile:
-            fast_vision.compile_tower(model)
-    return model
-
-
-def install_encoder_kernels(model: torch.nn.Module, language_model: torch.nn.Module) -> None:
-    """bfloat16 on a CPU: the vision tower's and projector's linears on packed weights, their
-    QuickGELUs, every SiLU-gated MLP, every Llama-style RMSNorm and rotary embedding on the
-    native kernels."""
-    head = model.get_output_embeddings()
-    in_lm = {id(m) for m in language_model.modules()} | {id(head)}
-    encoder = [m for m in model.modules() if id(m) not in in_lm]
-    logger.info("encoder linears with packed weights: %d", packed_linear.install(encoder))
-    logger.info("encoder QuickGELUs on the native kernel: %d", native_activation.install(encoder))
-    gated = native_activation.install_gated_silu(model.modules())
-    logger.info("SiLU-gated MLPs on the native kernel: %d", gated)
-    logger.info("RMSNorms on the native kernel: %d", native_norm.install_rms_norms(model.modules()))
-    rotary = native_rotary.install(model.modules())
-    logger.info("modeling modules with rotary embeddings on the native kernel: %d", rotary)

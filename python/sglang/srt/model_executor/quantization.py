@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from sglang.srt import kernels
-from sglang.srt.layers import packed_linear, page_release, quantized_linear
+from sglang.srt.layers import packed_linear, page_release, quant_layouts, quantized_linear
 from sglang.srt.model_executor.host_memory import module_bytes
 
 logger = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ def check_lm_head_dtype(head_dtype: str, torchao_config: str) -> None:
 
 def int4_skip_reason(layer: nn.Linear, group_size: int, device: str) -> str | None:
     if device == "cpu":
-        return quantized_linear.int4_skip_reason(layer.in_features, group_size)
+        return quant_layouts.int4_skip_reason(layer.in_features, group_size)
     if layer.in_features % group_size:
         return f"in_features {layer.in_features} is not a multiple of the group size {group_size}"
     return None
