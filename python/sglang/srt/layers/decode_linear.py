@@ -61,6 +61,13 @@ def install(modules: Iterable[nn.Module], dtype: torch.dtype = torch.bfloat16) -
     return count if kernel is not None else 0
 
 
+def routes_to_kernel(module: nn.Module) -> bool:
+    """Whether ``install`` routed the module and its decode-sized calls reach the kernel."""
+    forward = module.__dict__.get("forward")
+    routed = getattr(forward, "__func__", None) is _forward
+    return routed and module.__dict__.get("_decode_kernel") is not None
+
+
 def _eligible(module: nn.Module, dtype: torch.dtype) -> bool:
     if not isinstance(module, nn.Linear) or packed_linear.holds_only_packed(module):
         return False

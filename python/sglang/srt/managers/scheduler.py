@@ -403,6 +403,7 @@ class Scheduler:
             "perf": runner.perf.as_dict(),
             "gc": self.gc_monitor.stats() if self.gc_monitor else None,
             "weight_quantization": runner.weight_quantization(),
+            "linear_methods": runner.linear_methods,
             "memory": runner.memory_report.as_dict(),
         }
 

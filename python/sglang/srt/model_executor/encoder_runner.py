@@ -17,6 +17,7 @@ from PIL import Image
 from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.core.perf_counters import PerfCounters
 from sglang.srt.layers.checkpoint_formats import read_format
+from sglang.srt.layers.linear_methods import linear_methods
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig
@@ -141,5 +142,6 @@ class EncoderRunner:
                 "language_model_weights_bytes": self.language_model_bytes,
             },
             "weight_quantization": self.quantization.as_dict() if self.quantization else None,
+            "linear_methods": linear_methods(self.model),
             "mm_global_cache": self.embedder.store.stats() if self.embedder.store else None,
         }

@@ -13,6 +13,7 @@ from sglang.srt.core.perf_counters import PerfCounters, wait_for_device
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
 from sglang.srt.layers import packed_linear
 from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.layers.linear_methods import linear_methods
 from sglang.srt.layers.pooler import Head, chunk_parts
 from sglang.srt.layers.pooling_config import PoolingConfig
 from sglang.srt.layers.quantized_linear import QuantizedLinear
@@ -104,6 +105,8 @@ class ModelRunner:
             self.model, self.adapter, args, self.dtype, self.quantization is not None
         )
         self.lm_packed_copy_bytes = kernels.lm_packed_copy_bytes
+        self.linear_methods = linear_methods(self.model)
+        logger.info("linear methods: %s", self.linear_methods["counts"])
 
     def _init_attention(self) -> None:
         self.attn_backend = create_attention_backend(
