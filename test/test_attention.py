@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.core.forward_batch import ForwardBatch
-from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
+from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 
 HEADS, KV_HEADS, DIM = 4, 2, 8
@@ -43,13 +44,14 @@ requests = st.lists(
 )
 
 
+@pytest.mark.parametrize("backend_name", ["cpu_native", "torch_native"])
 @settings(max_examples=examples(60), deadline=None)
 @given(reqs=requests, window=st.sampled_from([None, 3, 8]), softcap=st.sampled_from([None, 5.0]))
-def test_backend_matches_naive_attention(reqs, window, softcap) -> None:
+def test_backend_matches_naive_attention(backend_name, reqs, window, softcap) -> None:
     torch.manual_seed(0)
     pool = KVPool(256, [(KV_HEADS, DIM)], torch.float32, "cpu")
     rows = ReqToTokenPool(8, 64, "cpu")
-    backend = TorchNativeAttnBackend(pool, rows)
+    backend = create_attention_backend(backend_name, kv_pool=pool, req_to_token_pool=rows)
     full_k, full_v, row_ids, out_locs, spans_all = [], [], [], [], []
     for prefix, extend, has_image in reqs:
         total = prefix + extend
@@ -91,3 +93,16 @@ def test_backend_matches_naive_attention(reqs, window, softcap) -> None:
             out[0, start : start + extend], ref.transpose(0, 1), rtol=1e-5, atol=1e-5
         )
         start += extend
+
+
+def test_the_cpu_default_is_the_native_backend_and_torch_native_is_torch_only() -> None:
+    """SGLang's ``torch_native`` is torch's operators alone; the native kernels are
+    ``cpu_native``, the default on a CPU."""
+    from sglang.srt.layers.attention import default_attention_backend
+
+    assert default_attention_backend("cpu") == "cpu_native"
+    assert default_attention_backend("cuda") == "torch_native"
+    pool = KVPool(16, [(KV_HEADS, DIM)], torch.float32, "cpu")
+    rows = ReqToTokenPool(2, 16, "cpu")
+    plain = create_attention_backend("torch_native", kv_pool=pool, req_to_token_pool=rows)
+    assert plain.prefill_kernel is None and plain.decode_kernel is None

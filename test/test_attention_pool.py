@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.core.forward_batch import ForwardBatch
-from sglang.srt.layers.attention import torch_native
-from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
+from sglang.srt.layers.attention import create_attention_backend, torch_native
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 
 DIM = 8
@@ -46,6 +45,7 @@ requests = st.lists(
 )
 
 
+@pytest.mark.parametrize("backend_name", ["cpu_native", "torch_native"])
 @settings(max_examples=examples(80), deadline=None)
 @given(
     reqs=requests,
@@ -54,7 +54,9 @@ requests = st.lists(
     decode=st.booleans(),
     data=st.data(),
 )
-def test_pool_attention_matches_naive(reqs, heads, min_view_run, decode, data) -> None:
+def test_pool_attention_matches_naive(
+    backend_name, reqs, heads, min_view_run, decode, data
+) -> None:
     num_heads, kv_heads = heads
     if decode:
         reqs = [(prefix, 1, pieces) for prefix, _, pieces in reqs]
@@ -92,7 +94,7 @@ def test_pool_attention_matches_naive(reqs, heads, min_view_run, decode, data) -
     q = torch.randn(1, n, num_heads, DIM).transpose(1, 2)  # a transposed view, as HF passes it
     k_new = torch.cat([k[:, p:] for k, (p, _, _) in zip(ks, reqs)], 1).unsqueeze(0)
     v_new = torch.cat([v[:, p:] for v, (p, _, _) in zip(vs, reqs)], 1).unsqueeze(0)
-    backend = TorchNativeAttnBackend(pool, rows)
+    backend = create_attention_backend(backend_name, kv_pool=pool, req_to_token_pool=rows)
     original = torch_native.MIN_VIEW_RUN
     torch_native.MIN_VIEW_RUN = min_view_run
     try:

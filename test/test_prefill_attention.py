@@ -138,7 +138,7 @@ def test_backend_splits_requests_between_kernel_and_torch(window) -> None:
     """A batch whose first request has a bidirectional span: the others go through the kernel
     in one call, the first through torch, and the output equals the torch-only backend's."""
     from sglang.srt.core.forward_batch import ForwardBatch
-    from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.cpu_native import CpuNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 
     torch.manual_seed(0)
@@ -177,7 +177,7 @@ def test_backend_splits_requests_between_kernel_and_torch(window) -> None:
 
     outputs = []
     for kernel in (Counting(), None):
-        backend = TorchNativeAttnBackend(pool, rows)
+        backend = CpuNativeAttnBackend(pool, rows)
         backend.prefill_kernel = kernel
         backend.prepare_metadata(batch)
         outputs.append(backend.forward(q, k, v, 0, batch, scaling=0.2, sliding_window=window))
@@ -198,6 +198,7 @@ def test_engine_prefills_through_the_kernel(monkeypatch) -> None:
     calls = []
     engine = sglang.Engine(dtype="float32", model_path=model_dir("qwen2_5_vl"))
     backend = engine.runner.attn_backend
+    assert type(backend).__name__ == "CpuNativeAttnBackend"  # the default on a CPU
     real = backend.prefill_kernel
 
     class Counting:

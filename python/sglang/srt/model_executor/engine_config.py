@@ -149,7 +149,8 @@ class EngineConfig:
         metadata={
             "help": "Language-model attention backend: "
             + ", ".join(attention_backend_names())
-            + " (default torch_native)."
+            + " (default: cpu_native, the native CPU kernels, on a CPU; torch_native, torch's"
+            " operators, elsewhere)."
         },
     )
     mm_attention_backend: str = field(

@@ -12,7 +12,7 @@ from sglang.srt.core.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.core.perf_counters import PerfCounters, wait_for_device
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
 from sglang.srt.layers import packed_linear
-from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.layers.attention import create_attention_backend, default_attention_backend
 from sglang.srt.layers.linear_methods import linear_methods
 from sglang.srt.layers.pooler import Head, chunk_parts
 from sglang.srt.layers.pooling_config import PoolingConfig
@@ -110,7 +110,7 @@ class ModelRunner:
 
     def _init_attention(self) -> None:
         self.attn_backend = create_attention_backend(
-            self.args.attention_backend or "torch_native",
+            self.args.attention_backend or default_attention_backend(self.device),
             kv_pool=self.kv_pool,
             req_to_token_pool=self.req_to_token_pool,
         )

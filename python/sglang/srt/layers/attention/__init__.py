@@ -9,8 +9,15 @@ if TYPE_CHECKING:
     from sglang.srt.layers.attention.base import AttentionBackend
 
 _BACKENDS = {
+    "cpu_native": "sglang.srt.layers.attention.cpu_native:CpuNativeAttnBackend",
     "torch_native": "sglang.srt.layers.attention.torch_native:TorchNativeAttnBackend",
 }
+
+
+def default_attention_backend(device: str) -> str:
+    """The native CPU kernels on a CPU (torch's paths for what they do not take); torch's
+    operators elsewhere."""
+    return "cpu_native" if device == "cpu" else "torch_native"
 
 
 def attention_backend_names() -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -132,13 +132,10 @@ class _ReqAttn:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    """Prefill on a CPU: the native prefill kernel (``kernels/csrc/prefill_attention.cpp``) for
-    all requests without bidirectional spans in one call, where it is built, the pool holds the
-    queries' dtype, there is no soft-capping and the head dim is a multiple of 16. Other
-    requests: fused flash calls over pool views (plain causal) or SDPA with a mask (spans,
-    windows, soft-capping). Decode on a CPU: the native decode kernel, all requests in one call
-    (``kernels/csrc/decode_attention.cpp``), under the same dtype rule; else the per-request
-    path."""
+    """Attention in torch's own operators (SGLang's ``torch_native``): per request, fused flash
+    calls over pool views (plain causal) or SDPA with a mask (spans, windows, soft-capping).
+    ``cpu_native`` (``CpuNativeAttnBackend``) takes the batches its C++ kernels can and leaves
+    the rest to these paths."""
 
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool) -> None:
         self.kv_pool = kv_pool
@@ -146,12 +143,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         self._reqs: list[_ReqAttn] = []
         self._req_rows: list[int] = []  # each request's row of req_to_token
         self._keys_seen = 0.0  # of the batch's queries, for the FLOPs of each layer
-        self.decode_kernel = self.prefill_kernel = None
-        if kv_pool.device == "cpu":
-            from sglang.srt import kernels
-
-            self.decode_kernel = kernels.load("decode_attention")
-            self.prefill_kernel = kernels.load("prefill_attention")
+        self.decode_kernel: Any = None  # CpuNativeAttnBackend's C++ kernels
+        self.prefill_kernel: Any = None
         # (rows, q starts, prefixes, q lengths) of the requests given to the prefill kernel, by
         # which requests those are (layers may differ: spans can matter in some layers only)
         self._prefill_args: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
@@ -252,72 +245,13 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _prefill_kernel_takes(
         self, q: torch.Tensor, k_buf: torch.Tensor, softcap: float | None
     ) -> bool:
-        return (
-            self.prefill_kernel is not None
-            and not softcap
-            and q.device.type == "cpu"
-            and k_buf.dtype == q.dtype
-            and q.shape[3] % 16 == 0
-        )
+        return False  # CpuNativeAttnBackend: its kernel takes the batches it can
 
-    def _prefill(
-        self,
-        out: torch.Tensor,
-        q: torch.Tensor,
-        k_buf: torch.Tensor,
-        v_buf: torch.Tensor,
-        scaling: float,
-        sliding_window: int | None,
-        use_spans: bool,
-    ) -> set[int]:
-        """The requests without bidirectional spans in this layer, in one kernel call writing
-        their rows of ``out`` (tokens, heads, dim); returns their indices."""
-        chosen = tuple(i for i, r in enumerate(self._reqs) if not (use_spans and r.spans))
-        if not chosen:
-            return set()
-        if chosen not in self._prefill_args:
-            reqs = [self._reqs[i] for i in chosen]
-            rows = [self._req_rows[i] for i in chosen]
-            columns = (rows, [r.q_start for r in reqs], [r.prefix for r in reqs],
-                       [r.q_len for r in reqs])  # fmt: skip
-            self._prefill_args[chosen] = tuple(torch.tensor(c, dtype=torch.int64) for c in columns)
-        tokens_first = q[0].transpose(0, 1)  # (tokens, heads, dim), rows must be contiguous
-        if tokens_first.stride(2) != 1:
-            tokens_first = tokens_first.contiguous()
-        self.prefill_kernel.prefill_attention(
-            out,
-            tokens_first,
-            k_buf,
-            v_buf,
-            self.req_to_token,
-            *self._prefill_args[chosen],
-            scaling,
-            sliding_window or -1,
-        )
-        return set(chosen)
+    def _prefill(self, out: torch.Tensor, *args: Any) -> set[int]:
+        raise NotImplementedError
 
-    def _decode(
-        self,
-        q: torch.Tensor,
-        k_buf: torch.Tensor,
-        v_buf: torch.Tensor,
-        scaling: float,
-        sliding_window: int | None,
-        softcap: float | None,
-    ) -> torch.Tensor:
-        """One query per request (q: (1, heads, B, dim)) -> (1, B, heads, dim)."""
-        out = self.decode_kernel.decode_attention(
-            q[0].transpose(0, 1).contiguous(),
-            k_buf,
-            v_buf,
-            self.req_to_token,
-            self._decode_rows,
-            self._decode_lens,
-            scaling,
-            sliding_window or -1,
-            softcap or 0.0,
-        )
-        return out.unsqueeze(0)
+    def _decode(self, q: torch.Tensor, *args: Any) -> torch.Tensor:
+        raise NotImplementedError
 
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
