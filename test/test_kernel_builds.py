@@ -17,6 +17,7 @@ from conftest import NATIVE_GEMM_EXPECTED, model_dir, needs_compiler
 
 import sglang
 from sglang.srt import kernels
+from sglang.srt.kernels import ops
 from sglang.srt.layers import packed_linear
 
 
@@ -195,5 +196,45 @@ def test_a_bfloat16_engine_runs_on_the_kernels() -> None:
         assert packed and all((m.packed_gemm is not None) == NATIVE_GEMM_EXPECTED for m in packed)
     else:  # no bfloat16 product of oneDNN's here (AVX2 only): torch's F.linear, unpacked
         assert not packed and not NATIVE_GEMM_EXPECTED
-    assert (packed_linear.native_gemm() is not None) == NATIVE_GEMM_EXPECTED
+    assert (ops.native_gemm() is not None) == NATIVE_GEMM_EXPECTED
     engine.shutdown()
+
+
+_ACCESSORS = {
+    "decode_attention": ops.decode_attention,
+    "gemm_bf16": ops.gemm_bf16,
+    "linear_bf16": ops.linear_bf16,
+    "linear_int8dq": ops.linear_int8_dynamic,
+    "linear_quant": ops.linear_quant,
+    "prefill_attention": ops.prefill_attention,
+    "quick_gelu": ops.quick_gelu,
+    "rms_norm": ops.rms_norm,
+    "rotary": ops.rotary,
+    "silu_and_mul": ops.silu_and_mul,
+    "vision_rotary": ops.vision_rotary,
+}
+
+
+def _protocol_functions(accessor) -> set[str]:
+    import typing
+
+    returned = typing.get_type_hints(accessor)["return"]
+    (protocol,) = [t for t in typing.get_args(returned) if t is not type(None)]
+    return {n for cls in protocol.__mro__ if cls.__module__ == ops.__name__ for n in vars(cls)
+            if not n.startswith("_")}  # fmt: skip
+
+
+def test_every_kernel_has_a_typed_accessor_and_exports_what_it_declares() -> None:
+    """``kernels.ops`` covers every csrc kernel, and each built module exports every function
+    its protocol declares (a renamed C++ function fails here, not at a caller)."""
+    assert sorted(_ACCESSORS) == kernels.kernel_names()
+    for name, accessor in _ACCESSORS.items():
+        module = accessor()
+        if module is None:
+            assert kernels.compiler() is None, name  # no compiler: no kernel at all
+            continue
+        declared = _protocol_functions(accessor)
+        assert "isa" in declared and declared <= set(dir(module)), (
+            name,
+            declared - set(dir(module)),
+        )

@@ -10,13 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from sglang.srt.kernels import ops
 from sglang.srt.layers import packed_linear
 
 needs_mkldnn = pytest.mark.skipif(
     not packed_linear.available(), reason="no bfloat16 packing here (oneDNN bf16 or native GEMM)"
 )
 
-GEMM = packed_linear.native_gemm()
+GEMM = ops.native_gemm()
 needs_native_gemm = pytest.mark.skipif(
     not NATIVE_GEMM_EXPECTED,
     reason="the native GEMM serves CPUs with AVX512-BF16 and no AMX, built by a C++ compiler",

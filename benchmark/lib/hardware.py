@@ -32,12 +32,12 @@ def matmul_peak_gflops(
         return {"gflop_per_s": rate, "instruction": "vpdpbusd", "size": None,
                 "threads": torch.get_num_threads(), "dtype": dtype}  # fmt: skip
 
-    from sglang.srt.layers import packed_linear
+    from sglang.srt.kernels import ops
 
     kind = getattr(torch, dtype)
     a, b = torch.randn(size, size).to(kind), torch.randn(size, size).to(kind)
     rates = {"torch": _best_rate(lambda: torch.mm(a, b), size, seconds)}
-    native = packed_linear.native_gemm() if kind == torch.bfloat16 else None
+    native = ops.native_gemm() if kind == torch.bfloat16 else None
     if native is not None:
         packed = native.pack(b.t().contiguous())
         rates["native"] = _best_rate(lambda: native.linear(a, packed, None, size), size, seconds)

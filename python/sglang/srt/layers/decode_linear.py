@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.kernels import ops
 from sglang.srt.layers import packed_linear
 
 MAX_ROWS = 16
@@ -49,9 +50,7 @@ def install(modules: Iterable[nn.Module], dtype: torch.dtype = torch.bfloat16) -
     the kernel (0 where it cannot be built). float32 (a model served in float32 on a CPU
     without native bfloat16): 2-16 rows go to the kernel's ``linear_f32``, where torch's product
     read a 7B-shaped layer at 1.2-5 GB/s against the kernel's 2.7-7 (AMD Zen 3, AVX2, 2 threads)."""
-    from sglang.srt import kernels
-
-    kernel = kernels.load("linear_bf16")
+    kernel = ops.linear_bf16()
     count = 0
     for module in modules:
         if _eligible(module, dtype):

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from transformers.activations import QuickGELUActivation, SiLUActivation
 
-from sglang.srt import kernels
+from sglang.srt.kernels import ops
 from sglang.srt.layers import hf_code
 
 
@@ -44,7 +44,7 @@ class NativeQuickGELU(nn.Module):
 def install(modules: Iterable[nn.Module]) -> int:
     """Swap every ``QuickGELUActivation`` child of ``modules`` for ``NativeQuickGELU`` (in
     place); returns how many were swapped (none where the kernel does not build)."""
-    kernel = kernels.load("quick_gelu")
+    kernel = ops.quick_gelu()
     if kernel is None:
         return 0
     count = 0
@@ -59,7 +59,7 @@ def install(modules: Iterable[nn.Module]) -> int:
 def install_gated_silu(modules: Iterable[nn.Module]) -> int:
     """Route every SiLU-gated MLP among ``modules`` through ``silu_and_mul`` (in place);
     returns how many (none where the kernel does not build)."""
-    kernel = kernels.load("silu_and_mul")
+    kernel = ops.silu_and_mul()
     if kernel is None:
         return 0
     count = 0

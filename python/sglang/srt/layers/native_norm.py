@@ -25,7 +25,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from sglang.srt import kernels
+from sglang.srt.kernels import ops
 from sglang.srt.layers import hf_code
 
 # The body of HF's Llama-style RMSNorm forward (``hidden_states`` renamed to ``x``).
@@ -47,7 +47,7 @@ def install_rms_norms(modules: Iterable[nn.Module]) -> int:
     """Route every HF RMSNorm of Llama's or Gemma's definition among ``modules`` through the
     kernel's function for that form (in place); returns how many (none where the kernel does
     not build)."""
-    kernel = kernels.load("rms_norm")
+    kernel = ops.rms_norm()
     if kernel is None:
         return 0
     count = 0

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sglang.srt import kernels
+from sglang.srt.kernels import ops
 from sglang.srt.layers import hf_code
 
 FUNCTION = "apply_rotary_pos_emb"
@@ -35,7 +35,7 @@ return (q_embed, k_embed)"""
 def install(modules: Iterable[nn.Module]) -> int:
     """Replace HF's Llama-style ``apply_rotary_pos_emb`` in the modeling module of every class
     among ``modules`` (once per module); returns how many modules now route to the kernel."""
-    kernel = kernels.load("rotary")
+    kernel = ops.rotary()
     if kernel is None:
         return 0
     count = 0

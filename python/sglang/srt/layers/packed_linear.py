@@ -48,17 +48,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from sglang.srt import kernels
+from sglang.srt.kernels import ops
 from sglang.srt.layers import page_release
 
-PANEL_ROWS = 64  # output rows per panel of the native GEMM's layout (gemm_bf16.cpp)
+PANEL_ROWS = ops.PANEL  # output rows per panel of the native GEMM's layout (gemm_bf16.cpp)
 
 
 def available() -> bool:
     """Whether bfloat16 weights can be packed here: the native GEMM takes them, or oneDNN's
     bfloat16 product runs on this CPU (it refuses CPUs with neither AVX512-BW/VL/DQ nor
     AVX-NE-CONVERT, such as AVX2-only ones, which keep torch's ``F.linear``)."""
-    if native_gemm() is not None:
+    if ops.native_gemm() is not None:
         return True
     mkldnn = torch.ops.mkldnn
     if not (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_reorder_linear_weight")):
@@ -71,7 +71,7 @@ def install(modules: Iterable[nn.Module], native_only: bool = False) -> int:
     its forward to the packed product; returns how many were packed. ``native_only``: only
     where the native GEMM takes the weight (the language model's single layout, which its
     decode rows read too; oneDNN's packed product is slow for them)."""
-    if not available() or (native_only and native_gemm() is None):
+    if not available() or (native_only and ops.native_gemm() is None):
         return 0
     count = 0
     for module in modules:
@@ -150,22 +150,12 @@ def product(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], module.out_features)
 
 
-def native_gemm() -> Any | None:
-    """The native GEMM where it is the faster product: AVX512-BF16 without AMX (None also where
-    ``SGLANG_DISABLE_CPU_KERNELS`` is set, read at each call as ``kernels.load`` reads it)."""
-    flags = kernels.cpu_flags()
-    if "avx512_bf16" not in flags or "amx_bf16" in flags:
-        return None
-    kernel = kernels.load("gemm_bf16")
-    return kernel if kernel is not None and kernel.supported() else None
-
-
 def _pack(module: nn.Linear, consume: bool = False) -> None:
     """The packed copy of the module's weight (the native GEMM's where it applies, else
     oneDNN's), and its bytes for the memory report. ``consume``: the caller drops the weight
     once packed, so its pages may go as the panels are made."""
     weight = module.weight.detach()
-    gemm = None if weight.shape[1] % 2 else native_gemm()
+    gemm = None if weight.shape[1] % 2 else ops.native_gemm()
     if gemm is not None:
         module.packed_weight = pack_panels(gemm, weight, consume)
         module.packed_weight_bytes = module.packed_weight.numel() * weight.element_size()

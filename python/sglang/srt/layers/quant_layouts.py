@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
-PANEL_COLS = 64  # output columns per panel of the native GEMM's layout (gemm_tile.h)
+from sglang.srt.kernels import ops
+
+PANEL_COLS = ops.PANEL  # output columns per panel of the native GEMM's layout (gemm_tile.h)
 
 
 def _native_quantizer(weight: torch.Tensor) -> Any:
     """The native kernel's quantizers, where they build and take ``weight``; else None."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
         return None
-    from sglang.srt import kernels
-
-    return kernels.load("linear_quant")
+    return ops.linear_quant()
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.kernels import ops
 from sglang.srt.layers import packed_linear, page_release
 from sglang.srt.layers.quant_layouts import (
     int4_skip_reason,
@@ -262,9 +263,7 @@ def quantize(
 
 def with_kernel(layer: QuantizedLinear) -> QuantizedLinear:
     """``layer`` on the native kernel where it builds."""
-    from sglang.srt import kernels
-
-    layer.use_kernel(kernels.load("linear_int8dq" if layer.dynamic else "linear_quant"))
+    layer.use_kernel(ops.linear_int8_dynamic() if layer.dynamic else ops.linear_quant())
     return layer
 
 

@@ -54,8 +54,8 @@ import torch.nn.functional as F
 import transformers
 from torch import nn
 
-from sglang.srt import kernels
 from sglang.srt.core.perf_counters import PerfCounters
+from sglang.srt.kernels import ops
 
 VISION_ATTENTION_NAME = "sglang_vision_flash_varlen"
 FAST_VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"})
@@ -226,7 +226,7 @@ def install(model: nn.Module, config: Any, counters: PerfCounters | None = None)
         if module_config is not None and hasattr(module_config, "_attn_implementation_internal"):
             module_config._attn_implementation_internal = VISION_ATTENTION_NAME
             module.perf_counters = counters
-            module.attention_kernel = kernels.load("prefill_attention") if on_cpu else None
+            module.attention_kernel = ops.prefill_attention() if on_cpu else None
     if on_cpu:
         _install_native_rotary(tower)
     if patch_embedding_is_linear(config.model_type):
@@ -264,7 +264,7 @@ ROTARY_FUNCTION = "apply_rotary_pos_emb_vision"
 
 def _install_native_rotary(tower: nn.Module) -> None:
     """Replace the rotary function of every HF module that defines the tower's blocks (once)."""
-    kernel = kernels.load("vision_rotary")
+    kernel = ops.vision_rotary()
     if kernel is None:
         return
     for module in tower.modules():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt import kernels
+from sglang.srt.kernels import ops
 from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 
@@ -18,8 +18,8 @@ class CpuNativeAttnBackend(TorchNativeAttnBackend):
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool) -> None:
         super().__init__(kv_pool, req_to_token_pool)
         if kv_pool.device == "cpu":
-            self.decode_kernel = kernels.load("decode_attention")
-            self.prefill_kernel = kernels.load("prefill_attention")
+            self.decode_kernel = ops.decode_attention()
+            self.prefill_kernel = ops.prefill_attention()
 
     def _prefill_kernel_takes(
         self, q: torch.Tensor, k_buf: torch.Tensor, softcap: float | None
