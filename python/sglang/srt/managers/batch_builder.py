@@ -12,8 +12,8 @@ from sglang.srt.core.req import Req
 from sglang.srt.managers.constraints import ConstraintManager
 from sglang.srt.managers.linear_state import LinearStateManager
 from sglang.srt.managers.step_failure import StepFailure
+from sglang.srt.mem_cache.pools import Pools
 from sglang.srt.mem_cache.radix_cache import RadixCache
-from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -21,14 +21,14 @@ logger = logging.getLogger(__name__)
 class BatchBuilder:
     def __init__(
         self,
-        runner: ModelRunner,
+        pools: Pools,
         tree: RadixCache,
         states: LinearStateManager | None,
         constraints: ConstraintManager,
     ) -> None:
-        self.device = runner.device
-        self.kv_pool = runner.kv_pool
-        self.req_to_token = runner.req_to_token_pool
+        self.device = pools.device
+        self.kv_pool = pools.kv
+        self.req_to_token = pools.req_to_token
         self.tree = tree
         self.states = states
         self.constraints = constraints

@@ -17,7 +17,7 @@ from sglang.srt.layers.pooler import add_part, finish_pooling
 from sglang.srt.managers.constraints import ConstraintManager
 from sglang.srt.managers.linear_state import LinearStateManager
 from sglang.srt.managers.step_failure import StepFailure
-from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.sampling.custom_logit_processor import apply_custom_processors
 from sglang.srt.sampling.sampler import apply_penalties, sample
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -48,13 +48,14 @@ def output_logprobs(shaped: torch.Tensor, params: list[SamplingParams]) -> torch
 class OutputProcessor:
     def __init__(
         self,
-        runner: ModelRunner,
+        embedder: MultimodalEmbedder,
+        vocab_size: int,
         tokenizer: Any,
         constraints: ConstraintManager,
         states: LinearStateManager | None,
     ) -> None:
-        self.embedder = runner.embedder
-        self.vocab_size = runner.vocab_size
+        self.embedder = embedder
+        self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.special_ids = skipped_token_ids(tokenizer)
         self.constraints = constraints

@@ -12,14 +12,16 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from sglang.srt.core.req import Req, ReqStatus
 from sglang.srt.managers.hicache import HiCache
 from sglang.srt.managers.linear_state import LinearStateManager
+from sglang.srt.mem_cache.pools import Pools
 from sglang.srt.mem_cache.radix_cache import RadixCache
-from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.multimodal.embedder import MultimodalEmbedder
 from sglang.srt.server_args import ServerArgs
 
 DEFAULT_CHUNK_CPU = 2048
@@ -64,25 +66,37 @@ def avoid_splitting_spans(spans: list[tuple[int, int]], start: int, end: int) ->
     return end
 
 
+@dataclass(frozen=True)
+class RequestLimits:
+    """What bounds a prefill batch besides its token budget: the running requests the pools
+    were sized for, and the model's rule for what a prompt attends both ways (a chunk never
+    ends inside such a span)."""
+
+    max_running_requests: int
+    bidirectional: Any
+
+
 class PrefillPlanner:
     def __init__(
         self,
         args: ServerArgs,
-        runner: ModelRunner,
+        pools: Pools,
+        embedder: MultimodalEmbedder,
+        limits: RequestLimits,
         tree: RadixCache,
         states: LinearStateManager | None,
         hicache: HiCache | None = None,
     ) -> None:
         self.args = args
         self.hicache = hicache
-        self.embedder = runner.embedder
-        self.kv_pool = runner.kv_pool
-        self.req_to_token = runner.req_to_token_pool
-        self.max_running_requests = runner.max_running_requests
-        self.bidirectional = runner.adapter.bidirectional
+        self.embedder = embedder
+        self.kv_pool = pools.kv
+        self.req_to_token = pools.req_to_token
+        self.max_running_requests = limits.max_running_requests
+        self.bidirectional = limits.bidirectional
         self.tree = tree
         self.states = states
-        self.chunk_size = chunk_size(args, runner.device)
+        self.chunk_size = chunk_size(args, pools.device)
 
     def plan(self, waiting: deque[Req], running: list[Req]) -> ExtendPlan | None:
         """Plan the next extend batch: the prompts being chunked first, then waiting requests

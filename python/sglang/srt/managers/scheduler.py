@@ -32,7 +32,7 @@ from sglang.srt.managers.gc_monitor import GcMonitor
 from sglang.srt.managers.hicache import build_hicache
 from sglang.srt.managers.linear_state import LinearStateManager, turn_start_token
 from sglang.srt.managers.output_processor import OutputProcessor
-from sglang.srt.managers.prefill_planner import PrefillPlanner, ready_to_decode
+from sglang.srt.managers.prefill_planner import PrefillPlanner, RequestLimits, ready_to_decode
 from sglang.srt.managers.step_failure import StepFailure
 from sglang.srt.mem_cache.hybrid_radix_cache import HybridRadixCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -63,8 +63,8 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids(runner.model_path, tokenizer)
         self.seed = args.random_seed if args.random_seed is not None else random.randrange(2**31)
         self._num_reqs = 0
-        self.kv_pool = runner.kv_pool
-        self.req_to_token = runner.req_to_token_pool
+        self.kv_pool = runner.pools.kv
+        self.req_to_token = runner.pools.req_to_token
         self.tree, self.states = prefix_caches(args, runner, tokenizer)
         self.hicache = build_hicache(args, runner, self.tree, hybrid=self.states is not None)
         self.waiting: deque[Req] = deque()
@@ -79,9 +79,14 @@ class Scheduler:
             else None
         )
         self.constraints = ConstraintManager(tokenizer, runner.vocab_size, self.eos_token_ids, args)
-        self.planner = PrefillPlanner(args, runner, self.tree, self.states, self.hicache)
-        self.builder = BatchBuilder(runner, self.tree, self.states, self.constraints)
-        self.outputs = OutputProcessor(runner, tokenizer, self.constraints, self.states)
+        limits = RequestLimits(runner.max_running_requests, runner.adapter.bidirectional)
+        self.planner = PrefillPlanner(
+            args, runner.pools, runner.embedder, limits, self.tree, self.states, self.hicache
+        )
+        self.builder = BatchBuilder(runner.pools, self.tree, self.states, self.constraints)
+        self.outputs = OutputProcessor(
+            runner.embedder, runner.vocab_size, tokenizer, self.constraints, self.states
+        )
         self.gc_monitor: GcMonitor | None = None  # the server's compute process sets one
         self.paused = False  # /pause_generation in place: no steps, every request kept as it is
         # SGLang's timeouts, in seconds (unset or <= 0: none): a request waiting to be admitted,

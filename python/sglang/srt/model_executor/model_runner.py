@@ -19,6 +19,7 @@ from sglang.srt.layers.pooling_config import PoolingConfig
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
+from sglang.srt.mem_cache.pools import Pools
 from sglang.srt.mem_cache.state_pool import StatePool
 from sglang.srt.model_executor import host_memory, memory
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
@@ -190,6 +191,7 @@ class ModelRunner:
         self.max_total_tokens = size
         self.req_to_token_pool = ReqToTokenPool(max_reqs + 1, self.context_length + 8, self.device)
         self.kv_pool = KVPool(size, layout.shapes, kv_dtype, self.device)
+        self.pools = Pools(self.kv_pool, self.req_to_token_pool, self.state_pool, self.device)
         self.memory_report = memory.runner_report(self, per_token)
         self.memory_report.log()
 
