@@ -375,3 +375,34 @@ def test_masks_filled_during_the_forward_give_the_same_tokens(engine, monkeypatc
     monkeypatch.setattr(engine.scheduler.constraints, "overlap_on_thread", True)
     threaded = engine.generate(prompts, params)
     assert [o["output_ids"] for o in threaded] == [o["output_ids"] for o in inline]
+
+
+def _byte_token(engine: sglang.Engine, byte: int) -> int:
+    vocab = engine.scheduler.constraints.backend.info.decoded_vocab
+    return list(vocab).index(bytes([byte]))
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "regex"])
+def test_a_grammar_never_writes_a_surrogate(engine, kind: str) -> None:
+    """xgrammar's matchers accept ED A0..BF (a UTF-16 surrogate in UTF-8's form, not UTF-8);
+    with the lead byte ED and the continuation A0 pushed to the top, the output still decodes
+    as UTF-8 and meets the grammar (the guard's deliberate absence writes replacement
+    characters here)."""
+    lead, cont = _byte_token(engine, 0xED), _byte_token(engine, 0xA0)
+    constraint = (
+        {"json_schema": json.dumps({"type": "string", "maxLength": 4})}
+        if kind == "json_schema"
+        else {"regex": "[^a]{1,4}"}
+    )
+    params = {"temperature": 0, "max_new_tokens": 24, "logit_bias": {lead: 50.0, cont: 40.0}}
+    out = engine.generate("Answer:", {**params, **constraint})
+    ids = out["output_ids"]
+    assert lead in ids  # the bias took the lead byte, so the guard had something to block
+    text = engine.tokenizer.decode(ids, skip_special_tokens=True)
+    raw = b"".join(engine.scheduler.constraints.backend.info.decoded_vocab[i] for i in ids)
+    raw.decode("utf-8")  # strict: a surrogate raises here
+    assert "\ufffd" not in text
+    if kind == "json_schema":
+        assert len(json.loads(text)) <= 4
+    else:
+        assert re.fullmatch("[^a]{1,4}", text)

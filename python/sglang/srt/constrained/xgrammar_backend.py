@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from sglang.srt.constrained.spec import GrammarSpec
+from sglang.srt.constrained.utf8_guard import Utf8Guard
 
 CACHE_ENTRIES = 256
 # Without a cap, a weak model can emit whitespace between JSON tokens forever; 8 covers
@@ -47,6 +48,8 @@ class GrammarBackend:
         self.vocab_size = vocab_size
         self.any_whitespace = any_whitespace
         self.info = _tokenizer_info(xgrammar, tokenizer, vocab_size, sorted(stop_token_ids))
+        words = xgrammar.get_bitmask_shape(1, vocab_size)[1]
+        self.utf8 = Utf8Guard(list(self.info.decoded_vocab), words)
         self.compiler = xgrammar.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
         self._cache: OrderedDict[GrammarSpec, Future] = OrderedDict()

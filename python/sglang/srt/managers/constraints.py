@@ -41,6 +41,7 @@ class RequestGrammar:
 
     future: Future
     matcher: Any = None
+    after_lead: bool = False  # the last token ended on a UTF-8 lead byte ED (Utf8Guard)
 
     @property
     def terminated(self) -> bool:
@@ -135,6 +136,7 @@ class ConstraintManager:
         bitmask = self.backend.allocate_bitmask(len(reqs))
         for row, req in enumerate(reqs):
             req.grammar.matcher.fill_next_token_bitmask(bitmask, row)
+            self.backend.utf8.restrict(bitmask, row, req.grammar.after_lead)
         return bitmask
 
     def shaped(self, logits: torch.Tensor, reqs: list[Req]) -> torch.Tensor:
@@ -182,6 +184,7 @@ class ConstraintManager:
         grammar = req.grammar
         if grammar is None or grammar.matcher is None or req.finished:
             return
+        grammar.after_lead = self.backend.utf8.ends_on_lead(token)
         if not grammar.matcher.accept_token(token):
             req.finish_reason = FinishReason.abort(
                 f"token {token} does not match the request's grammar"
