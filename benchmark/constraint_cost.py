@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int)
     p.add_argument("--model-path")
     p.add_argument("--model-size", choices=("tiny", "small"))
-    p.add_argument("--out", default="benchmark/results/constraint_cost")
+    p.add_argument("--out", default="results/constraint_cost")
     args = p.parse_args(argv)
     preset = PRESETS["quick" if args.quick else args.preset]
     batches = [int(b) for b in (args.batches or preset["batches"]).split(",")]

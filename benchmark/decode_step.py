@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--paths", default=",".join(PATHS), help=f"of {', '.join(PATHS)}")
-    p.add_argument("--out", default="benchmark/results/decode_step")
+    p.add_argument("--out", default="results/decode_step")
     return run_and_write(p.parse_args(argv), run, markdown, plot)
 
 

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--tokens", type=int, help="tokens in the stream")
     p.add_argument("--repeats", type=int)
     p.add_argument("--model-path", help="where the tokenizer is (default: the tiny model)")
-    p.add_argument("--out", default="benchmark/results/detokenize")
+    p.add_argument("--out", default="results/detokenize")
     args = p.parse_args(argv)
     preset = PRESETS["quick" if args.quick else args.preset]
     tokens, repeats = args.tokens or preset["tokens"], args.repeats or preset["repeats"]

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "modes": modes,
         "wall_s": time.perf_counter() - started,
     }  # fmt: skip
-    out = Path(args.out or f"benchmark/results/embed_corpus_{name}")
+    out = Path(args.out or f"results/embed_corpus_{name}")
     write_results(out, result, markdown(result), lambda png: plot(result, png))
     return result
 

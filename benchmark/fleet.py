@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--server-args", default="", help="extra flags for every worker")
-    p.add_argument("--out", default="benchmark/results/fleet")
+    p.add_argument("--out", default="results/fleet")
     args = p.parse_args(argv)
     rounds = 4 if args.quick else args.rounds
     model_path = args.model_path or default_model("small")

@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--offline", action="store_true", help="in-process Engine instead of HTTP")
     p.add_argument("--context-length", type=int, help="the server's (default: the model's)")
     p.add_argument("--server-args", default="", help="extra flags for our server")
-    p.add_argument("--out", default="benchmark/results/image_limit")
+    p.add_argument("--out", default="results/image_limit")
     args = p.parse_args(argv)
     preset = PRESETS["quick" if args.quick else args.preset]
     w, h = parse_resolution(args.resolution or preset["resolution"])

@@ -385,7 +385,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--llama-ctx", type=int, default=16384, help="llama-server -c")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t/-tb")
     p.add_argument("--timeout", type=float, default=1800, help="seconds for a server to start")
-    p.add_argument("--out", default="benchmark/results/llamacpp")
+    p.add_argument("--out", default="results/llamacpp")
     args = p.parse_args(argv)
     args.widths = [w for w in args.widths.split(",") if w]
     if set(args.widths) - set(WIDTHS):

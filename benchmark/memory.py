@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--refuse-available-bytes", type=int, help="its SGLANG_AVAILABLE_MEMORY_BYTES (tests)"
     )
     p.add_argument("--timeout", type=float, default=1800, help="seconds for a server to start")
-    p.add_argument("--out", default="benchmark/results/memory")
+    p.add_argument("--out", default="results/memory")
     p.add_argument("--build-only", action="store_true", help="build the checkpoint, print it")
     args = p.parse_args(argv)
     dims = shape_config(args.shape, args.layers, args.vision_depth)

@@ -326,7 +326,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--base-url", help="use a running server instead of launching")
     p.add_argument("--label", default="external", help="label of the --base-url server")
-    p.add_argument("--out", default="benchmark/results/multiturn_image")
+    p.add_argument("--out", default="results/multiturn_image")
     p.add_argument("--no-probe", action="store_true", help="skip the matmul peak probe")
     p.add_argument("--interleave", action="store_true",
                    help="launch every engine at once and play their rounds in turn (ratios "

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--server-args", default="", help="extra flags for our server")
     p.add_argument("--base-url", help="use a running server instead of launching")
     p.add_argument("--label", default="external")
-    p.add_argument("--out", default="benchmark/results/ocrbench")
+    p.add_argument("--out", default="results/ocrbench")
     args = p.parse_args(argv)
     entries = load_dataset(args.data, args.limit)
     reports = []

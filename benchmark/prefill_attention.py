@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--prefixes", type=_ints, default=[0, 2048])
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bfloat16", "float32"])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default="benchmark/results/prefill_attention")
+    p.add_argument("--out", default="results/prefill_attention")
     return run_and_write(p.parse_args(argv), run, markdown, plot)
 
 

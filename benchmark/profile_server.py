@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtype", default="auto", help="the server's --dtype (default: its own)")
     p.add_argument("--server-args", default="", help="extra flags for our server")
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
-    p.add_argument("--out", default="benchmark/results/profile_server")
+    p.add_argument("--out", default="results/profile_server")
     args = p.parse_args(argv)
     pyspy = shutil.which("py-spy") or str(Path(__import__("sys").executable).parent / "py-spy")
     model_path = args.model_path or default_model(args.model_size)

@@ -259,7 +259,7 @@ def main() -> None:
     p.add_argument(
         "--stream-mb", type=int, default=512, help="cycle through copies holding this many MiB"
     )
-    p.add_argument("--out", default="benchmark/results/quant_linear")
+    p.add_argument("--out", default="results/quant_linear")
     run_and_write(p.parse_args(), run, markdown, plot)
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Reproduce benchmark/results/ (2-core CPU: ~15 min without the full multiturn preset, ~1 h with).
+# Reproduce results/ (2-core CPU: ~15 min without the full multiturn preset, ~1 h with).
 #   bash benchmark/run_all.sh [--with-full]
 # Peers (vLLM CPU, transformers serve) need: bash benchmark/peers/setup_peers.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
-R=benchmark/results
+R=results
 SMALL="$($PY -m sglang_dev.tiny_models --size small)"
 $PY -m benchmark.multiturn_image --quick --repeats 3 --engines ours,vllm,hf --out $R/multiturn_image_quick
 $PY -m benchmark.serving_throughput --quick --num-prompts 32 --engines ours,vllm,hf --out $R/serving_throughput_quick

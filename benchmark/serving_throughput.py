@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--base-url", help="use a running server instead of launching")
     p.add_argument("--label", default="external")
-    p.add_argument("--out", default="benchmark/results/serving_throughput")
+    p.add_argument("--out", default="results/serving_throughput")
     args = p.parse_args(argv)
     preset = PRESETS["quick" if args.quick else args.preset]
     n = args.num_prompts or preset["num_prompts"]

@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--lengths", help="comma-separated long-clip lengths in seconds")
     p.add_argument("--chunk", type=int, help="chunked prefill size")
     p.add_argument("--model-path", help="default: the embedded small Qwen2.5-VL")
-    p.add_argument("--out", help="default: benchmark/results/video_chat_<preset>")
+    p.add_argument("--out", help="default: results/video_chat_<preset>")
     p.add_argument(
         "--served", default="", help="(c): engines to chat with over HTTP, e.g. ours,vllm"
     )
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "served": served,
         "served_errors": served_errors,
     }  # fmt: skip
-    out = Path(args.out or f"benchmark/results/video_chat_{name}")
+    out = Path(args.out or f"results/video_chat_{name}")
     write_json(out.with_suffix(".json"), result)
     md = markdown(result)
     out.with_suffix(".md").write_text(md)

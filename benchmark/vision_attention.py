@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--encode", action="store_true", help="also one image's encode in the engine")
     p.add_argument("--image", type=lambda s: [int(x) for x in s.split("x")], default=[1280, 720])
-    p.add_argument("--out", default="benchmark/results/vision_attention")
+    p.add_argument("--out", default="results/vision_attention")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = p.parse_args(argv)
     on_gpu = args.device == "cuda"

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--model-size", choices=("tiny", "small"))
     p.add_argument("--modes", default=",".join(CACHE_MODES))
     p.add_argument("--radix", action="store_true", help="keep the radix (prefix) cache on")
-    p.add_argument("--out", help="default: benchmark/results/vit_per_chunk[_FAMILY]")
+    p.add_argument("--out", help="default: results/vit_per_chunk[_FAMILY]")
     args = p.parse_args(argv)
     preset = PRESETS["quick" if args.quick else args.preset]
     n = args.images or preset["images"]
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": results,
     }  # fmt: skip
     suffix = "" if args.family == DEFAULT_FAMILY else f"_{args.family}"
-    out = Path(args.out or f"benchmark/results/vit_per_chunk{suffix}")
+    out = Path(args.out or f"results/vit_per_chunk{suffix}")
     write_json(out.with_suffix(".json"), result)
     md = markdown(results)
     out.with_suffix(".md").write_text(md)

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per client run")
-    p.add_argument("--out", default="benchmark/results/vllm_bench_serve")
+    p.add_argument("--out", default="results/vllm_bench_serve")
     return run_and_write(p.parse_args(argv), run, markdown, plot)
 
 

@@ -3,7 +3,7 @@
 Links that leave docs/: on GitHub ``../benchmark/README.md`` is a file of the repository. On the
 site, a relative link that leaves docs/ for a Markdown page or an image brings that file into the
 site at its repository path (``benchmark/README.md``; then, in turn, the files that page links to,
-such as ``benchmark/results/*.png``), and every relative link is rewritten from repository paths
+such as ``results/*.png``), and every relative link is rewritten from repository paths
 to site paths (docs/X is served as X). Other files (source files: name them in code spans) and
 missing targets are not added, so ``--strict`` reports links to them.
 
