@@ -321,3 +321,28 @@ def test_fleet_smoke(tiny_model: str, tmp_path: Path) -> None:
     assert sum(r["kv"]["tokens_loaded"] for r in run["rounds"]) > 0
     assert "/ sticky" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+@needs_plots
+def test_kernels_vs_torch_covers_every_kernel(tmp_path: Path) -> None:
+    """Every native kernel is timed against the engine's torch path for it, both calls giving
+    the same values (the comparison is of one computation), and the report lists the cells
+    where the kernel is slower."""
+    from benchmark.kernels_vs_torch import cases, main
+    from sglang.srt import kernels
+
+    for case in cases("small"):
+        torch_out, kernel_out = case.torch_call(), case.kernel_call()
+        if not isinstance(torch_out, tuple):
+            torch_out, kernel_out = (torch_out,), (kernel_out,)
+        pairs = zip(torch_out, kernel_out)
+        for want, got in pairs:
+            scale = want.float().abs().max().item() + 1
+            assert (got.float() - want.float()).abs().max().item() <= 0.05 * scale, case.label
+    out = tmp_path / "kvt"
+    data = main(["--shape", "small", "--repeats", "1", "--out", str(out)])
+    built = {n for n in kernels.kernel_names() if kernels.load(n) is not None}
+    assert {r["kernel"] for r in data["rows"]} == built
+    assert all(r["torch_ms"] > 0 and r["kernel_ms"] > 0 for r in data["rows"])
+    assert "slower than torch:" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").is_file() and out.with_suffix(".json").is_file()

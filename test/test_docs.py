@@ -62,7 +62,8 @@ def test_flag_reference_lists_every_server_flag(site_build: Build) -> None:
 def test_strict_build_fails_on_a_broken_link(tmp_path: Path) -> None:
     shutil.copy(REPO / "mkdocs.yml", tmp_path)
     shutil.copytree(REPO / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("python", "benchmark", "results"):  # the hooks' imports and the files the docs link to
+    # the hooks' imports and the files the docs link to
+    for name in ("python", "benchmark", "results"):
         (tmp_path / name).symlink_to(REPO / name)
     with open(tmp_path / "docs" / "testing.md", "a", encoding="utf-8") as f:
         f.write("\nSee [a page that does not exist](no_such_page.md).\n")
