@@ -1,7 +1,7 @@
 """Every native CPU kernel against the torch path the engine would take without it, per shape,
 on the machine it runs on: the ratio torch time / kernel time (above 1: the kernel is faster)
 for each kernel build this CPU can load (the native one, and with ``--portable`` the plain C++
-build of the kernels that have one, what a CPU without their vector paths runs).
+build of the kernels that have one, what a CPU without their vector paths runs, at decode rows).
 
 The torch side is the engine's own fallback, not a hand-written ideal: the attention backends
 ``torch_native`` against ``cpu_native`` on one batch; a ``QuantizedLinear`` with its kernel
@@ -127,7 +127,9 @@ def _linear_cases(s: dict[str, int], portable: bool) -> list[Case]:
             (4, 128, True, "8da4w-128", "linear_int8dq"),
         ):
             layer = QuantizedLinear.from_linear(plain, bits, group, dynamic)
-            for build in ("native", "portable") if portable else ("native",):
+            # the portable builds at decode rows only: a prompt chunk in plain C++ takes minutes
+            with_portable = portable and rows <= 16
+            for build in ("native", "portable") if with_portable else ("native",):
                 case = _kernel_or_not(layer, kernel, build, f"{name} {shape}", x)
                 cases += [case] if case is not None else []
     return cases
