@@ -152,18 +152,10 @@ MUTATIONS = [
         ("test/test_detokenizer.py", "test/test_stop_strings.py"),
     ),
     Mutation(
-        "int4 zero point dropped (every group's zero point set to 0 after quantizing)",
-        "model_executor/quantization.py",
-        (
-            (
-                "    report.quantized_layers = len(targets)\n",
-                "    for layer in targets:\n"
-                "        if hasattr(layer.weight, 'scale_and_zero'):\n"
-                "            layer.weight.scale_and_zero[..., 1] = 0\n"
-                "    report.quantized_layers = len(targets)\n",
-            ),
-        ),
-        ("test/test_quantization.py", "-k", "int4"),
+        "int4 zero point dropped (every group's min set to 0 by the native quantizer)",
+        "layers/quant_layouts.py",
+        (("    return codes, scale, low\n", "    return codes, scale, torch.zeros_like(low)\n"),),
+        ("test/test_quantized_linear.py",),
     ),
 ]
 
