@@ -106,6 +106,7 @@ class EncoderRunner:
         )
         self.weights_bytes = module_bytes(self.model)
         self.language_model_bytes = module_bytes(self.adapter.language_model)
+        self.linear_methods = linear_methods(self.model)  # fixed once loaded
         logger.info(
             "encoder-only: %.1f MiB of weights (language model %.1f MiB), fingerprint %s",
             self.weights_bytes / 2**20,
@@ -142,6 +143,6 @@ class EncoderRunner:
                 "language_model_weights_bytes": self.language_model_bytes,
             },
             "weight_quantization": self.quantization.as_dict() if self.quantization else None,
-            "linear_methods": linear_methods(self.model),
+            "linear_methods": self.linear_methods,
             "mm_global_cache": self.embedder.store.stats() if self.embedder.store else None,
         }
