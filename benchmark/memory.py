@@ -3,11 +3,12 @@
 Builds (once, cached under the project cache dir) a checkpoint with Qwen2.5-VL-7B-Instruct's
 real shapes and random bfloat16 weights (``benchmark.lib.shaped_checkpoints``). Then, per
 setting (bfloat16, and int8wo / int4wo-128 where the server has ``--torchao-config``; on request
-int8dq / 8da4w-128 (int8 activations, the tower's too), bfloat16-plain, the language model's
-plain weights as served on CPUs without the native GEMM, float32, and awq / gptq: a twin of the
-checkpoint in that published format, built beside it), it launches the server and records the
-peak RSS of its processes once ready and after one chat request with two 448x448 JPEGs, that
-request's TTFT and decode tokens/s.
+int8dq / 8da4w-128 (int8 activations, the tower's too), bfloat16-plain (the language model's
+plain weights as served on CPUs without the native GEMM), auto (the server's default dtype:
+bfloat16 weights under float32 compute on CPUs without native bfloat16), float32, and awq /
+gptq: a twin of the checkpoint in that published format, built beside it), it launches the
+server and records the peak RSS of its processes once ready and after one chat request with two
+448x448 JPEGs, that request's TTFT and decode tokens/s.
 A float32 launch shows the fit check: refused before loading, with its peak RSS.
 
     python -m benchmark.memory                               # the full 7B shape (~17 GB RAM)
@@ -56,6 +57,9 @@ SETTINGS: dict[str, tuple[str, list[str]]] = {
     "int8dq": ("bfloat16", ["--torchao-config", "int8dq", "--vision-int8dq"]),
     "8da4w-128": ("bfloat16", ["--torchao-config", "8da4w-128", "--vision-int8dq"]),
     "bfloat16-plain": ("bfloat16", ["--cpu-packed-lm-weights", "off"]),  # no native GEMM
+    # the server's default: bfloat16 weights under float32 compute on CPUs without native
+    # bfloat16 (--cpu-bf16-weights auto), bfloat16 elsewhere
+    "auto": ("auto", []),
     "float32": ("float32", []),
     # the same weights' shapes published quantized (random codes, group 128), loaded as they are
     "awq": ("bfloat16", ["--quantization", "awq"]),

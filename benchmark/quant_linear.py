@@ -20,8 +20,11 @@ limit. For:
   exact int32 sums per group, its scale and min applied to them);
 - torchao-int8 / torchao-int4-<group>: torchao's CPU tensors behind the same ``nn.Linear``
   (what ``--torchao-config`` ran before), for comparison in the same run;
-- f32: the plain float32 ``nn.Linear`` (torch's product), what a CPU without native bfloat16
-  serves by default;
+- f32: the plain float32 ``nn.Linear`` (torch's product);
+- f32-served: float32 as a server holds a float32 checkpoint on a CPU without native bfloat16:
+  2-16 rows on ``linear_bf16``'s ``linear_f32``, the rest torch's product;
+- bf16w: bfloat16 weights under float32 compute (``layers/bf16_weights.py``), what such a CPU
+  serves a bfloat16 checkpoint with by default: float32 inputs, weights widened as they are read;
 - <width>-portable (int8, int8dq, int4-<group>, 8da4w-<group>): the kernel's plain C++ build,
   what a CPU with none of its vector paths runs.
 
@@ -65,14 +68,21 @@ WIDTHS = ("bf16", "int8", "int8dq", "int4-128", "8da4w-128", "torchao-int8", "to
 
 
 def _layers(shape: str, width: str) -> list[nn.Module]:
-    from sglang.srt.layers import decode_linear, packed_linear
+    from sglang.srt.layers import bf16_weights, decode_linear, packed_linear
     from sglang.srt.layers.quantized_linear import QuantizedLinear
     from sglang.srt.model_executor.quantization import _torchao, parse_torchao_config
 
     torch.manual_seed(0)
     dense = [nn.Linear(k, n, bias=False).bfloat16() for n, k in SHAPES[shape]]
-    if width == "f32":
-        return [layer.float() for layer in dense]
+    if width in ("f32", "f32-served"):
+        wide = [layer.float() for layer in dense]
+        if width == "f32-served":
+            decode_linear.install(wide, torch.float32)
+        return wide
+    if width == "bf16w":
+        for layer in dense:
+            bf16_weights.store_in_bfloat16(layer)
+        return dense
     if width == "bf16":  # as the server runs it: packed once where the native GEMM serves
         packed_linear.install(dense, native_only=True)
         decode_linear.install(dense)
@@ -140,8 +150,13 @@ def _stepper(
 ) -> Callable[[], None]:
     """One layer's linears for ``rows`` rows, each call on the next copy (its weights cold); the
     inputs in the layers' dtype (bfloat16, or float32 for the f32 width)."""
+    from sglang.srt.layers import bf16_weights
+
     order = itertools.cycle(sets)
-    if isinstance(sets[0][0], nn.Linear) and sets[0][0].weight.dtype == torch.float32:
+    first = sets[0][0]
+    if bf16_weights.stores_bfloat16(first) or (
+        isinstance(first, nn.Linear) and first.weight.dtype == torch.float32
+    ):
         inputs = {key: x.float() for key, x in inputs.items()}
 
     def step() -> None:
@@ -162,9 +177,11 @@ def _compute_peaks(widths: list[str]) -> dict[str, float]:
     # the weight-only widths' products: bfloat16 dot products, or float32 FMAs without bfloat16
     float_dtype = "float32" if cpu_bfloat16_isa() is None else "bfloat16"
     probes["float"] = matmul_peak_gflops(dtype=float_dtype)["gflop_per_s"]
-    if "f32" in widths and float_dtype != "float32":
+    f32 = [w for w in widths if w in ("f32", "f32-served", "bf16w")]
+    if f32 and float_dtype != "float32":
         probes["f32"] = matmul_peak_gflops(dtype="float32")["gflop_per_s"]
-    return {w: probes.get("int8 product" if w in dynamic else w, probes["float"]) for w in widths}
+    named = {w: "int8 product" if w in dynamic else "f32" if w in f32 else w for w in widths}
+    return {w: probes.get(named[w], probes["float"]) for w in widths}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -253,7 +270,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=SHAPES, default="7b")
     p.add_argument("--rows", default="1,2,4,8,16")
-    p.add_argument("--widths", default=",".join(WIDTHS), help="of these, f32, X-portable")
+    others = "of these, f32, f32-served, bf16w, X-portable"
+    p.add_argument("--widths", default=",".join(WIDTHS), help=others)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seconds", type=float, default=1.0, help="timing window per cell")
     p.add_argument(

@@ -59,8 +59,9 @@ BF16_ONLY = {
 VNNI_ONLY = {"linear_int8dq": ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni")}
 # Kernels with an AVX2 path where their AVX-512 one cannot be built (linear_quant: float32
 # FMAs; linear_int8dq: vpmaddubsw; decode_attention: its float32 task; prefill_attention: its
-# float32 tiles).
+# float32 tiles; linear_bf16: float32 rows times widened bfloat16 weights).
 AVX2_FALLBACK = {
+    "linear_bf16": ("avx2", "fma"),
     "linear_quant": ("avx2", "fma"),
     "linear_int8dq": ("avx2",),
     "decode_attention": ("avx2", "fma"),

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sglang.srt.layers import decode_linear, packed_linear
+from sglang.srt.layers import bf16_weights, decode_linear, packed_linear
 from sglang.srt.layers.quantized_linear import QuantizedLinear
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
@@ -27,6 +27,8 @@ METHODS: dict[str, str] = {
     "{dtype}-decode-kernel": "the checkpoint's weight; decode-sized batches on the native kernel "
     "(linear_bf16.cpp), prompt chunks on torch's product",
     "bf16-decode-kernel+packed-copy": "as bf16-decode-kernel, prompt chunks on a packed copy",
+    "bf16-widened": "a bfloat16 weight under float32 compute, widened as it is read: decode "
+    "rows on the native kernel (linear_mixed), prompt chunks on torch's float32 GEMM by blocks",
     "bf16-packed-gemm": "held only in the native GEMM's panels (gemm_bf16.cpp): every row count",
     "bf16-packed-onednn": "held only oneDNN-packed: oneDNN's product for every row count",
     "int8wo": "int8 weights per output channel, bfloat16 or float32 activations (linear_quant)",
@@ -52,6 +54,8 @@ def method_of(module: nn.Module) -> str | None:
     weight = module.weight
     if type(weight.data) is not torch.Tensor:
         return f"torchao-{type(weight.data).__name__}"
+    if bf16_weights.stores_bfloat16(module):
+        return "bf16-widened"
     if packed_linear.holds_only_packed(module):
         native = module.__dict__.get("packed_gemm") is not None
         return "bf16-packed-gemm" if native else "bf16-packed-onednn"

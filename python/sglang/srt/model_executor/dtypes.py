@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -67,6 +67,9 @@ class DtypeChoice:
     dtype: torch.dtype
     reason: str
     fell_back: bool = False  # a half-precision checkpoint runs in float32 (warned at start-up)
+    # where set (bfloat16), linear and embedding weights are stored so and widened as they are
+    # read; everything else, and every product, in ``dtype`` (``layers/bf16_weights.py``)
+    weight_dtype: torch.dtype | None = None
 
 
 def resolve_dtype(name: str, config: Any, device: str) -> DtypeChoice:
@@ -118,7 +121,30 @@ def resolve_launch_dtypes(args: Any, config: Any) -> tuple[DtypeChoice, torch.dt
             choice = DtypeChoice(torch.float32, reason)
         else:
             choice = DtypeChoice(torch.bfloat16, "quantized weights run in bfloat16")
+    if not quantized:
+        choice = _with_bf16_weights(choice, args, config)
     return choice, resolve_kv_cache_dtype(args.kv_cache_dtype, choice.dtype)
+
+
+def _with_bf16_weights(choice: DtypeChoice, args: Any, config: Any) -> DtypeChoice:
+    """``--cpu-bf16-weights``: auto stores a bfloat16 checkpoint's linear and embedding weights
+    in bfloat16 where ``--dtype auto`` runs it in float32 for want of native bfloat16; on does so
+    for any float32 launch on a CPU."""
+    setting = getattr(args, "cpu_bf16_weights", "auto")
+    float_cpu = args.resolved_device == "cpu" and choice.dtype == torch.float32
+    if setting == "off" or not float_cpu:
+        return choice
+    if setting == "auto":
+        no_bf16 = args.dtype == "auto" and cpu_bfloat16_isa() is None
+        if not no_bf16 or checkpoint_dtype(config) != torch.bfloat16:
+            return choice
+        reason = (
+            "checkpoint declares bfloat16 but this CPU has no native bfloat16 (neither AMX nor "
+            "AVX512-BF16): computing in float32, linear and embedding weights kept in bfloat16"
+        )
+        return DtypeChoice(torch.float32, reason, weight_dtype=torch.bfloat16)
+    reason = f"{choice.reason}; linear and embedding weights stored in bfloat16 (requested)"
+    return replace(choice, reason=reason, weight_dtype=torch.bfloat16)
 
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -63,7 +63,8 @@ class EncoderRunner:
         self.config = load_config(args, model_path)
         if not hasattr(self.config, "vision_config"):
             raise ValueError("an encoder-only worker serves a model with a vision tower")
-        self.dtype = resolve_launch_dtypes(args, self.config)[0].dtype
+        choice = resolve_launch_dtypes(args, self.config)[0]
+        self.dtype = choice.dtype
         self.perf = PerfCounters()
         tower_config = tower_only_config(self.config)
         published = read_format(self.config)
@@ -78,6 +79,7 @@ class EncoderRunner:
                 self.dtype,
                 args,
                 self.perf,
+                weight_dtype=choice.weight_dtype,
                 load_config=tower_config,
                 ignore_mismatched_sizes=True,
             )

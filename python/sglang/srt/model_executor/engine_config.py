@@ -130,6 +130,16 @@ class EngineConfig:
             "bytes twice) or off (plain weights only)."
         },
     )
+    cpu_bf16_weights: str = field(
+        default="auto",
+        metadata={
+            "help": "float32 on a CPU, the linear and embedding weights: auto (kept in bfloat16 "
+            "and widened as they are read where a bfloat16 checkpoint runs in float32 under "
+            "--dtype auto, on CPUs without native bfloat16: half the weights' memory, the same "
+            "float32 products), on (so for any checkpoint served in float32, rounding wider "
+            "weights to bfloat16) or off (float32 weights)."
+        },
+    )
 
     # Hybrid models (linear-attention layers, e.g. Qwen3.5)
     max_mamba_cache_size: int | None = field(
@@ -283,6 +293,8 @@ class EngineConfig:
         quantization.check_lm_head_dtype(self.cpu_lm_head_dtype, self.torchao_config)
         if self.cpu_packed_lm_weights not in ("auto", "on", "off"):
             raise ValueError("cpu_packed_lm_weights must be auto, on or off")
+        if self.cpu_bf16_weights not in ("auto", "on", "off"):
+            raise ValueError("cpu_bf16_weights must be auto, on or off")
         if self.mm_video_cache not in ("per-group", "whole"):
             raise ValueError("mm_video_cache must be per-group or whole")
         quantization.check_quantization_flag(self.quantization)

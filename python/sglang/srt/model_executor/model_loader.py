@@ -23,6 +23,7 @@ from transformers import AutoConfig
 from sglang.srt.core.forward_batch import ForwardBatch
 from sglang.srt.core.perf_counters import PerfCounters, instrument_vision
 from sglang.srt.layers import (
+    bf16_weights,
     decode_linear,
     native_activation,
     native_norm,
@@ -104,11 +105,14 @@ def load_model(
     args: EngineConfig,
     perf: PerfCounters,
     prequantized: PrequantizedFormat | None = None,
+    weight_dtype: torch.dtype | None = None,
     **kwargs: Any,
 ) -> torch.nn.Module:
     """The HF model on ``args``' device, its language model on the engine's attention and its
     vision tower on SDPA (and the fast vision paths); ``kwargs`` go to ``from_pretrained``. A
-    ``prequantized`` checkpoint's linears load straight into the native quantized layouts."""
+    ``prequantized`` checkpoint's linears load straight into the native quantized layouts. With
+    ``weight_dtype`` (bfloat16, under a float32 ``dtype``) the model loads in bfloat16 and all
+    but its linear and embedding weights are widened (``bf16_weights``)."""
     multimodal = hasattr(config, "vision_config")
     if prequantized is not None:
         kwargs["load_config" if multimodal else "config"] = prequantized_config(
@@ -121,7 +125,8 @@ def load_model(
         load = transformers.AutoModelForCausalLM.from_pretrained
         attn = ATTENTION_NAME
     transformers.utils.logging.disable_progress_bar()
-    kwargs = {"dtype": dtype, "trust_remote_code": args.trust_remote_code, **kwargs}
+    load_dtype = weight_dtype or dtype
+    kwargs = {"dtype": load_dtype, "trust_remote_code": args.trust_remote_code, **kwargs}
     try:
         model = load(model_path, attn_implementation=attn, **kwargs)
     except ValueError as exc:
@@ -131,6 +136,12 @@ def load_model(
         attn = {**attn, "vision_config": "eager", "": "eager"}
         model = load(model_path, attn_implementation=attn, **kwargs)
     model = model.to(args.resolved_device).eval()
+    if weight_dtype is not None:
+        stored = bf16_weights.store_in_bfloat16(model, [model.get_input_embeddings()])
+        logger.info(
+            "weights in bfloat16, computed in float32: %d linears and %d embeddings (%.1f GiB)",
+            stored.linears, stored.embeddings, stored.bfloat16_bytes / 2**30,
+        )  # fmt: skip
     if multimodal and fast_vision.install(model, config, perf):
         instrument_vision(model.model.visual, perf)
         if args.enable_torch_compile:

@@ -59,7 +59,7 @@ class ModelRunner:
         self.prequantized = published_format(args, self.config)
         self.is_multimodal = hasattr(self.config, "vision_config")
         choice, self.kv_cache_dtype = resolve_launch_dtypes(args, self.config)
-        self.dtype = choice.dtype
+        self.dtype, self.weight_dtype = choice.dtype, choice.weight_dtype
         (logger.warning if choice.fell_back else logger.info)(
             "dtype %s (%s)", dtype_name(self.dtype), choice.reason
         )
@@ -69,7 +69,9 @@ class ModelRunner:
             torch.backends.cuda.matmul.allow_tf32 = False
         # Refuse a launch that cannot fit before any weight loads (not after an OOM kill).
         self.fit_plan = memory.check_fits(
-            memory.fit_inputs(args, model_path, self.config, self.dtype, self.kv_cache_dtype)
+            memory.fit_inputs(
+                args, model_path, self.config, self.dtype, self.kv_cache_dtype, self.weight_dtype
+            )
         )
         self.perf = PerfCounters()
         self._head_rows = 0  # rows the LM head scored in the current forward
@@ -98,8 +100,9 @@ class ModelRunner:
         args = self.args
         with host_memory.heap_returned_while_loading():
             self.model = load_model(
-                self.model_path, self.config, self.dtype, args, self.perf, self.prequantized
-            )
+                self.model_path, self.config, self.dtype, args, self.perf, self.prequantized,
+                self.weight_dtype,
+            )  # fmt: skip
             self.adapter = get_adapter(self.model, self.config)
             self.quantization = quantize(self.model, self.adapter, args)
         kernels = install_cpu_kernels(

@@ -136,6 +136,7 @@ def tensor_bytes_as(
     untied_head: bool = False,
     published: PrequantizedFormat | None = None,
     patch_linear: bool = False,
+    weight_dtype: torch.dtype | None = None,
 ) -> int:
     """Bytes one checkpoint tensor takes once loaded in ``run_dtype`` (floating tensors) and,
     for the language model's linear weights, quantized as they are stored: int8 = 1 byte per
@@ -145,7 +146,8 @@ def tensor_bytes_as(
     token embeddings in int8, or a tied pair's one table in int8 unless the head stays dense
     (``quantize_head_and_embeddings``); with int4, the vision tower's
     linear weights in int8 (``quantize_vision_tower``; with int8dq and ``vision_int8dq`` too, plus
-    int8dq's column sums), the patch embedding among them where ``patch_linear``."""
+    int8dq's column sums), the patch embedding among them where ``patch_linear``. With
+    ``weight_dtype`` (unquantized), 2-D weights (linears' and embeddings') take its bytes."""
     numel = 1
     for dim in shape:
         numel *= dim
@@ -156,6 +158,8 @@ def tensor_bytes_as(
     if dtype not in _FLOAT_TYPES:
         return numel * _SAFETENSORS_BYTES.get(dtype, 4)
     elem = torch.empty(0, dtype=run_dtype).element_size()
+    if weight_dtype is not None and quant is None and len(shape) == 2 and name.endswith(".weight"):
+        return numel * weight_dtype.itemsize
     if quant is not None and name.endswith("lm_head.weight") and len(shape) == 2:
         return _head_bytes(shape, elem, quant)
     if quant is not None and name.endswith("embed_tokens.weight"):
@@ -181,10 +185,12 @@ def estimate_weight_bytes(
     lm_head_dtype: str = "int8",
     vision_int8dq: bool = False,
     published: PrequantizedFormat | None = None,
+    weight_dtype: torch.dtype | None = None,
 ) -> int | None:
     """The weights' bytes once loaded in ``run_dtype`` with ``quantization`` (a torchao config
     name such as ``int8wo`` or ``int4wo-128``) or as a ``published`` quantized checkpoint, from
-    the safetensors headers alone."""
+    the safetensors headers alone; ``weight_dtype``: the linear and embedding weights' dtype
+    where it is not ``run_dtype`` (``--cpu-bf16-weights``)."""
     headers = safetensors_headers(model_path)
     if headers is None:
         return None
@@ -192,7 +198,9 @@ def estimate_weight_bytes(
     untied_head = any(name.endswith("lm_head.weight") for name in headers)
     patch_linear = fast_vision.patch_embedding_is_linear(_model_type(model_path))
     return sum(
-        tensor_bytes_as(name, dtype, shape, run_dtype, quant, untied_head, published, patch_linear)
+        tensor_bytes_as(
+            name, dtype, shape, run_dtype, quant, untied_head, published, patch_linear, weight_dtype
+        )
         for name, (dtype, shape) in headers.items()
     )
 

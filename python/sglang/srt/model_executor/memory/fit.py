@@ -80,6 +80,7 @@ class FitInputs:
     lm_head_dtype: str = "int8"  # --cpu-lm-head-dtype
     vision_int8dq: bool = False  # --vision-int8dq
     published: PrequantizedFormat | None = None  # a checkpoint published quantized
+    weight_dtype: torch.dtype | None = None  # linear and embedding weights (--cpu-bf16-weights)
 
     def plan(self, **changes: Any) -> FitPlan | None:
         inp = _replace(self, **changes)
@@ -90,6 +91,7 @@ class FitInputs:
             inp.lm_head_dtype,
             inp.vision_int8dq,
             inp.published,
+            inp.weight_dtype,
         )
         if weights is None:
             return None
@@ -104,6 +106,8 @@ def _replace(inp: FitInputs, **changes: Any) -> FitInputs:
 
 def _setting_name(inp: FitInputs) -> str:
     name = str(inp.dtype).removeprefix("torch.")
+    if inp.weight_dtype is not None:
+        name += f" on {str(inp.weight_dtype).removeprefix('torch.')} weights"
     return f"{name} + {inp.quantization}" if inp.quantization else name
 
 
@@ -112,15 +116,18 @@ def _candidates(inp: FitInputs) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
     half = torch.empty(0, dtype=inp.dtype).element_size() <= 2
     dtype_flag = "" if half else "--dtype bfloat16 "
+    plain = {"quantization": None, "weight_dtype": None}
+    if not half and inp.device == "cpu" and inp.weight_dtype is None and not inp.quantization:
+        out.append(("--cpu-bf16-weights on", {**plain, "weight_dtype": torch.bfloat16}))
     if not half:
-        out.append(("--dtype bfloat16", {"dtype": torch.bfloat16, "quantization": None}))
+        out.append(("--dtype bfloat16", {**plain, "dtype": torch.bfloat16}))
     dtype = inp.dtype if half else torch.bfloat16
     current = Quantization.parse(inp.quantization)
     for spec in ("int8wo", "int4wo-128"):
         bits = Quantization.parse(spec).bits  # type: ignore[union-attr]
         if current is None or bits < current.bits:
             flags = f"{dtype_flag}--torchao-config {spec}"
-            out.append((flags, {"dtype": dtype, "quantization": spec}))
+            out.append((flags, {**plain, "dtype": dtype, "quantization": spec}))
     return out
 
 
@@ -183,9 +190,15 @@ def check_fits(inp: FitInputs) -> FitPlan | None:
 
 
 def fit_inputs(
-    args: Any, model_path: str, config: Any, dtype: torch.dtype, kv_dtype: torch.dtype
+    args: Any,
+    model_path: str,
+    config: Any,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    weight_dtype: torch.dtype | None = None,
 ) -> FitInputs:
-    """The fit inputs of a launch from its ``EngineConfig`` and the dtypes it will run in."""
+    """The fit inputs of a launch from its ``EngineConfig`` and the dtypes it will run in
+    (``weight_dtype``: the linear and embedding weights', where it is not ``dtype``)."""
     text_config = config.get_text_config()
     return FitInputs(
         model_path=model_path,
@@ -201,6 +214,7 @@ def fit_inputs(
         lm_head_dtype=args.cpu_lm_head_dtype,
         vision_int8dq=args.vision_int8dq,
         published=_published_format(config),
+        weight_dtype=weight_dtype,
     )
 
 
@@ -219,7 +233,8 @@ def check_launch(args: Any, model_path: str) -> FitPlan | None:
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=args.trust_remote_code)
     choice, kv_dtype = resolve_launch_dtypes(args, config)
-    return check_fits(fit_inputs(args, model_path, config, choice.dtype, kv_dtype))
+    inputs = fit_inputs(args, model_path, config, choice.dtype, kv_dtype, choice.weight_dtype)
+    return check_fits(inputs)
 
 
 def cpu_kv_budget(
