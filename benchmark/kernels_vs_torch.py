@@ -115,6 +115,7 @@ def _linear_cases(s: dict[str, int], portable: bool) -> list[Case]:
             if decode_linear.install([routed]):
                 cases.append(Case("linear_bf16", f"bf16 {shape}", _no_grad(plain, x),
                                   _no_grad(routed, x)))  # fmt: skip
+            cases += _float32_compute_cases(plain, x.float(), shape)
         packed = torch.nn.Linear(hidden, inter, bias=False, dtype=torch.bfloat16)
         packed.weight.data.copy_(plain.weight)
         if packed_linear.install([packed], native_only=True):
@@ -153,6 +154,34 @@ def _kernel_or_not(layer: Any, kernel: str, build: str, label: str, x: torch.Ten
         return call
 
     return Case(kernel, label, on(None), on(module))
+
+
+def _float32_compute_cases(plain: torch.nn.Linear, x: torch.Tensor, shape: str) -> list[Case]:
+    """The decode rows of a model computing in float32 (CPUs without native bfloat16): float32
+    weights routed to ``linear_f32`` (2-16 rows) against torch's float32 product, and bfloat16
+    weights widened as read (``--cpu-bf16-weights``, ``linear_mixed``) against torch widening
+    the same weights before its product (the path without the kernel)."""
+    from sglang.srt.layers import bf16_weights, decode_linear
+
+    cases = []
+    if x.shape[0] >= decode_linear.FLOAT32_MIN_ROWS:
+        f32, routed = _twin(plain, torch.float32), _twin(plain, torch.float32)
+        if decode_linear.install([routed], torch.float32):
+            cases.append(Case("linear_bf16", f"f32 {shape}", _no_grad(f32, x),
+                              _no_grad(routed, x)))  # fmt: skip
+    mixed, widened_by_torch = _twin(plain, torch.bfloat16), _twin(plain, torch.bfloat16)
+    bf16_weights.store_in_bfloat16(torch.nn.Sequential(mixed, widened_by_torch))
+    if mixed._widening_kernel is not None:
+        widened_by_torch._widening_kernel = None
+        cases.append(Case("linear_bf16", f"bf16 weights, f32 rows {shape}",
+                          _no_grad(widened_by_torch, x), _no_grad(mixed, x)))  # fmt: skip
+    return cases
+
+
+def _twin(plain: torch.nn.Linear, dtype: torch.dtype) -> torch.nn.Linear:
+    twin = torch.nn.Linear(plain.in_features, plain.out_features, bias=False, dtype=dtype)
+    twin.weight.data.copy_(plain.weight)
+    return twin
 
 
 def _elementwise_cases(s: dict[str, int]) -> list[Case]:
@@ -243,7 +272,21 @@ def markdown(result: dict[str, Any]) -> str:
     slower = [f"{r['kernel']}: {r['case']} ({r['torch_over_kernel']:.2f})" for r in rows
               if r["torch_over_kernel"] < 1.0]  # fmt: skip
     tail = "slower than torch: " + ("; ".join(slower) if slower else "none")
+    idle = result.get("not_taken", {})
+    if idle:
+        tail += "\n\nbuilt, not taken here: " + "; ".join(f"{k} ({v})" for k, v in idle.items())
     return f"{cpu_line(result['cpu'])}\n\n{table}\n\n{tail}\n"
+
+
+def not_taken() -> dict[str, str]:
+    """Kernels built on this CPU that the engine does not dispatch to here, with why."""
+    from sglang.srt import kernels
+    from sglang.srt.kernels import ops
+
+    idle = {}
+    if kernels.load("gemm_bf16") is not None and ops.native_gemm() is None:
+        idle["gemm_bf16"] = "oneDNN's product: AMX, or no AVX512-BF16"
+    return idle
 
 
 def plot(result: dict[str, Any], path: Any) -> None:
@@ -279,7 +322,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            if kernels.load(name) is not None}  # fmt: skip
     rows = measure(cases(args.shape, args.portable), args.repeats)
     result = {"benchmark": "kernels_vs_torch", "shape": args.shape, "cpu": cpu,
-              "threads": torch.get_num_threads(), "kernel_isa": isa, "rows": rows}  # fmt: skip
+              "threads": torch.get_num_threads(), "kernel_isa": isa, "rows": rows,
+              "not_taken": not_taken()}  # fmt: skip
     write_results(args.out, result, markdown(result), lambda path: plot(result, path))
     return result
 
