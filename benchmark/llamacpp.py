@@ -1,19 +1,22 @@
 """Ours against llama.cpp's ``llama-server`` on the same checkpoint, width by width.
 
-Widths: our bfloat16 / ``--torchao-config int8wo`` / ``int4wo-128`` / ``int8dq`` (with
-``--vision-int8dq``) / ``8da4w-128`` (int4 head, ``--vision-int8dq``) against the GGUF language
-model in BF16 / Q8_0 / Q4_0 (``--pure``) / Q8_0 / Q4_0; llama.cpp's vision tower is a BF16
-mmproj at every width, ours is bfloat16 except with int4wo (int8 linears) and the dynamic modes
-with ``--vision-int8dq`` (int8dq linears). One server runs at a time, in turn across repeats
-(ours bf16, llama BF16, ours int8, llama Q8_0, ...), each
-launched fresh, all through the same HTTP client. Per launch:
+Widths: our bfloat16 checkpoint as ``--dtype`` (default ``auto``) serves it / ``--torchao-config
+int8wo`` / ``int4wo-128`` / ``int8dq`` (with ``--vision-int8dq``) / ``8da4w-128`` (int4 head,
+``--vision-int8dq``) against the GGUF language model in BF16 / Q8_0 / Q4_0 (``--pure``) / Q8_0 /
+Q4_0; llama.cpp's vision tower is a BF16 mmproj at every width, ours is the checkpoint's except
+with int4wo (int8 linears) and the dynamic modes with ``--vision-int8dq`` (int8dq linears). One
+server runs at a time, in turn across repeats (ours bf16, llama BF16, ours int8, llama Q8_0, ...),
+each launched fresh, all through the same HTTP client. Per launch:
 
 - resident memory (RSS) of the server's process tree once ready and after the requests;
 - decode tokens/s at batch 1: a fixed text-only chat, temperature 0, ``ignore_eos``,
   ``--max-tokens`` tokens; (tokens - 1) over the stream's time after the first token, median over
   ``--decode-requests`` requests after one warm-up;
-- the multiturn image chat (``benchmark.multiturn_image``): TTFT per round, one new image per
-  round, the same images on both servers (best of the repeats per round).
+- the multiturn image chat (``benchmark.multiturn_image``) at each of ``--resolutions``
+  (default 640x480 and 1280x720, to multiples of 28): TTFT per round, one new image per round,
+  the same images on both servers (best of the repeats per round); our rounds split by part
+  (tower attention, tower rest, LM attention, LM rest), each against the matmul peak of its
+  arithmetic, probed once at the start (``benchmark.llamacpp_report``).
 
 Needs ``bash benchmark/peers/setup_peers.sh llamacpp``; the GGUF files are converted on first use
 (``benchmark/peers/llamacpp_convert.py``) next to the checkpoint.
@@ -28,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,12 +43,12 @@ import httpx
 from tqdm import tqdm
 
 from benchmark.lib.client import chat
-from benchmark.lib.hardware import cpu_info, cpu_line, rss_snapshot
+from benchmark.lib.hardware import cpu_info, cpu_line, matmul_peak_gflops, rss_snapshot
 from benchmark.lib.images import parse_resolution
-from benchmark.lib.report import markdown_table, pyplot, ratio, run_and_write
+from benchmark.lib.report import run_and_write
 from benchmark.lib.shaped_checkpoints import SHAPES, cached_checkpoint, shape_config
-from benchmark.multiturn_image import run_conversation
-from benchmark.multiturn_report import best_of
+from benchmark.llamacpp_report import aggregate, markdown, plot, ratios
+from benchmark.multiturn_image import compute_dtype, part_dtypes, run_conversation
 from benchmark.peers.llamacpp_convert import TYPES, default_root, outputs
 from benchmark.servers import Server, _stop, _wait_healthy, free_port, launch
 
@@ -75,8 +77,10 @@ OUR_LABELS = {
     "8da4w": "ours:8da4w-128+int4 head+vision",
 }
 DEFAULT_WIDTHS = ("bf16", "int8", "int4")
+# 640x480 and 1280x720 to the nearest multiples of 28 (Qwen2-VL's 14-pixel patches, merged 2x2),
+# so that both servers see the image at its own size
+DEFAULT_RESOLUTIONS = ("644x476", "1288x728")
 DECODE_PROMPT = "Write a long story about a lighthouse keeper and the sea, chapter by chapter."
-GIB_MB = 1024.0
 # A fresh connection per request: llama-server at times closes a kept-alive connection after
 # a streamed response, and the next request sent on it fails.
 CLOSE = {"Connection": "close"}
@@ -147,23 +151,40 @@ def decode_request(client: httpx.Client, server: Server, max_tokens: int) -> dic
     }
 
 
-def measure(server: Server, args: argparse.Namespace, repeat: int, bar: tqdm) -> dict[str, Any]:
-    """RSS once ready, the decode requests, the image conversation, RSS again."""
+def measure(
+    server: Server, args: argparse.Namespace, repeat: int, bar: tqdm, peaks: dict[str, float]
+) -> dict[str, Any]:
+    """RSS once ready, the decode requests, the image conversation at each resolution (ours:
+    each round split by part, against ``peaks``), RSS again."""
     assert server.proc is not None
     pid = server.proc.pid
     ready = rss_snapshot(pid)
+    chats = {}
     with httpx.Client(timeout=3600, headers=CLOSE) as client:
         decode_request(client, server, args.max_tokens)  # warm-up
         decode = []
         for _ in range(args.decode_requests):
             decode.append(decode_request(client, server, args.max_tokens))
             bar.update(1)
-        rounds = run_conversation(
-            client, server.base_url, server.model, args.resolution, args.rounds,
-            args.chat_tokens, progress=bar, image_offset=1000 * repeat, server_pid=pid,
-        )  # fmt: skip
+        for k, resolution in enumerate(args.resolutions):
+            chats["x".join(map(str, resolution))] = run_conversation(
+                client, server.base_url, server.model, resolution, args.rounds,
+                args.chat_tokens, progress=bar, image_offset=1000 * repeat + 100 * k,
+                server_pid=pid, part_peaks=peaks,
+            )  # fmt: skip
     return {"startup_s": server.startup_s, "rss_ready": ready, "rss_after": rss_snapshot(pid),
-            "decode": decode, "rounds": rounds}  # fmt: skip
+            "decode": decode, "chats": chats}  # fmt: skip
+
+
+def probe_part_peaks(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, dict]]:
+    """The matmul peak of every arithmetic our widths run a part in, and per our label each
+    part's peak (``multiturn_image.part_dtypes``: int8 where activations are int8)."""
+    dtypes = {OUR_LABELS[w]: part_dtypes(argparse.Namespace(
+        dtype=args.dtype, server_args=" ".join(WIDTHS[w][0]))) for w in args.widths}  # fmt: skip
+    needed = sorted({d for parts in dtypes.values() for d in parts.values()})
+    peaks = {d: matmul_peak_gflops(dtype=d)["gflop_per_s"] for d in needed}
+    return peaks, {label: {part: peaks[d] for part, d in parts.items()}
+                   for label, parts in dtypes.items()}  # fmt: skip
 
 
 def play(
@@ -172,7 +193,8 @@ def play(
     """Every repeat: each width on ours then on llama-server, one server at a time."""
     runs: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
-    total = args.repeats * len(args.widths) * 2 * (args.decode_requests + args.rounds)
+    chat_rounds = args.rounds * len(args.resolutions)
+    total = args.repeats * len(args.widths) * 2 * (args.decode_requests + chat_rounds)
     bar = tqdm(total=total, desc="llamacpp")
     for k in range(args.repeats):
         for width in args.widths:
@@ -181,7 +203,7 @@ def play(
                 bar.set_description(f"r{k} {label}")
                 try:
                     with server_for(engine, width, args, files, log_dir) as server:
-                        run = measure(server, args, k, bar)
+                        run = measure(server, args, k, bar, args.part_peaks.get(label, {}))
                 except (RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:
                     failures.append({"label": label, "repeat": str(k), "error": str(exc)[-2000:]})
                     print(f"{label} failed: {failures[-1]['error']}")
@@ -189,117 +211,6 @@ def play(
                 runs.append({"engine": engine, "width": width, "label": label, "repeat": k, **run})
     bar.close()
     return runs, failures
-
-
-# Results ---------------------------------------------------------------------------------------
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per label: median decode tok/s over every request, TTFT per round (best repeat), median
-    RSS once ready and after the requests."""
-    out: dict[str, dict[str, Any]] = {}
-    for label in dict.fromkeys(r["label"] for r in runs):
-        mine = [r for r in runs if r["label"] == label]
-        rounds = best_of([r["rounds"] for r in mine])
-        ttft = [e["ttft_ms"] for e in rounds]
-        out[label] = {
-            "engine": mine[0]["engine"],
-            "width": mine[0]["width"],
-            "decode_tok_per_s": _median([d["decode_tok_per_s"] for r in mine for d in r["decode"]]),
-            "ttft_ms": ttft,
-            "ttft_mean_ms": statistics.fmean(ttft) if ttft else None,
-            "prompt_tokens": [e["prompt_tokens"] for e in rounds],
-            "cached_tokens": [e["cached_tokens"] for e in rounds],
-            "rss_ready_mb": _median([r["rss_ready"]["rss_mb"] for r in mine]),
-            "rss_after_mb": _median([r["rss_after"]["rss_mb"] for r in mine]),
-            "anon_after_mb": _median([r["rss_after"]["anon_mb"] for r in mine]),
-            "startup_s": _median([r["startup_s"] for r in mine]),
-        }
-    return out
-
-
-def ratios(per_label: dict[str, dict[str, Any]], widths: list[str]) -> dict[str, dict[str, Any]]:
-    """ours / llama per width (decode: above 1 is faster; TTFT and RSS: below 1 is better)."""
-    out = {}
-    for width in widths:
-        ours, llama = per_label.get(OUR_LABELS[width]), per_label.get(llama_label(width))
-        if not ours or not llama:
-            continue
-        keys = {"decode": "decode_tok_per_s", "ttft_mean": "ttft_mean_ms",
-                "rss_ready": "rss_ready_mb", "rss_after": "rss_after_mb"}  # fmt: skip
-        out[width] = {name: ratio(ours[key], llama[key]) for name, key in keys.items()}
-        out[width]["ttft_per_round"] = [
-            ratio(a, b) for a, b in zip(ours["ttft_ms"], llama["ttft_ms"])
-        ]
-    return out
-
-
-def markdown(result: dict[str, Any]) -> str:
-    per, rat = result["per_label"], result["ratios"]
-    rows = []
-    for width in result["config"]["widths"]:
-        for label in (OUR_LABELS[width], llama_label(width)):
-            if label in per:
-                p = per[label]
-                rows.append([label, p["decode_tok_per_s"], p["ttft_mean_ms"], p["rss_ready_mb"]
-                             / GIB_MB, p["rss_after_mb"] / GIB_MB, p["startup_s"]])  # fmt: skip
-        if width in rat:
-            r = rat[width]
-            rows.append([f"ours/llama {width}", r["decode"], r["ttft_mean"], r["rss_ready"],
-                         r["rss_after"], None])  # fmt: skip
-    head = ["server", "decode tok/s (batch 1)", "TTFT mean ms (image chat)", "RSS ready GiB",
-            "RSS after GiB", "start-up s"]  # fmt: skip
-    labels = list(per)
-    n = max((len(p["ttft_ms"]) for p in per.values()), default=0)
-    ttft_rows = [[r, *(per[lb]["ttft_ms"][r] if r < len(per[lb]["ttft_ms"]) else None
-                       for lb in labels)] for r in range(n)]  # fmt: skip
-    cfg = result["config"]
-    text = (
-        f"{cpu_line(result['cpu'])}\n\n{cfg['llama_server_version']}\n\n"
-        f"checkpoint {cfg['model_path']} ({cfg['shape']}, {cfg['layers']} layers, vision depth "
-        f"{cfg['vision_depth']}); {cfg['repeats']} repeat(s); decode: {cfg['max_tokens']} tokens; "
-        f"image chat: {cfg['rounds']} rounds at {cfg['resolution']}\n\n"
-        + markdown_table(head, rows)
-        + "\n\nTTFT per round, ms (best repeat):\n\n"
-        + markdown_table(["round", *labels], ttft_rows)
-        + "\n"
-    )
-    for f in result["failures"]:
-        text += f"\nfailed: {f['label']} (repeat {f['repeat']}): {f['error'][-300:]}\n"
-    return text
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
-    per, widths = result["per_label"], result["config"]["widths"]
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 3.4))
-    xs = range(len(widths))
-    for offset, (name, labels) in zip((-0.2, 0.2), (("ours", OUR_LABELS), ("llama.cpp", None))):
-        keys = [labels[w] if labels else llama_label(w) for w in widths]
-        a.bar([x + offset for x in xs], [(per.get(k) or {}).get("decode_tok_per_s") or 0
-                                         for k in keys], 0.4, label=name)  # fmt: skip
-        c.bar([x + offset for x in xs], [((per.get(k) or {}).get("rss_after_mb") or 0) / GIB_MB
-                                         for k in keys], 0.4, label=name)  # fmt: skip
-    for label, p in per.items():
-        b.plot(range(len(p["ttft_ms"])), p["ttft_ms"], marker="o", ms=3, label=label,
-               linestyle="-" if p["engine"] == "ours" else "--")  # fmt: skip
-    a.set_ylabel("decode tokens / s (batch 1)")
-    b.set_ylabel("TTFT (ms)")
-    b.set_xlabel("round")
-    b.set_xticks(range(max((len(p["ttft_ms"]) for p in per.values()), default=0)))
-    c.set_ylabel("RSS after the requests (GiB)")
-    for ax in (a, c):
-        ax.set_xticks(list(xs), widths)
-    for ax in (a, b, c):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(cpu_line(result["cpu"]), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=70)
-    plt.close(fig)
 
 
 # Driver ----------------------------------------------------------------------------------------
@@ -348,20 +259,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     files = ensure_gguf(args)
     version = llama_version(args.llama_root)
     print(version)
+    peaks, args.part_peaks = probe_part_peaks(args)
     runs, failures = play(args, files, Path(tempfile.mkdtemp(prefix="bench-llamacpp-logs-")))
     per_label = aggregate(runs)
+    labels = {w: (OUR_LABELS[w], llama_label(w)) for w in args.widths}
     config = {
         "shape": args.shape, "layers": dims["text"]["num_hidden_layers"],
         "vision_depth": dims["vision"]["depth"], "model_path": str(args.model_path),
         "gguf": {k: str(v) for k, v in files.items()}, "widths": args.widths,
         "rounds": args.rounds, "repeats": args.repeats, "max_tokens": args.max_tokens,
         "decode_requests": args.decode_requests, "chat_tokens": args.chat_tokens,
-        "resolution": "x".join(map(str, args.resolution)), "llama_ctx": args.llama_ctx,
-        "threads": args.threads, "llama_server_version": version, "dtype": args.dtype,
+        "resolutions": ["x".join(map(str, r)) for r in args.resolutions],
+        "llama_ctx": args.llama_ctx, "threads": args.threads, "llama_server_version": version,
+        "dtype": args.dtype, "compute_dtype": compute_dtype(args.dtype),
+        "peaks_gflop_per_s": peaks, "labels": labels,
     }  # fmt: skip
     return {"benchmark": "llamacpp", "cpu": cpu, "config": config, "runs": runs,
             "failures": failures, "per_label": per_label,
-            "ratios": ratios(per_label, args.widths)}  # fmt: skip
+            "ratios": ratios(per_label, labels)}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -373,12 +288,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gguf-dir", type=Path, help="GGUF files (default: CHECKPOINT-gguf)")
     p.add_argument("--widths", default=",".join(DEFAULT_WIDTHS), help=f"of {', '.join(WIDTHS)}")
     p.add_argument("--rounds", type=int, default=8, help="image chat rounds")
-    p.add_argument("--resolution", default="448x448", help="WxH, multiples of 28")
+    p.add_argument("--resolutions", "--resolution", default=",".join(DEFAULT_RESOLUTIONS),
+                   help="WxH[,WxH...], multiples of 28")  # fmt: skip
     p.add_argument("--chat-tokens", type=int, default=16, help="max tokens per chat round")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--dtype", default="bfloat16",
-                   help="our server's --dtype (auto: float32 activations on CPUs without native "
-                        "bfloat16, where torch's bfloat16 products crawl)")  # fmt: skip
+    p.add_argument("--dtype", default="auto",
+                   help="our server's --dtype (auto, its default: float32 activations over "
+                        "bfloat16 weights on CPUs without native bfloat16)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=64, help="decode request length")
     p.add_argument("--decode-requests", type=int, default=3, help="after one warm-up")
     p.add_argument("--llama-root", type=Path, default=default_root())
@@ -390,10 +306,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.widths = [w for w in args.widths.split(",") if w]
     if set(args.widths) - set(WIDTHS):
         p.error(f"widths must be of {list(WIDTHS)}")
-    args.resolution = parse_resolution(args.resolution)
-    if any(side % 28 for side in args.resolution):
+    args.resolutions = [parse_resolution(r) for r in args.resolutions.split(",") if r]
+    if any(side % 28 for r in args.resolutions for side in r):
         p.error(
-            "--resolution: sides must be multiples of 28 (Qwen2-VL's 14-pixel patches, merged 2x2)"
+            "--resolutions: sides must be multiples of 28 (Qwen2-VL's 14-pixel patches, merged 2x2)"
         )
     return args
 

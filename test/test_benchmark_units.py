@@ -1,6 +1,7 @@
 """The benchmarks' pieces that need no server: OCRBench's scoring rules, the synthetic set's
 format, the matmul peak probe, which arithmetic each part of a round is counted against, the
-split of a round's forwards, shaped checkpoints' muted ids and the vLLM bench command."""
+split of a round's forwards, shaped checkpoints' muted ids, the vLLM bench command and the
+llama.cpp comparison's report."""
 
 from __future__ import annotations
 
@@ -239,3 +240,70 @@ def test_bench_serve_command_is_what_vllm_parses() -> None:
     assert ast.literal_eval(flag["--random-mm-bucket-config"]) == {(448, 448, 1): 1.0}
     assert json.loads(flag["--random-mm-limit-mm-per-prompt"]) == {"image": 2, "video": 0}
     assert flag["--model"] == "default" and flag["--num-prompts"] == "8"
+
+
+# llama.cpp comparison's report -----------------------------------------------------------------
+def _chat_round(ttft_ms: float, attention_ms: float | None = None) -> dict:
+    parts = {}
+    if attention_ms is not None:  # our servers' rounds carry the split, llama-server's do not
+        parts = {"vision_attention_ms": attention_ms, "vision_attention_of_peak": 0.5,
+                 "vision_dense_ms": 100.0, "vision_dense_of_peak": 0.9, "lm_attention_ms": 5.0,
+                 "lm_attention_of_peak": 0.2, "lm_dense_ms": 50.0, "lm_dense_of_peak": 0.8,
+                 "mfu_at_part_peaks": 0.7}  # fmt: skip
+    return {"ttft_ms": ttft_ms, "prompt_tokens": 400, "cached_tokens": 0, **parts}
+
+
+def _launch(engine: str, label: str, ttft: dict[str, list[float]], repeat: int) -> dict:
+    split = engine == "ours"
+    return {
+        "engine": engine, "width": "bf16", "label": label, "repeat": repeat, "startup_s": 1.0,
+        "rss_ready": {"rss_mb": 1024.0}, "rss_after": {"rss_mb": 2048.0, "anon_mb": 1.0},
+        "decode": [{"decode_tok_per_s": 10.0 if engine == "ours" else 5.0}],
+        "chats": {res: [_chat_round(t, t / 10 if split else None) for t in times]
+                  for res, times in ttft.items()},
+    }  # fmt: skip
+
+
+def test_llamacpp_report_per_resolution_best_rounds_ratios_and_parts(tmp_path: Path) -> None:
+    """Per resolution each round's best repeat, ours over llama's mean TTFT, and the part
+    split for our rounds only."""
+    from benchmark.llamacpp_report import aggregate, markdown, plot, ratios
+
+    runs = [
+        _launch("ours", "ours:bf16", {"644x476": [300, 200], "1288x728": [900, 800]}, 0),
+        _launch("ours", "ours:bf16", {"644x476": [100, 400], "1288x728": [1000, 600]}, 1),
+        _launch("llamacpp", "llama:BF16", {"644x476": [400, 400], "1288x728": [1400, 1400]}, 0),
+    ]
+    per = aggregate(runs)
+    assert per["ours:bf16"]["chat"]["644x476"]["ttft_ms"] == [100, 200]
+    assert per["ours:bf16"]["chat"]["1288x728"]["ttft_mean_ms"] == 750
+    assert per["ours:bf16"]["chat"]["644x476"]["parts"]["vision_attention_ms"] == 15
+    assert per["llama:BF16"]["chat"]["644x476"]["parts"]["vision_attention_ms"] is None
+    labels = {"bf16": ("ours:bf16", "llama:BF16")}
+    both = ratios(per, labels)
+    rat = both["bf16"]
+    assert rat["ttft_mean"] == {"644x476": 150 / 400, "1288x728": 750 / 1400}
+    assert rat["decode"] == 2.0 and rat["ttft_per_round"]["644x476"] == [0.25, 0.5]
+    config = {
+        "llama_server_version": "llama-server test",
+        "model_path": "m",
+        "shape": "2b",
+        "layers": 2,
+        "vision_depth": 2,
+        "dtype": "auto",
+        "compute_dtype": "float32",
+        "repeats": 2,
+        "max_tokens": 8,
+        "rounds": 2,
+        "labels": labels,
+        "resolutions": ["644x476", "1288x728"],
+        "peaks_gflop_per_s": {"float32": 100.0},
+    }
+    cpu = {"model_name": "test", "cores": 2, "isa": {"avx2": True}}
+    result = {"cpu": cpu, "config": config, "per_label": per, "ratios": both, "failures": []}
+    text = markdown(result)
+    assert "TTFT mean ms 1288x728" in text and "15 (0.50)" in text and "float32 100" in text
+    parts_rows = [line for line in text.splitlines() if line.startswith("| ours:bf16 | ")]
+    assert len(parts_rows) == 3  # the main table's row, then one parts row per resolution
+    plot(result, tmp_path / "llamacpp.png")
+    assert (tmp_path / "llamacpp.png").stat().st_size > 0
