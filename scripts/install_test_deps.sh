@@ -8,6 +8,8 @@
 #   fonts-dejavu-core   DejaVu Sans, Mono and Serif, regular and bold
 #   fonts-dejavu-extra  the other DejaVu faces, among them the OCR reader's three held-out ones
 #                       (benchmark/ocr_render.py renders test/test_ocr_reader.py's questions)
+#   fonts-urw-base35, fonts-cantarell, fonts-crosextra-caladea
+#                       the second OCR renderer's faces (benchmark/ocr_unseen.py)
 # `--check` only says what is missing (exit 1 if anything is). Runs apt-get as root, else
 # through sudo; fails, saying what to install, where apt-get is absent or an install fails.
 set -euo pipefail
@@ -22,6 +24,12 @@ EXTRA_FONTS=(DejaVuSans-Oblique DejaVuSans-BoldOblique DejaVuSansCondensed
     DejaVuSansMono-Oblique DejaVuSansMono-BoldOblique DejaVuSerif-Italic DejaVuSerif-BoldItalic
     DejaVuSerifCondensed DejaVuSerifCondensed-Bold DejaVuSerifCondensed-Italic
     DejaVuSerifCondensed-BoldItalic)
+# One face of each further package the OCR renderers draw with: (package, file)
+OTHER_FONTS=(
+    "fonts-urw-base35 /usr/share/fonts/opentype/urw-base35/NimbusSans-Regular.otf"
+    "fonts-cantarell /usr/share/fonts/opentype/cantarell/Cantarell-Regular.otf"
+    "fonts-crosextra-caladea /usr/share/fonts/truetype/crosextra/Caladea-Regular.ttf"
+)
 CHROMIUM=${SGLANG_TEST_CHROMIUM:-/usr/bin/chromium}
 
 packages=()  # what to install
@@ -50,6 +58,13 @@ find_missing() {
     fi
     check_fonts fonts-dejavu-core "${CORE_FONTS[@]}"
     check_fonts fonts-dejavu-extra "${EXTRA_FONTS[@]}"
+    local entry
+    for entry in "${OTHER_FONTS[@]}"; do
+        if [ ! -f "${entry#* }" ]; then
+            packages+=("${entry%% *}")
+            missing+=("${entry%% *}: no ${entry#* }")
+        fi
+    done
 }
 
 say_missing() {
@@ -61,7 +76,7 @@ say_missing() {
 
 find_missing
 if [ ${#packages[@]} -eq 0 ]; then
-    echo "test dependencies present: redis-server, $CHROMIUM, the DejaVu fonts"
+    echo "test dependencies present: redis-server, $CHROMIUM, the OCR fonts"
     exit 0
 fi
 if [ "${1:-}" = --check ]; then
@@ -104,4 +119,4 @@ if [ ${#packages[@]} -ne 0 ]; then
     say_missing
     exit 1
 fi
-echo "test dependencies installed: redis-server, $CHROMIUM, the DejaVu fonts"
+echo "test dependencies installed: redis-server, $CHROMIUM, the OCR fonts"

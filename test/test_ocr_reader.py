@@ -1,4 +1,5 @@
-"""The trained OCR reader (``benchmark/models/ocr-reader``) reads, and every serving mode keeps it.
+"""The trained OCR reader (the embedded default, ``sglang/default_model``) reads, and every
+serving mode keeps it.
 
 The set is the synthetic OCRBench's held-out split (``benchmark.ocrbench_synth``: fonts and sizes
 never seen in training), scored with OCRBench's rule. The float32 answers must equal HF
@@ -56,7 +57,7 @@ CHUNK = 8  # prompt chunks of 8 tokens cut through most images
 
 @functools.cache
 def _set() -> list:
-    return samples(SET_SIZE)
+    return samples("training-heldout", SET_SIZE)
 
 
 @functools.cache
