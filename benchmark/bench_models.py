@@ -30,8 +30,8 @@ def qwen2_vl_256x4(root: str | Path | None = None) -> Path:
     import torch
     import transformers
 
-    from sglang.tiny_models.common import cache_root
     from sglang_dev.tiny_models import tiny_model_path
+    from sglang_dev.tiny_models.common import cache_root
 
     out = Path(root) if root else cache_root() / "bench-qwen2_vl-256x4-v1"
     if (out / "config.json").is_file():

@@ -10,12 +10,12 @@ HME100k (handwritten math), which is case-sensitive with every space removed fro
 fp8 KV cache, int8wo, int4wo, int8dq and 8da4w (tower too), a chunk size that cuts through
 images, and the model written as AWQ, GPTQ or compressed-tensors W4A16 / W8A8 checkpoints)
 and cache mode; every report gives the accuracy with its 95% (Wilson) interval, and the run
-writes JSON, a markdown table and a plot. The trained reader (``benchmark/models/ocr-reader``,
-``benchmark.train_reader``) on the synthetic set is the run that measures what a mode costs in
+writes JSON, a markdown table and a plot. The trained reader (``python/sglang/default_model``,
+``benchmark.train_reader``) on the synthetic sets is the run that measures what a mode costs in
 accuracy.
 
     python -m benchmark.ocrbench --data DIR --modes per-image,combined,off
-    python -m benchmark.ocrbench --data DIR --model-path benchmark/models/ocr-reader \\
+    python -m benchmark.ocrbench --data DIR --model-path python/sglang/default_model \\
         --configs float32,bfloat16,fp8-kv,int8wo,int4wo,chunk-16 --modes per-image
     python -m benchmark.ocrbench --data DIR --base-url http://127.0.0.1:30000 --concurrency 8
 """

@@ -1,17 +1,18 @@
 """Train the OCR reader: a small Qwen2-VL trained from scratch on rendered text, on a CPU.
 
-The checkpoint it writes is the one in ``benchmark/models/ocr-reader`` that the OCRBench tests
-and benchmark run: a Qwen2-VL architecture (the 14-px ViT with 2 x 2 patch merging, M-RoPE, a
-ChatML template) whose vision tower and language model are trained together, with a byte-level
-BPE tokenizer trained here on the prompts' text so that answers are spelled almost character by
-character. Samples are drawn on the fly by ``benchmark.ocr_render`` (its ``train`` split; the
-held-out split's fonts and sizes are never seen), preprocessed by the server's own
-``fast_preprocess`` (bit-identical to HF's processor), and only the answer's tokens carry loss.
+The checkpoint it writes is the engine's embedded default (``python/sglang/default_model``),
+which the OCRBench tests and benchmark run: a Qwen2-VL architecture (the 14-px ViT with 2 x 2
+patch merging, M-RoPE, a ChatML template) whose vision tower and language model are trained
+together, with a byte-level BPE tokenizer trained here on the prompts' text so that answers are
+spelled almost character by character. Samples are drawn on the fly by ``benchmark.ocr_render``
+(its ``train`` split; the held-out split's fonts and sizes are never seen), preprocessed by the
+server's own ``fast_preprocess`` (bit-identical to HF's processor), and only the answer's tokens
+carry loss.
 
 Everything is seeded: the same command gives the same checkpoint on the same CPU (and the same
 accuracy within noise on another).
 
-    python -m benchmark.train_reader --out benchmark/models/ocr-reader
+    python -m benchmark.train_reader            # writes python/sglang/default_model
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from benchmark.ocr_render import CATEGORIES, CELL, GLYPH_CHARS, render, render_string
-from sglang.tiny_models.common import (
+from sglang_dev.tiny_models.common import (
     QWEN_ROLES,
     QWEN_SPECIALS,
     TokSpec,
@@ -45,7 +46,7 @@ from sglang.tiny_models.common import (
     write_json,
 )
 
-DEFAULT_OUT = Path(__file__).parent / "models" / "ocr-reader"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "python" / "sglang" / "default_model"
 VOCAB_SIZE = 384  # 256 bytes + 128 merges, learnt from the questions: answers stay near one
 # character per token, prompts get short
 MIN_PIXELS, MAX_PIXELS = 28 * 56, 112 * 336  # 2 to 48 image tokens per image

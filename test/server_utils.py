@@ -29,15 +29,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launch_server(model_path: str, *flags: str, timeout: float = 180) -> Iterator[tuple[str, int]]:
-    """Yield (base URL, server pid); the server is ready (warm) when this yields."""
+def launch_server(
+    model_path: str | None, *flags: str, timeout: float = 180
+) -> Iterator[tuple[str, int]]:
+    """Yield (base URL, server pid); the server is ready (warm) when this yields. No
+    ``model_path``: the server's embedded default."""
     with server_process(model_path, *flags, timeout=timeout) as (url, proc):
         yield url, proc.pid
 
 
 @contextlib.contextmanager
 def server_process(
-    model_path: str, *flags: str, timeout: float = 180
+    model_path: str | None, *flags: str, timeout: float = 180
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """Yield (base URL, server process) once the server is ready; stop it afterwards. The
     server runs in float32, the exact mode, unless ``flags`` name a ``--dtype``."""
@@ -48,8 +51,7 @@ def server_process(
         sys.executable,
         "-m",
         "sglang.launch_server",
-        "--model-path",
-        model_path,
+        *(("--model-path", model_path) if model_path is not None else ()),
         "--port",
         str(port),
         "--log-level",

@@ -171,6 +171,28 @@ def test_two_turns_with_two_images_stream_and_show_the_cache(page: Page, server:
     page.screenshot(path=str(ARTIFACTS / "chat_page_new_chat.png"), full_page=True)
 
 
+def test_the_embedded_reader_says_what_it_does_and_reads_the_demos_line(browser: Browser) -> None:
+    """Started without --model-path and on its default dtype, the server's page says what the
+    model does, and the model reads the line the demo draws."""
+    from scripts.demo import DEMO_TEXT, QUESTION, draw_text
+    from sglang.srt.entrypoints.default_model import DESCRIPTION
+
+    with launch_server(None, "--dtype", "auto") as (url, _):
+        page = browser.new_page(viewport={"width": 1100, "height": 700})
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{url}/")
+        expect(page.locator("#model")).to_have_text(DESCRIPTION)
+        page.locator("#settings summary").click()
+        page.fill("#temperature", "0")
+        _send(page, QUESTION, _file("demo.png", "image/png", _png(draw_text(DEMO_TEXT))))
+        expect(page.locator(".turn.assistant .stats")).to_have_count(1)
+        reply = page.locator(".turn.assistant .body").nth(0).inner_text()
+        assert DEMO_TEXT.lower() in reply.lower(), reply
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "chat_page_embedded_reader.png"), full_page=True)
+        page.close()
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -260,12 +260,20 @@ def test_gemma3_never_splits_an_image_across_chunks() -> None:
     assert any(hi - lo > 7 for _, lo, hi in chunks)  # an image made a chunk exceed the budget
 
 
-def test_default_model_and_context_manager(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
-    with sglang.Engine(dtype="float32", random_seed=0) as eng:
-        out = eng.generate(f"Hi {placeholder(FAMILY)}", GREEDY, image_data=make_image(1))
-        assert out["meta_info"]["completion_tokens"] == 8
-        assert str(tmp_path) in eng.server_args.model_path
+def test_the_default_model_reads_the_demos_line_and_reuses_its_embedding() -> None:
+    """No model path: the packaged OCR reader, on the engine's default settings, reads the line
+    the demo draws; asked again with no prefix cache, the whole prompt is prefilled again and
+    the image's embedding comes from the per-image cache (one encode in all)."""
+    from scripts.demo import DEMO_TEXT, ask_twice, draw_text
+    from sglang.srt.entrypoints.default_model import DEFAULT_MODEL_DIR
+
+    with sglang.Engine(disable_radix_cache=True) as eng:
+        assert eng.server_args.model_path == str(DEFAULT_MODEL_DIR)
+        first, second = ask_twice(eng, draw_text(DEMO_TEXT))
+    assert first["text"] == second["text"] == DEMO_TEXT
+    assert (first["cache"]["misses"], first["cache"]["hits"]) == (1, 0)
+    assert (second["cache"]["misses"], second["cache"]["hits"]) == (1, 1)
+    assert second["cached_tokens"] == 0
 
 
 def test_rendered_chat_prompt_keeps_a_single_bos() -> None:

@@ -14,7 +14,6 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "python" / "sglang"
 # Longest prefix wins. Equal ranks may import each other; a module imports only its rank or lower.
 LAYERS: dict[str, int] = {
     "sglang.version": 0,
-    "sglang.tiny_models": 0,  # leaf: builds checkpoints with transformers only
     "sglang.srt.kernels": 0,
     "sglang.srt.sampling": 0,
     "sglang.srt.constrained": 0,
@@ -172,7 +171,7 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("module", "rank"),
-    [("sglang.srt.core.req", 1), ("sglang.tiny_models.common", 0), ("sglang.test.test_utils", 7)],
+    [("sglang.srt.core.req", 1), ("sglang.srt.kernels.build", 0), ("sglang.test.test_utils", 7)],
 )
 def test_longest_prefix_decides(module: str, rank: int) -> None:
     assert layer_of(module) == rank
@@ -199,42 +198,45 @@ def test_the_package_never_imports_development_tools() -> None:
     assert offenders == []
 
 
-def test_the_package_holds_one_family_recipe() -> None:
-    """The installed package builds only its default model: one module defines ``FAMILY_SPECS``
-    (the other recipes are ``sglang_dev.tiny_models``)."""
+def test_the_package_holds_no_family_recipe() -> None:
+    """The installed package builds no test model: no module defines ``FAMILY_SPECS`` (every
+    recipe is ``sglang_dev.tiny_models``); its default model is the packaged OCR reader."""
     recipes = []
     for path in sorted(PACKAGE_ROOT.rglob("*.py")):
         for node in ast.parse(path.read_text(), str(path)).body:
             targets = node.targets if isinstance(node, ast.Assign) else []
             if any(isinstance(t, ast.Name) and t.id == "FAMILY_SPECS" for t in targets):
                 recipes.append(module_name(path, PACKAGE_ROOT))
-    assert recipes == ["sglang.tiny_models.qwen2_5_vl"]
+    assert recipes == []
+    assert (PACKAGE_ROOT / "default_model" / "model.safetensors").is_file()
 
 
 def test_the_wheel_leaves_development_tools_out() -> None:
-    """The packages setuptools finds from pyproject's ``packages.find``: ``sglang`` only."""
+    """The packages setuptools finds from pyproject's ``packages.find``: ``sglang`` only, with
+    the default model's folder among its package data."""
     import tomllib
     from setuptools import find_namespace_packages
 
     repo = PACKAGE_ROOT.parents[1]
-    find = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    packages = find_namespace_packages(where=str(repo / find["find"]["where"][0]))
-    assert "sglang.tiny_models" in packages
+    pyproject = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = find_namespace_packages(where=str(repo / pyproject["packages"]["find"]["where"][0]))
+    assert not any(p.startswith("sglang.tiny_models") for p in packages)
     assert [p for p in packages if p.split(".")[0] != "sglang"] == []
+    assert "default_model/*" in pyproject["package-data"]["sglang"]
 
 
-def test_start_up_imports_one_family_recipe() -> None:
-    """Resolving the default model (as the launcher does without ``--model-path``) imports its
-    one recipe module and no development tool."""
+def test_start_up_imports_no_development_tool() -> None:
+    """Resolving the default model (as the launcher does without ``--model-path``) imports no
+    recipe and no development tool."""
     import subprocess
     import sys
 
     code = (
         "import sys; import sglang.launch_server; "
-        "from sglang.tiny_models import default_family; default_family(); "
-        "print(sorted(m for m in sys.modules if m.startswith(('sglang.tiny_models.', "
-        "'sglang_dev'))))"
+        "from sglang.srt.entrypoints.default_model import resolve_model_path; "
+        "print(resolve_model_path(None)); "
+        "print(sorted(m for m in sys.modules if m.startswith(('sglang_dev', 'benchmark'))))"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    expected = ["sglang.tiny_models.build", "sglang.tiny_models.common"]
-    assert run.stdout.strip() == str([*expected, "sglang.tiny_models.qwen2_5_vl"])
+    path, modules = run.stdout.strip().splitlines()
+    assert path == str(PACKAGE_ROOT / "default_model") and modules == "[]"

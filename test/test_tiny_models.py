@@ -14,9 +14,7 @@ import transformers
 from PIL import Image
 
 import sglang_dev.tiny_models as tiny
-from sglang.srt.entrypoints.default_model import default_model_path
 from sglang.srt.multimodal.hf_processor import load_hf_processor
-from sglang.tiny_models import build as tiny_build
 from sglang_dev.tiny_models import (
     FAMILIES,
     IMAGE_PLACEHOLDER,
@@ -24,6 +22,7 @@ from sglang_dev.tiny_models import (
     build_tiny_model,
     tiny_model_path,
 )
+from sglang_dev.tiny_models import spec_builder as tiny_build
 
 TEXT_ONLY = tuple(f for f in FAMILIES if f not in IMAGE_PLACEHOLDER)
 # Placeholder tokens per image for a 64x64 and a 96x128 (h x w) image; pins the tiny recipes.
@@ -143,12 +142,12 @@ def test_published_layout_chat_template_json(tmp_path: Path) -> None:
     assert type(processor).__name__ == "Qwen2_5_VLProcessor"
 
 
-def test_default_model_path_caches(
+def test_tiny_model_path_caches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("SGLANG_CACHE_DIR", str(tmp_path))
     caplog.set_level(logging.INFO, logger=tiny_build.__name__)
-    first = default_model_path()
+    first = tiny_model_path(tiny.DEFAULT_FAMILY)
     before, after = (r.getMessage() for r in caplog.records)  # a first run says what it builds
     assert before.startswith("building the tiny qwen2_5_vl checkpoint") and str(first) in before
     assert after.startswith(f"built {first.name} in ")
@@ -158,7 +157,7 @@ def test_default_model_path_caches(
     mtime = (first / "model.safetensors").stat().st_mtime_ns
     calls: list[str] = []
     monkeypatch.setattr(tiny_build, "build_tiny_model", lambda *a, **k: calls.append("x"))
-    assert default_model_path() == first
+    assert tiny_model_path(tiny.DEFAULT_FAMILY) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
     assert not calls and caplog.records == []
 

@@ -199,8 +199,8 @@ _FAMILY = {  # model_type -> (config class, processor class, architecture)
 
 
 def _write_processor_files(out: Path, tok: Any, processor_class: str) -> None:
-    from sglang.tiny_models.common import patch_json, qwen_generation, qwen_preprocessor
-    from sglang.tiny_models.common import write_json as write_config_json
+    from sglang_dev.tiny_models.common import patch_json, qwen_generation, qwen_preprocessor
+    from sglang_dev.tiny_models.common import write_json as write_config_json
 
     tok.save_pretrained(out)
     patch_json(out / "tokenizer_config.json", tokenizer_class="PreTrainedTokenizerFast")
@@ -233,8 +233,8 @@ def build_checkpoint(out: Path, dims: dict[str, Any], seed: int = 0) -> Path:
     import torch
     import transformers
 
-    from sglang.tiny_models.common import patch_json, qwen_ids
     from sglang_dev.tiny_models import build_tokenizer
+    from sglang_dev.tiny_models.common import patch_json, qwen_ids
 
     config_class, processor_class, architecture = _FAMILY[dims["model_type"]]
     tok = build_tokenizer("qwen2_5_vl")

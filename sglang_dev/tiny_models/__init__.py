@@ -4,13 +4,12 @@ Every family (Qwen2-VL, LLaVA, Gemma 3, InternVL, ... and the text-only Qwen2 an
 one ``Family`` spec in a module of this package, registered in ``registry.REGISTRY``.
 ``build_tiny_model(family, out_dir)`` writes a standard HF checkout with random float32 weights,
 deterministically from ``seed``; ``tiny_model_path(family)`` builds it once into the cache.
-The builder and the default model's recipe are ``sglang.tiny_models`` (shipped); the other recipes
-live here.
+The builder from a spec is ``spec_builder``, the shared building blocks ``common``. None of
+this ships: the engine's embedded default is the trained OCR reader (``sglang/default_model``).
 
 CLI: ``python -m sglang_dev.tiny_models [--family F] [--out DIR] [--seed S] [--size S]``.
 """
 
-from sglang.tiny_models import RECIPE_VERSION, SIZES, Family
 from sglang_dev.tiny_models.build import (
     build_tiny_model,
     build_tokenizer,
@@ -18,6 +17,7 @@ from sglang_dev.tiny_models.build import (
     main,
     tiny_model_path,
 )
+from sglang_dev.tiny_models.common import Family
 from sglang_dev.tiny_models.registry import (
     BASE_VLM_FAMILIES,
     DEFAULT_FAMILY,
@@ -32,6 +32,7 @@ from sglang_dev.tiny_models.registry import (
     VIDEO_FAMILIES,
     VLM_FAMILIES,
 )
+from sglang_dev.tiny_models.spec_builder import RECIPE_VERSION, SIZES
 
 __all__ = [
     "BASE_VLM_FAMILIES",

@@ -1,7 +1,7 @@
 """The tiny builder by family name (``REGISTRY``), and its CLI.
 
-``sglang.tiny_models`` builds from a ``Family`` spec and holds only the default model's recipe;
-this module resolves the names the tests and benchmarks use.
+``spec_builder`` builds from a ``Family`` spec; this module resolves the names the tests and
+benchmarks use.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sglang import tiny_models as _spec_builder
-from sglang.tiny_models import SIZES
-from sglang.tiny_models.common import Family
+from sglang_dev.tiny_models import spec_builder as _spec_builder
+from sglang_dev.tiny_models.common import Family
 from sglang_dev.tiny_models.registry import DEFAULT_FAMILY, FAMILIES, REGISTRY, SMALL_FAMILIES
+from sglang_dev.tiny_models.spec_builder import SIZES
 
 
 def family_spec(family: str) -> Family:

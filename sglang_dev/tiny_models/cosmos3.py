@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang.tiny_models.common import (
+from sglang_dev.tiny_models.common import (
     QWEN_ROLES,
     QWEN_SPECIALS,
     SMALL_VIT,

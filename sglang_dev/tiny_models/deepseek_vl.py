@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang.tiny_models.common import (
+from sglang_dev.tiny_models.common import (
     CLIP_MEAN,
     CLIP_STD,
     SMALL_VIT,

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from types import ModuleType
 
-from sglang.tiny_models import qwen2_5_vl
-from sglang.tiny_models.common import Family
 from sglang_dev.tiny_models import (
     aria,
     aya_vision,
@@ -37,6 +35,7 @@ from sglang_dev.tiny_models import (
     paddleocr_vl,
     paligemma,
     qwen2,
+    qwen2_5_vl,
     qwen2_vl,
     qwen3_5,
     qwen3_vl,
@@ -44,6 +43,7 @@ from sglang_dev.tiny_models import (
     video_llama_3,
     video_llava,
 )
+from sglang_dev.tiny_models.common import Family
 
 # Family modules in registration order (a module's FAMILY_SPECS keep their own order).
 _MODULES = (
@@ -110,7 +110,7 @@ TEXT_FAMILIES = _names(lambda f: not f.vlm)
 FAMILIES = VLM_FAMILIES + TEXT_FAMILIES
 SMALL_FAMILIES = _names(lambda f: f.small_vision is not None)  # size "small" too
 VIDEO_FAMILIES = _names(lambda f: f.video)  # video_preprocessor_config.json
-DEFAULT_FAMILY = "qwen2_5_vl"  # the engine's default model
+DEFAULT_FAMILY = "qwen2_5_vl"  # the tests' and benchmarks' default family
 
 # What a prompt writes for one image, and the token whose embedding rows are an image's (the
 # model's image_token_id), per VLM family.

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+from sglang.srt.entrypoints.default_model import description
 from sglang.srt.entrypoints.http_utils import error_response, parse_body
 from sglang.srt.entrypoints.openai.serving_base import served_model_name
 from sglang.srt.managers.inputs import GenerateInput
@@ -107,6 +108,7 @@ class InfoHandler:
             "model_type": self.manager.model_type,
             "architectures": _architectures(self.args.model_path),
             "has_image_understanding": self.manager.is_multimodal,
+            "description": description(self.args.model_path),
         }
 
     async def server_info(self) -> dict[str, Any]:

@@ -37,6 +37,11 @@ async function loadModel() {
     if (!response.ok) throw new Error(errorMessage(body, response));
     state.model = body.data[0].id;
     $("model").textContent = state.model;
+    const info = await fetch("/model_info", { headers: requestHeaders() })
+      .then((r) => (r.ok ? r.json() : null))
+      .catch(() => null);
+    if (info?.description) $("model").textContent = info.description;
+    $("model").title = state.model;
   } catch (error) {
     $("model").textContent = `cannot list models: ${error.message}`;
   }

@@ -52,7 +52,7 @@ from sglang.srt.models.adapters.tiled import (
 )
 
 # model_type -> adapter: the families tested at parity with HF (tiny builders in
-# sglang.tiny_models). ModelAdapter itself means the generic path needs no override.
+# sglang_dev.tiny_models). ModelAdapter itself means the generic path needs no override.
 FAMILY_ADAPTERS: dict[str, type[ModelAdapter]] = {
     "qwen2_vl": QwenVLAdapter,
     "qwen2_5_vl": QwenVLAdapter,

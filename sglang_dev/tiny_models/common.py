@@ -1,4 +1,4 @@
-"""The shared building blocks of the tiny model recipes (``sglang.tiny_models``).
+"""The shared building blocks of the tiny model recipes (``sglang_dev.tiny_models``).
 
 Tokenizer specs and the BPE trainer, Qwen's chat template and config pieces that many families
 reuse, the ``Recipe`` a family's builder returns, the ``Family`` spec that registers it, and the

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sglang.tiny_models.common import (
+from sglang_dev.tiny_models.common import (
     TEXT,
     VECTOR_NOISE,
     Family,

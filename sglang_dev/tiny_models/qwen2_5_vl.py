@@ -1,11 +1,11 @@
-"""Qwen2.5-VL (Qwen/Qwen2.5-VL-*-Instruct): Qwen2-VL with windowed vision blocks; the engine's
+"""Qwen2.5-VL (Qwen/Qwen2.5-VL-*-Instruct): Qwen2-VL with windowed vision blocks; the tests'
 default model."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sglang.tiny_models.common import (
+from sglang_dev.tiny_models.common import (
     QWEN_IMAGE,
     QWEN_ROLES,
     QWEN_SPECIALS,
