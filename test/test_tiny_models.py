@@ -22,7 +22,7 @@ from sglang_dev.tiny_models import (
     build_tiny_model,
     tiny_model_path,
 )
-from sglang_dev.tiny_models import spec_builder as tiny_build
+from sglang_dev.tiny_models import build as tiny_build
 
 TEXT_ONLY = tuple(f for f in FAMILIES if f not in IMAGE_PLACEHOLDER)
 # Placeholder tokens per image for a 64x64 and a 96x128 (h x w) image; pins the tiny recipes.

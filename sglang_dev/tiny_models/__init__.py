@@ -4,13 +4,15 @@ Every family (Qwen2-VL, LLaVA, Gemma 3, InternVL, ... and the text-only Qwen2 an
 one ``Family`` spec in a module of this package, registered in ``registry.REGISTRY``.
 ``build_tiny_model(family, out_dir)`` writes a standard HF checkout with random float32 weights,
 deterministically from ``seed``; ``tiny_model_path(family)`` builds it once into the cache.
-The builder from a spec is ``spec_builder``, the shared building blocks ``common``. None of
-this ships: the engine's embedded default is the trained OCR reader (``sglang/default_model``).
+The builder is ``build``, the shared building blocks ``common``. None of this ships: the
+engine's embedded default is the trained OCR reader (``sglang/default_model``).
 
 CLI: ``python -m sglang_dev.tiny_models [--family F] [--out DIR] [--seed S] [--size S]``.
 """
 
 from sglang_dev.tiny_models.build import (
+    RECIPE_VERSION,
+    SIZES,
     build_tiny_model,
     build_tokenizer,
     family_spec,
@@ -32,7 +34,6 @@ from sglang_dev.tiny_models.registry import (
     VIDEO_FAMILIES,
     VLM_FAMILIES,
 )
-from sglang_dev.tiny_models.spec_builder import RECIPE_VERSION, SIZES
 
 __all__ = [
     "BASE_VLM_FAMILIES",

@@ -35,7 +35,6 @@ from sglang_dev.tiny_models import (
     paddleocr_vl,
     paligemma,
     qwen2,
-    qwen2_5_vl,
     qwen2_vl,
     qwen3_5,
     qwen3_vl,
@@ -47,8 +46,7 @@ from sglang_dev.tiny_models.common import Family
 
 # Family modules in registration order (a module's FAMILY_SPECS keep their own order).
 _MODULES = (
-    qwen2_vl,
-    qwen2_5_vl,
+    qwen2_vl,  # and qwen2_5_vl
     qwen3_vl,
     llava,
     gemma3,

@@ -35,10 +35,6 @@ def resolve_model_path(model_path: str | None) -> str:
 
 def description(model_path: str | None) -> str | None:
     """What the served model does, where the engine knows it (the embedded default)."""
-    if model_path is None:
+    if model_path is None or Path(model_path).resolve() != DEFAULT_MODEL_DIR:
         return None
-    try:
-        same = Path(model_path).resolve() == DEFAULT_MODEL_DIR
-    except OSError:
-        return None
-    return DESCRIPTION if same else None
+    return DESCRIPTION
