@@ -36,7 +36,7 @@ from tqdm import tqdm
 from benchmark.lib.hardware import cpu_info, cpu_line, memory_bandwidth_gbs
 from benchmark.lib.report import markdown_table, pyplot, run_and_write
 from benchmark.lib.shaped_checkpoints import SHAPES, cached_checkpoint, shape_config
-from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
 
 PATHS = ("packed", "plain", "torch")
 
@@ -69,7 +69,7 @@ def _use_kernels(runner: Any, on: bool) -> None:
             saved.setdefault(module, module._decode_kernel)
             module._decode_kernel = saved[module] if on else None
         if isinstance(module, QuantizedLinear):  # --torchao-config: int8 / int4 layers
-            saved.setdefault(module, module._kernel)
+            saved.setdefault(module, module.kernel)
             module.use_kernel(saved[module] if on else None)
 
 

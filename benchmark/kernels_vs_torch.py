@@ -100,8 +100,8 @@ def _batches(pool: Any, rows: Any, s: dict[str, int], dtype: torch.dtype) -> lis
 
 
 def _linear_cases(s: dict[str, int], portable: bool) -> list[Case]:
-    from sglang.srt.layers import decode_linear, packed_linear
-    from sglang.srt.layers.quantized_linear import QuantizedLinear
+    from sglang.srt.layers.quantization import decode_linear, packed_linear
+    from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
 
     hidden, inter = s["hidden"], s["inter"]
     cases = []
@@ -161,7 +161,7 @@ def _float32_compute_cases(plain: torch.nn.Linear, x: torch.Tensor, shape: str) 
     weights routed to ``linear_f32`` (2-16 rows) against torch's float32 product, and bfloat16
     weights widened as read (``--cpu-bf16-weights``, ``linear_mixed``) against torch widening
     the same weights before its product (the path without the kernel)."""
-    from sglang.srt.layers import bf16_weights, decode_linear
+    from sglang.srt.layers.quantization import bf16_weights, decode_linear
 
     cases = []
     if x.shape[0] >= decode_linear.FLOAT32_MIN_ROWS:

@@ -23,8 +23,9 @@ limit. For:
 - f32: the plain float32 ``nn.Linear`` (torch's product);
 - f32-served: float32 as a server holds a float32 checkpoint on a CPU without native bfloat16:
   2-16 rows on ``linear_bf16``'s ``linear_f32``, the rest torch's product;
-- bf16w: bfloat16 weights under float32 compute (``layers/bf16_weights.py``), what such a CPU
-  serves a bfloat16 checkpoint with by default: float32 inputs, weights widened as they are read;
+- bf16w: bfloat16 weights under float32 compute (``layers/quantization/bf16_weights.py``),
+  what such a CPU serves a bfloat16 checkpoint with by default: float32 inputs, weights widened
+  as they are read;
 - <width>-portable (int8, int8dq, int4-<group>, 8da4w-<group>): the kernel's plain C++ build,
   what a CPU with none of its vector paths runs.
 
@@ -68,8 +69,8 @@ WIDTHS = ("bf16", "int8", "int8dq", "int4-128", "8da4w-128", "torchao-int8", "to
 
 
 def _layers(shape: str, width: str) -> list[nn.Module]:
-    from sglang.srt.layers import bf16_weights, decode_linear, packed_linear
-    from sglang.srt.layers.quantized_linear import QuantizedLinear
+    from sglang.srt.layers.quantization import bf16_weights, decode_linear, packed_linear
+    from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
     from sglang.srt.model_executor.quantization import _torchao, parse_torchao_config
 
     torch.manual_seed(0)
@@ -115,7 +116,7 @@ def _weights(shape: str) -> int:
 def _weight_bytes(layers: list[nn.Module]) -> int:
     """Bytes a product reads: the layer's tensors, its packed weight in place of a released one
     (the padding of the last panel left out: the GEMM does not read it for decode)."""
-    from sglang.srt.layers import packed_linear
+    from sglang.srt.layers.quantization import packed_linear
     from sglang.srt.model_executor.host_memory import module_bytes
 
     total = 0
@@ -150,7 +151,7 @@ def _stepper(
 ) -> Callable[[], None]:
     """One layer's linears for ``rows`` rows, each call on the next copy (its weights cold); the
     inputs in the layers' dtype (bfloat16, or float32 for the f32 width)."""
-    from sglang.srt.layers import bf16_weights
+    from sglang.srt.layers.quantization import bf16_weights
 
     order = itertools.cycle(sets)
     first = sets[0][0]

@@ -153,7 +153,7 @@ MUTATIONS = [
     ),
     Mutation(
         "int4 zero point dropped (every group's min set to 0 by the native quantizer)",
-        "layers/quant_layouts.py",
+        "layers/quantization/quant_layouts.py",
         (("    return codes, scale, low\n", "    return codes, scale, torch.zeros_like(low)\n"),),
         ("test/test_quantized_linear.py",),
     ),

@@ -1,6 +1,6 @@
-"""The weights of the int8 / int4 layouts (``layers/quantized_linear.py``), read from their
-definition in float64, independently of the package's own unpacking: the reference for the
-kernel tests and for the engine-vs-HF tolerance tests."""
+"""The weights of the int8 / int4 layouts (``layers/quantization/quantized_linear.py``), read
+from their definition in float64, independently of the package's own unpacking: the reference
+for the kernel tests and for the engine-vs-HF tolerance tests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
 
 GROUPS = (32, 64, 128, 256)  # the group sizes the int4 layouts take
 

@@ -1,4 +1,5 @@
-"""bfloat16 weights computed in float32 (``--cpu-bf16-weights``, ``layers/bf16_weights.py``).
+"""bfloat16 weights computed in float32 (``--cpu-bf16-weights``,
+``layers/quantization/bf16_weights.py``).
 
 The engine loads the checkpoint in bfloat16 and widens everything but its linear and embedding
 weights, which it widens as it reads them. The reference is HF's model loaded in bfloat16 and
@@ -33,7 +34,7 @@ from hypothesis import strategies as st
 
 import sglang
 from sglang.srt.kernels import ops
-from sglang.srt.layers import bf16_weights
+from sglang.srt.layers.quantization import bf16_weights
 from sglang.srt.model_executor import memory
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 

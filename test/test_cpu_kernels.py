@@ -196,7 +196,7 @@ def test_float32_engine_routes_decode_batches_to_the_kernel(monkeypatch) -> None
     from conftest import model_dir
 
     import sglang
-    from sglang.srt.layers import decode_linear
+    from sglang.srt.layers.quantization import decode_linear
 
     engine = sglang.Engine(model_path=model_dir("qwen2_5_vl"), dtype="float32")
     routed = [m for m in engine.runner.model.modules() if hasattr(m, "_decode_kernel")]
@@ -233,7 +233,7 @@ def test_bf16_engine_routes_decode_linears_and_keeps_prefill_on_torch(monkeypatc
     from conftest import model_dir
 
     import sglang
-    from sglang.srt.layers import decode_linear
+    from sglang.srt.layers.quantization import decode_linear
 
     engine = sglang.Engine(
         model_path=model_dir("qwen2_5_vl"), dtype="bfloat16", cpu_packed_lm_weights="off"
@@ -271,7 +271,7 @@ def test_bf16_engine_runs_prompts_and_decode_steps_on_one_packed_layout(monkeypa
     from conftest import model_dir
 
     import sglang
-    from sglang.srt.layers import packed_linear
+    from sglang.srt.layers.quantization import packed_linear
 
     params = {"temperature": 0, "max_new_tokens": 6}
     prompts = ["Tell me about the weather today.", "Another request in the same batch."]
@@ -314,7 +314,7 @@ def test_bf16_engine_runs_prompts_and_decode_steps_on_one_packed_layout(monkeypa
 def test_bf16_prefill_linear_pads_rows_for_the_gemm(rows, leading, with_bias, seed) -> None:
     """Prefill-sized inputs reach torch's product with their rows padded to a multiple of
     ``ROW_MULTIPLE`` (from ``PAD_FROM_ROWS`` rows on); the result is the unpadded product's."""
-    from sglang.srt.layers import decode_linear
+    from sglang.srt.layers.quantization import decode_linear
 
     gen = torch.Generator().manual_seed(seed)
     linear = torch.nn.Linear(48, 40, bias=with_bias).bfloat16()

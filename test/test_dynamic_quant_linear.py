@@ -24,14 +24,18 @@ from quant_reference import (
 from torch import nn
 
 from sglang.srt import kernels
-from sglang.srt.layers.quant_layouts import (
+from sglang.srt.layers.quantization.quant_layouts import (
     pack_int4_octets,
     pack_int8_quads,
     quantize_int4,
     quantize_int8,
     unpack_int4_octets,
 )
-from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.layers.quantization.quantized_linear import (
+    Int4Dynamic,
+    Int8Dynamic,
+    QuantizedLinear,
+)
 
 DQ_KERNEL = kernels.load("linear_int8dq")
 
@@ -132,9 +136,9 @@ def test_int8dq_bound_sees_a_misread_layout_or_activation_rounding() -> None:
     x = torch.randn(8, 256).bfloat16()
     got = layer(x)
     _assert_dynamic_exact(got, x, layer)
-    swapped = QuantizedLinear(256, 64, 8, None, {
+    swapped = QuantizedLinear(Int8Dynamic(), 256, 64, {
         "qweight": layer.qweight.flip(3), "scale": layer.scale, "offset": layer.offset,
-    }, None, dynamic=True)  # fmt: skip
+    }, None)  # fmt: skip
     with pytest.raises(AssertionError):
         _assert_dynamic_exact(got, x, swapped)
     codes = int8_quad_codes(layer.qweight, 64, 256)
@@ -248,10 +252,10 @@ def test_8da4w_bound_sees_a_misread_layout_or_weight_only_int4() -> None:
     x = torch.randn(8, 256)
     got = layer(x)
     _assert_dynamic_int4_exact(got, x, layer)
-    swapped = QuantizedLinear(256, 64, 4, 32, {
+    swapped = QuantizedLinear(Int4Dynamic(32), 256, 64, {
         "qweight": (layer.qweight << 4) | (layer.qweight >> 4), "scale": layer.scale,
         "min": layer.min,
-    }, None, dynamic=True)  # fmt: skip
+    }, None)  # fmt: skip
     with pytest.raises(AssertionError):
         _assert_dynamic_int4_exact(got, x, swapped)
     weight_only = x.double() @ exact_weight(layer).T

@@ -18,7 +18,7 @@ from conftest import NATIVE_GEMM_EXPECTED, model_dir, needs_compiler
 import sglang
 from sglang.srt import kernels
 from sglang.srt.kernels import ops
-from sglang.srt.layers import packed_linear
+from sglang.srt.layers.quantization import packed_linear
 
 
 @needs_compiler

@@ -13,9 +13,9 @@ from conftest import NATIVE_GEMM_EXPECTED, model_dir, needs_compiler
 from torch import nn
 
 import sglang
-from sglang.srt.layers import decode_linear, packed_linear
-from sglang.srt.layers.linear_methods import METHODS, method_of
-from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.layers.quantization import decode_linear, method_names, packed_linear
+from sglang.srt.layers.quantization.base import method_name as method_of
+from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
 
 
 def _linear(dtype: torch.dtype) -> nn.Linear:
@@ -28,7 +28,7 @@ _FIELDS = {"dtype": "(bf16|fp32|fp16)", "group": "[0-9]+", "subclass": "[A-Za-z0
 
 def _known(method: str) -> bool:
     """A name of ``METHODS``, its fields filled in."""
-    for pattern in METHODS:
+    for pattern in method_names():
         parts = re.split(r"\{(\w+)\}", pattern)  # literal, field, literal, ...
         regex = "".join(_FIELDS[p] if i % 2 else re.escape(p) for i, p in enumerate(parts))
         if re.fullmatch(regex, method):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from sglang.srt.kernels import ops
-from sglang.srt.layers import packed_linear
+from sglang.srt.layers.quantization import packed_linear
 
 needs_mkldnn = pytest.mark.skipif(
     not packed_linear.available(), reason="no bfloat16 packing here (oneDNN bf16 or native GEMM)"
@@ -84,7 +84,7 @@ def test_packed_copy_serves_prompt_rows_and_keeps_the_plain_weight(
 ) -> None:
     """A language-model linear with a packed copy runs inputs of more than ``MAX_ROWS`` rows on
     the copy and smaller ones on the plain weight, which it keeps."""
-    from sglang.srt.layers import decode_linear
+    from sglang.srt.layers.quantization import decode_linear
 
     torch.manual_seed(seed)
     linear = nn.Linear(64, 48, bias=bias).to(torch.bfloat16)

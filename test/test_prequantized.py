@@ -1,4 +1,4 @@
-"""Checkpoints published quantized (``layers/checkpoint_formats.py``,
+"""Checkpoints published quantized (``layers/quantization/checkpoint_formats.py``,
 ``model_executor/prequantized.py``): AWQ, GPTQ and compressed-tensors W4A16 / W8A8 checkpoints,
 written from each format's definition (``sglang_dev.quantized_checkpoints``), load straight
 into the native layouts and serve what the same weights dequantized serve in HF; misread
@@ -30,8 +30,9 @@ from safetensors import safe_open
 from torch import nn
 
 import sglang
-from sglang.srt.layers import checkpoint_formats, page_release
-from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.layers import page_release
+from sglang.srt.layers.quantization import checkpoint_formats
+from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
 from sglang.srt.model_executor import prequantized
 from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 from sglang.srt.models.adapters import UnsupportedModelError, check_model
@@ -353,7 +354,8 @@ def test_quantizing_a_mapped_linear_releases_its_checkpoint_pages(tmp_path: Path
     is the one quantized from the same values in memory."""
     from safetensors.torch import load_file, save_file
 
-    from sglang.srt.layers import quantized_linear
+    from sglang.srt.layers.quantization import quantized_linear
+    from sglang.srt.layers.quantization.base import serve_with
 
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(2048, 8192, generator=gen) * 0.02).bfloat16()  # 32 MiB
@@ -365,7 +367,8 @@ def test_quantizing_a_mapped_linear_releases_its_checkpoint_pages(tmp_path: Path
     in_memory.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
     assert float(mapped.float().sum()) == float(weight.float().sum())  # every page read
     before = _resident_file_mb()
-    assert quantized_linear.replace_linears(model, {model[0]}, 8, None, dynamic=True) == 1
+    method = quantized_linear.quantized_method(8, None, dynamic=True)
+    assert serve_with(model, {model[0]}, method) == 1
     assert before - _resident_file_mb() > 24
     x = torch.randn(3, 8192, generator=gen).bfloat16()
     want = quantized_linear.quantize(in_memory, 8, None, dynamic=True)(x)

@@ -30,7 +30,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import sglang
 from sglang.srt import kernels
-from sglang.srt.layers.quantized_linear import QuantizedLinear, quantize, quantize_embedding
+from sglang.srt.layers.quantization.quantized_embedding import quantize_embedding
+from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear, quantize
 from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 from sglang.srt.model_executor.host_memory import module_bytes as weight_bytes
 from sglang.srt.model_executor.quantization import (

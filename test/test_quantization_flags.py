@@ -22,7 +22,7 @@ from torch import nn
 import sglang
 from sglang.launch_server import parse_args
 from sglang.srt import kernels
-from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
 from sglang.srt.model_executor.quantization import (
     apply_torchao_config,
 )

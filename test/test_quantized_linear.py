@@ -1,4 +1,4 @@
-"""The int8 / int4 weight-only linears (``layers/quantized_linear.py`` over
+"""The int8 / int4 weight-only linears (``layers/quantization/quantized_linear.py`` over
 ``kernels/csrc/linear_quant.cpp``) against a float64 reference.
 
 The reference reads the layouts from their definition (``quant_reference``, its own unpacking of
@@ -25,7 +25,7 @@ from quant_reference import (
 from torch import nn
 
 from sglang.srt import kernels
-from sglang.srt.layers.quant_layouts import (
+from sglang.srt.layers.quantization.quant_layouts import (
     pack_int4,
     pack_int8,
     quantize_int4,
@@ -35,7 +35,11 @@ from sglang.srt.layers.quant_layouts import (
     unpack_int4,
     unpack_int8,
 )
-from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.layers.quantization.quantized_linear import (
+    Int4WeightOnly,
+    Int8WeightOnly,
+    QuantizedLinear,
+)
 
 KERNEL = kernels.load("linear_quant")
 
@@ -195,7 +199,7 @@ def test_packing_round_trips_and_matches_the_layouts_definition(bits, group, out
     if bits == 8:
         _, q, scale = _random_int8(1, out_features, in_features - 1, seed=3)
         codes, scales = pack_int8(q, scale)
-        layer = QuantizedLinear(in_features - 1, out_features, 8, None,
+        layer = QuantizedLinear(Int8WeightOnly(), in_features - 1, out_features,
                                 {"qweight": codes, "scale": scales}, None)  # fmt: skip
         assert torch.equal(unpack_int8(codes, out_features, in_features - 1), q)
         assert torch.equal(int8_codes(codes, out_features, in_features - 1), q.long())
@@ -204,7 +208,7 @@ def test_packing_round_trips_and_matches_the_layouts_definition(bits, group, out
         _, q, scale, low = _random_int4(1, out_features, in_features, group, seed=3)
         packed, scales, mins = pack_int4(q, scale, low)
         tensors = {"qweight": packed, "scale": scales, "min": mins}
-        layer = QuantizedLinear(in_features, out_features, 4, group, tensors, None)
+        layer = QuantizedLinear(Int4WeightOnly(group), in_features, out_features, tensors, None)
         assert torch.equal(unpack_int4(packed, out_features, in_features), q)
         assert torch.equal(int4_codes(packed, out_features, in_features), q.long())
         assert torch.equal(per_column(scales, out_features), scale)

@@ -68,7 +68,8 @@ class DtypeChoice:
     reason: str
     fell_back: bool = False  # a half-precision checkpoint runs in float32 (warned at start-up)
     # where set (bfloat16), linear and embedding weights are stored so and widened as they are
-    # read; everything else, and every product, in ``dtype`` (``layers/bf16_weights.py``)
+    # read; everything else, and every product, in ``dtype``
+    # (``layers/quantization/bf16_weights.py``)
     weight_dtype: torch.dtype | None = None
 
 
@@ -110,7 +111,7 @@ def resolve_launch_dtypes(args: Any, config: Any) -> tuple[DtypeChoice, torch.dt
     ``--dtype`` would pick, except under ``--dtype auto`` on a CPU without native bfloat16
     (AVX2 only, say), where torch's bfloat16 products run ~40x slower than its float32 ones: there
     the activations stay float32 (the quantized kernels take them; the weights stay quantized)."""
-    from sglang.srt.layers.checkpoint_formats import quantization_config
+    from sglang.srt.layers.quantization.checkpoint_formats import quantization_config
 
     choice = resolve_dtype(args.dtype, config, args.resolved_device)
     quantized = args.torchao_config or quantization_config(config) is not None

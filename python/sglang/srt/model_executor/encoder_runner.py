@@ -16,8 +16,8 @@ from PIL import Image
 
 from sglang.srt.core.mm_item import MultimodalItem
 from sglang.srt.core.perf_counters import PerfCounters
-from sglang.srt.layers.checkpoint_formats import read_format
-from sglang.srt.layers.linear_methods import linear_methods
+from sglang.srt.layers.quantization.base import linear_methods
+from sglang.srt.layers.quantization.checkpoint_formats import read_format
 from sglang.srt.mem_cache.mm_embedding_cache import CachedEmbedding
 from sglang.srt.model_executor.dtypes import dtype_name, resolve_launch_dtypes
 from sglang.srt.model_executor.engine_config import EngineConfig

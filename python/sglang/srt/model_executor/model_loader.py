@@ -22,15 +22,13 @@ from transformers import AutoConfig
 
 from sglang.srt.core.forward_batch import ForwardBatch
 from sglang.srt.core.perf_counters import PerfCounters, instrument_vision
-from sglang.srt.layers import (
-    bf16_weights,
-    decode_linear,
-    native_activation,
-    native_norm,
-    native_rotary,
-    packed_linear,
+from sglang.srt.layers import native_activation, native_norm, native_rotary
+from sglang.srt.layers.quantization import bf16_weights, decode_linear, packed_linear
+from sglang.srt.layers.quantization.checkpoint_formats import (
+    PrequantizedFormat,
+    check_method_flag,
+    read_format,
 )
-from sglang.srt.layers.checkpoint_formats import PrequantizedFormat, check_method_flag, read_format
 from sglang.srt.mem_cache.mm_embedding_cache import MultimodalEmbeddingCache
 from sglang.srt.model_executor.dtypes import cpu_bfloat16_isa
 from sglang.srt.model_executor.engine_config import EngineConfig

@@ -11,12 +11,12 @@ import torch
 from sglang.srt.core.forward_batch import ForwardBatch, PromptLogprobs
 from sglang.srt.core.perf_counters import PerfCounters, wait_for_device
 from sglang.srt.core.req import Pairs, Req, logprob_alternatives
-from sglang.srt.layers import packed_linear
 from sglang.srt.layers.attention import create_attention_backend, default_attention_backend
-from sglang.srt.layers.linear_methods import linear_methods
 from sglang.srt.layers.pooler import Head, chunk_parts
 from sglang.srt.layers.pooling_config import PoolingConfig
-from sglang.srt.layers.quantized_linear import QuantizedLinear
+from sglang.srt.layers.quantization import packed_linear
+from sglang.srt.layers.quantization.base import linear_methods
+from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
 from sglang.srt.mem_cache.kv_layout import KVLayout
 from sglang.srt.mem_cache.memory_pool import KVPool, ReqToTokenPool
 from sglang.srt.mem_cache.pools import Pools

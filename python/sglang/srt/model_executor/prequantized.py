@@ -1,9 +1,10 @@
-"""Checkpoints published quantized (``layers/checkpoint_formats.py``), loaded straight into
-the native int4 / int8 layouts through transformers' ``from_pretrained``, with a quantizer of
-this module in place of the format's own (which needs CUDA packages): before any weight loads,
-each linear whose quantized tensors the checkpoint holds (its key names, renamed as transformers
-renames them for the family) becomes a ``CheckpointLinear`` with buffers of the format's names,
-shapes and dtypes; transformers fills them like any weight; then each becomes a
+"""Checkpoints published quantized (``layers/quantization/checkpoint_formats.py``), loaded
+straight into the native int4 / int8 layouts through transformers' ``from_pretrained``, with a
+quantizer of this module in place of the format's own (which needs CUDA packages): before any
+weight loads, each linear whose quantized tensors the checkpoint holds (its key names, renamed
+as transformers renames them for the family) is replaced by what its format's method creates
+(``FormatLoader.create_weights``: a ``CheckpointLinear`` with buffers of the format's names,
+shapes and dtypes); transformers fills them like any weight; then each becomes a
 ``QuantizedLinear``. Nothing is dequantized on the way: the load peaks at about the
 checkpoint's size. Everything the checkpoint stores unquantized (embeddings, head, vision tower,
 norms) loads as usual, in bfloat16.
@@ -19,8 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from sglang.srt.layers.checkpoint_formats import CheckpointLinear, PrequantizedFormat, refuse
 from sglang.srt.layers.page_release import cast_releasing
+from sglang.srt.layers.quantization import get_linear_method
+from sglang.srt.layers.quantization.checkpoint_formats import (
+    CheckpointLinear,
+    FormatLoader,
+    PrequantizedFormat,
+    refuse,
+)
 from sglang.srt.model_executor.memory import safetensors_headers
 
 logger = logging.getLogger(__name__)
@@ -135,10 +142,12 @@ def install_checkpoint_linears(
         raise refuse(
             fmt.method, f"quantized tensors with no linear layer to take them ({missing[0]})"
         )
+    loader = get_linear_method(fmt.method, fmt)
+    assert isinstance(loader, FormatLoader)
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = modules[parent_name] if parent_name else model
-        setattr(parent, child, CheckpointLinear(modules[name], fmt, name in g_idx))
+        setattr(parent, child, loader.create_weights(modules[name], name in g_idx))
     logger.info("%s: %d linear layers load quantized", fmt.label, len(targets))
     return len(targets)
 

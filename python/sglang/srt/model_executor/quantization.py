@@ -3,8 +3,9 @@ int4wo-<group>; int8dq, int8 activations times int8 weights; and 8da4w-<group>, 
 activations times int4 weights, torchao's Int8DynamicActivationInt4Weight) and the check on
 ``--quantization`` (checkpoints published quantized load through ``prequantized.py``).
 
-On a CPU the linears become ``layers.quantized_linear.QuantizedLinear`` (the native kernel's own
-int8 / int4 layouts: decode reads the quantized bytes only); on CUDA, torchao's tensor types
+On a CPU the linears become ``QuantizedLinear`` layers served by the int methods of
+``layers/quantization/quantized_linear.py`` (the native kernel's own int8 / int4 layouts:
+decode reads the quantized bytes only); on CUDA, torchao's tensor types
 (for the language model's linears only).
 
 What is quantized on a CPU, with the error each adds to HF's prompt logprobs, as a multiple of
@@ -35,7 +36,10 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from sglang.srt import kernels
-from sglang.srt.layers import packed_linear, page_release, quant_layouts, quantized_linear
+from sglang.srt.layers import page_release
+from sglang.srt.layers.quantization import packed_linear, quant_layouts, quantized_embedding
+from sglang.srt.layers.quantization.base import serve_with
+from sglang.srt.layers.quantization.quantized_linear import quantize, quantized_method
 from sglang.srt.model_executor.host_memory import module_bytes
 
 logger = logging.getLogger(__name__)
@@ -149,8 +153,8 @@ def check_torchao_dtype(torchao_config: str, dtype: str) -> None:
 
 def check_quantization_flag(method: str | None) -> None:
     """``--quantization`` names the format of a checkpoint published quantized
-    (``layers/checkpoint_formats.py``; checked against the checkpoint at load)."""
-    from sglang.srt.layers.checkpoint_formats import ALIASES, METHODS
+    (``layers/quantization/checkpoint_formats.py``; checked against the checkpoint at load)."""
+    from sglang.srt.layers.quantization.checkpoint_formats import ALIASES, METHODS
 
     if method is None or method in METHODS or method in ALIASES:
         return
@@ -195,7 +199,7 @@ def apply_torchao_config(
     report = QuantizationReport(torchao_config, weight_bytes_before=module_bytes(language_model))
     targets = set(_target_layers(language_model, spec, device, report))
     dynamic = int8_activations(spec, device)
-    if device == "cpu":  # the native kernel's layouts (layers/quantized_linear.py)
+    if device == "cpu":  # the native kernel's layouts (layers/quantization/quantized_linear.py)
         bits = 8 if spec.group_size is None else 4
         if dynamic and not spec.dynamic:
             logger.info(
@@ -203,9 +207,7 @@ def apply_torchao_config(
                 "activations (as llama.cpp's Q4_0 x Q8_0), faster there than weight-only",
                 spec.name,
             )
-        quantized_linear.replace_linears(
-            language_model, targets, bits, spec.group_size, dynamic=dynamic
-        )
+        serve_with(language_model, targets, quantized_method(bits, spec.group_size, dynamic))
     else:
         quantize_, ao_config = _torchao(spec, device)
         quantize_(language_model, ao_config, filter_fn=lambda module, _fqn: module in targets)
@@ -255,20 +257,20 @@ def quantize_head_and_embeddings(
     quantize_head = usable and head_dtype != "bfloat16"
     if tied:
         if quantize_head and packed_linear.lookups_can_move_to(embed, head):
-            shared = quantized_linear.quantize(head, 8, None, dynamic)
+            shared = quantize(head, 8, None, dynamic)
             model.set_output_embeddings(shared)
-            quantized_linear.serve_lookups_from_head(embed, shared)
+            quantized_embedding.serve_lookups_from_head(embed, shared)
             report.lm_head, report.embeddings = "int8", "int8 (the head's)"
     else:
         if quantize_head:
             group = spec.group_size
             if head_dtype == "int4" and group and not int4_skip_reason(head, group, "cpu"):
-                model.set_output_embeddings(quantized_linear.quantize(head, 4, group, dynamic))
+                model.set_output_embeddings(quantize(head, 4, group, dynamic))
                 report.lm_head = f"int4-{group}"
             else:
-                model.set_output_embeddings(quantized_linear.quantize(head, 8, None, dynamic))
+                model.set_output_embeddings(quantize(head, 8, None, dynamic))
                 report.lm_head = "int8"
-        if embed is not None and quantized_linear.quantize_embedding(embed):
+        if embed is not None and quantized_embedding.quantize_embedding(embed):
             report.embeddings = "int8"
     report.weight_bytes_after = module_bytes(language_model)
 
@@ -303,9 +305,8 @@ def quantize_vision_tower(
     }
     # Towers' code reads a linear's weight dtype and device (Gemma 4's patch embedder casts its
     # input to them): the layers keep a one-element stand-in of the weight's shape.
-    report.vision_layers = quantized_linear.replace_linears(
-        model, tower, 8, None, stand_in=True, dynamic=dynamic
-    )
+    method = quantized_method(8, None, dynamic, stand_in=True)
+    report.vision_layers = serve_with(model, tower, method)
     report.vision_int8dq = dynamic
 
 

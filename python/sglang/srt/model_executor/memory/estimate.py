@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from sglang.srt.layers import quant_layouts
-from sglang.srt.layers.checkpoint_formats import (
+from sglang.srt.layers.quantization import quant_layouts
+from sglang.srt.layers.quantization.checkpoint_formats import (
     PrequantizedFormat,
 )
 from sglang.srt.mem_cache.kv_layout import KVLayout
@@ -115,8 +115,9 @@ def _head_bytes(shape: tuple[int, ...], elem: int, quant: Quantization) -> int:
 
 
 def _published_bytes(name: str, numel: int, fmt: PrequantizedFormat) -> int | None:
-    """A published checkpoint's format tensor as loaded (``layers/checkpoint_formats.py``), or
-    None for an ordinary tensor (the codes keep their bytes as they are stored)."""
+    """A published checkpoint's format tensor as loaded
+    (``layers/quantization/checkpoint_formats.py``), or None for an ordinary tensor (the codes
+    keep their bytes as they are stored)."""
     suffix = name.rpartition(".")[2]
     if suffix in ("qzeros", "g_idx", "weight_shape"):
         return 0  # folded into the mins, or only checked

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from sglang.srt.layers.checkpoint_formats import (
+from sglang.srt.layers.quantization.checkpoint_formats import (
     PrequantizedFormat,
     UnsupportedQuantizedCheckpoint,
     read_format,

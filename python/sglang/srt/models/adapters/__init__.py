@@ -244,9 +244,12 @@ def load_vlm(model_path: str, config: Any, load_config: Any = None, **kwargs: An
 
 def _check_quantized_format(config: Any) -> None:
     """A checkpoint stored quantized (config.json ``quantization_config``) in a format or with
-    options the engine cannot load (``layers/checkpoint_formats.py``) is refused before its
-    weights load."""
-    from sglang.srt.layers.checkpoint_formats import UnsupportedQuantizedCheckpoint, read_format
+    options the engine cannot load (``layers/quantization/checkpoint_formats.py``) is refused
+    before its weights load."""
+    from sglang.srt.layers.quantization.checkpoint_formats import (
+        UnsupportedQuantizedCheckpoint,
+        read_format,
+    )
 
     try:
         read_format(config)

@@ -26,7 +26,6 @@ multiple of 16's (433 rows: 436, not 448). The native GEMM's take any row count 
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterable
 
 import torch
@@ -34,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.kernels import ops
-from sglang.srt.layers import packed_linear
+from sglang.srt.layers.quantization import packed_linear
+from sglang.srt.layers.quantization.base import LinearMethod, attach, attached, dtype_name
 
 MAX_ROWS = 16
 FLOAT32_MIN_ROWS = 2  # one float32 row: torch's matrix-vector product reads as fast
@@ -43,39 +43,65 @@ ROW_MULTIPLE = 16
 PACKED_ROW_MULTIPLE = 4
 
 
+class DecodeKernelMethod(LinearMethod):
+    """The checkpoint's own (out, in) weight: decode-sized rows on the native kernel (the
+    module's ``_decode_kernel``; None: torch's product, set so to compare the two), prompt
+    chunks on torch's product with padded rows, or on a packed copy beside the weight."""
+
+    names = {
+        "{dtype}-decode-kernel": "the checkpoint's weight; decode-sized batches on the native "
+        "kernel (linear_bf16.cpp), prompt chunks on torch's product",
+        "bf16-decode-kernel+packed-copy": "as bf16-decode-kernel, prompt chunks on a packed copy",
+    }
+
+    def process_weights_after_loading(self, layer: nn.Module) -> nn.Module:
+        layer._decode_kernel = ops.linear_bf16()
+        return attach(layer, self)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return _product(layer, x)
+
+    def name(self, layer: nn.Module) -> str:
+        name = dtype_name(layer.weight.dtype)
+        if layer.__dict__.get("_decode_kernel") is None:
+            return name  # torch's product throughout
+        name += "-decode-kernel"
+        return name + "+packed-copy" if "packed_weight" in layer.__dict__ else name
+
+
+DECODE_KERNEL = DecodeKernelMethod()
+
+
 def install(modules: Iterable[nn.Module], dtype: torch.dtype = torch.bfloat16) -> int:
-    """Route the calls of every plain ``nn.Linear`` of ``dtype`` among ``modules`` through
-    ``_forward``: decode-sized ones to the native kernel, prompt-sized ones to torch's product
-    with padded rows (also where the kernel cannot be built); returns how many linears reach
-    the kernel (0 where it cannot be built). float32 (a model served in float32 on a CPU
-    without native bfloat16): 2-16 rows go to the kernel's ``linear_f32``, where torch's product
-    read a 7B-shaped layer at 1.2-5 GB/s against the kernel's 2.7-7 (AMD Zen 3, AVX2, 2 threads)."""
-    kernel = ops.linear_bf16()
+    """Serve every plain ``nn.Linear`` of ``dtype`` among ``modules`` with ``DECODE_KERNEL``:
+    decode-sized calls on the native kernel, prompt-sized ones on torch's product with padded
+    rows (also where the kernel cannot be built); returns how many linears reach the kernel (0
+    where it cannot be built). float32 (a model served in float32 on a CPU without native
+    bfloat16): 2-16 rows go to the kernel's ``linear_f32``, where torch's product read a
+    7B-shaped layer at 1.2-5 GB/s against the kernel's 2.7-7 (AMD Zen 3, AVX2, 2 threads)."""
     count = 0
     for module in modules:
         if _eligible(module, dtype):
-            module._decode_kernel = kernel
-            module.forward = types.MethodType(_forward, module)
+            DECODE_KERNEL.process_weights_after_loading(module)
             count += 1
-    return count if kernel is not None else 0
+    return count if ops.linear_bf16() is not None else 0
 
 
 def routes_to_kernel(module: nn.Module) -> bool:
     """Whether ``install`` routed the module and its decode-sized calls reach the kernel."""
-    forward = module.__dict__.get("forward")
-    routed = getattr(forward, "__func__", None) is _forward
+    routed = isinstance(attached(module), DecodeKernelMethod)
     return routed and module.__dict__.get("_decode_kernel") is not None
 
 
 def _eligible(module: nn.Module, dtype: torch.dtype) -> bool:
-    if not isinstance(module, nn.Linear) or packed_linear.holds_only_packed(module):
+    if not isinstance(module, nn.Linear) or attached(module) is not None:
         return False
     weight = module.weight
     plain = type(weight.data) is torch.Tensor  # not a quantized tensor subclass
     return plain and weight.dtype == dtype and weight.is_contiguous()
 
 
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _product(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     kernel = self._decode_kernel  # None: torch's product (set so to compare the two)
     packed = self.__dict__.get("packed_weight")  # packed_linear.add_packed_copies

@@ -4,10 +4,12 @@ compressed-tensors (W4A16 ``pack-quantized``, symmetric, per group or channel; W
 ``int-quantized``, per channel, W8A8 with dynamic per-token int8 activations, which is int8dq).
 
 ``read_format`` reads config.json's ``quantization_config`` (refusing what is not supported,
-with the reason); ``CheckpointLinear`` holds one linear's tensors as the format stores them and
-converts them to the native layouts (``quantized_linear.QuantizedLinear``) without dequantizing:
-int4's ``W = scale (q - zero)`` becomes the layout's ``scale q + min`` with float32 scale and
-``min = -scale zero`` (float16 scales and 4-bit zeros multiply exactly in float32).
+with the reason). Each format is a linear method that loads into a native layout
+(``FormatLoader``): its ``create_weights`` gives a ``CheckpointLinear`` holding one linear's
+tensors as the format stores them, its ``process_weights_after_loading`` converts them into
+the layout's ``QuantizedLinear`` without dequantizing: int4's ``W = scale (q - zero)`` becomes
+the layout's ``scale q + min`` with float32 scale and ``min = -scale zero`` (float16 scales and
+4-bit zeros multiply exactly in float32); the layout's method serves it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from sglang.srt.layers import quantized_linear
-from sglang.srt.layers.packed_linear import stand_in
 from sglang.srt.layers.page_release import release_file_pages
+from sglang.srt.layers.quantization.base import LinearMethod, stand_in
+from sglang.srt.layers.quantization.quantized_linear import (
+    Int4WeightOnly,
+    Int8Dynamic,
+    Int8WeightOnly,
+    QuantizedLinear,
+)
 
 METHODS = ("awq", "gptq", "compressed-tensors")
 # SGLang's --quantization names for the same formats.
@@ -171,6 +178,74 @@ def check_method_flag(flag: str | None, fmt: PrequantizedFormat | None) -> None:
         )
 
 
+class FormatLoader(LinearMethod):
+    """A published format as a loader into a native layout: ct-int8 into int8 (``Int8Dynamic``
+    for W8A8), the int4 formats into ``Int4WeightOnly`` with the format's group (one per row
+    for per-channel scales)."""
+
+    def __init__(self, fmt: PrequantizedFormat) -> None:
+        self.format = fmt
+
+    def create_weights(self, layer: nn.Linear, has_g_idx: bool = False) -> CheckpointLinear:
+        """Buffers of the format's names, shapes and dtypes (on the meta device, for the
+        loader to fill) in place of ``layer``."""
+        fmt, out, cols = self.format, layer.out_features, layer.in_features
+        if fmt.layout != "ct-int8" and (out % 8 or cols % 8):
+            raise refuse(fmt.method, f"a {cols} x {out} linear (not whole 32-bit words)")
+        group = fmt.group or cols
+        if cols % group:
+            raise refuse(fmt.method, f"in_features {cols} not a multiple of the group {group}")
+        buffers = _format_tensors(fmt.layout, out, cols, cols // group)
+        if fmt.layout == "gptq" and has_g_idx:
+            buffers["g_idx"] = torch.empty(cols, dtype=torch.int32, device="meta")
+        return CheckpointLinear(layer, self, buffers)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> QuantizedLinear:
+        fmt = self.format
+        bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
+        if fmt.layout == "ct-int8":
+            scale = layer.weight_scale.float().reshape(layer.out_features)
+            method = Int8Dynamic() if fmt.dynamic else Int8WeightOnly()
+            return method.from_codes(layer.weight, scale, bias)
+        codes, scale, zero = layer.codes_scales_zeros()
+        method = Int4WeightOnly(fmt.group or layer.in_features)
+        return method.from_codes(codes, scale, bias, -scale * zero)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a checkpoint's linear serves once converted to its layout")
+
+    def name(self, layer: nn.Module) -> str:
+        return self.format.label
+
+
+def _format_tensors(layout: str, out: int, cols: int, groups: int) -> dict[str, torch.Tensor]:
+    meta = {"device": "meta"}
+    # float32, stated: the model is built under its own default dtype
+    scales = {"device": "meta", "dtype": torch.float32}
+    if layout == "awq":
+        return {
+            "qweight": torch.empty(cols, out // 8, dtype=torch.int32, **meta),
+            "qzeros": torch.empty(groups, out // 8, dtype=torch.int32, **meta),
+            "scales": torch.empty(groups, out, **scales),
+        }
+    if layout == "gptq":
+        return {
+            "qweight": torch.empty(cols // 8, out, dtype=torch.int32, **meta),
+            "qzeros": torch.empty(groups, out // 8, dtype=torch.int32, **meta),
+            "scales": torch.empty(groups, out, **scales),
+        }
+    if layout == "ct-pack":
+        return {
+            "weight_packed": torch.empty(out, cols // 8, dtype=torch.int32, **meta),
+            "weight_scale": torch.empty(out, groups, **scales),
+            "weight_shape": torch.empty(2, dtype=torch.int64, **meta),
+        }
+    return {  # ct-int8
+        "weight": torch.empty(out, cols, dtype=torch.int8, **meta),
+        "weight_scale": torch.empty(out, 1, **scales),
+    }
+
+
 class CheckpointLinear(nn.Module):
     """A linear's tensors as the format stores them, filled by transformers' loader. Once the
     last of them (and the bias) arrives, the layer converts itself (``converted``, a
@@ -179,48 +254,14 @@ class CheckpointLinear(nn.Module):
     resident set at once instead of when the loader unmaps the file, so the load peaks at about
     the quantized size."""
 
-    def __init__(self, linear: nn.Linear, fmt: PrequantizedFormat, has_g_idx: bool) -> None:
+    def __init__(
+        self, linear: nn.Linear, loader: FormatLoader, buffers: dict[str, torch.Tensor]
+    ) -> None:
         super().__init__()
-        self.in_features, self.out_features, self.format = (
-            linear.in_features,
-            linear.out_features,
-            fmt,
-        )
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.loader, self.format = loader, loader.format
         self.formats_tensors: tuple[str, ...] = ()
-        self.converted: quantized_linear.QuantizedLinear | None = None
-        out, cols = linear.out_features, linear.in_features
-        if fmt.layout != "ct-int8" and (out % 8 or cols % 8):
-            raise refuse(fmt.method, f"a {cols} x {out} linear (not whole 32-bit words)")
-        group = fmt.group or cols
-        if cols % group:
-            raise refuse(fmt.method, f"in_features {cols} not a multiple of the group {group}")
-        groups = cols // group
-        meta = {"device": "meta"}
-        # float32, stated: the model is built under its own default dtype
-        scales = {"device": "meta", "dtype": torch.float32}
-        buffers = {
-            "awq": {
-                "qweight": torch.empty(cols, out // 8, dtype=torch.int32, **meta),
-                "qzeros": torch.empty(groups, out // 8, dtype=torch.int32, **meta),
-                "scales": torch.empty(groups, out, **scales),
-            },
-            "gptq": {
-                "qweight": torch.empty(cols // 8, out, dtype=torch.int32, **meta),
-                "qzeros": torch.empty(groups, out // 8, dtype=torch.int32, **meta),
-                "scales": torch.empty(groups, out, **scales),
-            },
-            "ct-pack": {
-                "weight_packed": torch.empty(out, cols // 8, dtype=torch.int32, **meta),
-                "weight_scale": torch.empty(out, groups, **scales),
-                "weight_shape": torch.empty(2, dtype=torch.int64, **meta),
-            },
-            "ct-int8": {
-                "weight": torch.empty(out, cols, dtype=torch.int8, **meta),
-                "weight_scale": torch.empty(out, 1, **scales),
-            },
-        }[fmt.layout]
-        if fmt.layout == "gptq" and has_g_idx:
-            buffers["g_idx"] = torch.empty(cols, dtype=torch.int32, **meta)
+        self.converted: QuantizedLinear | None = None
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor)
         self.bias = linear.bias
@@ -237,26 +278,10 @@ class CheckpointLinear(nn.Module):
             return
         if self.bias is not None and self.bias.is_meta:
             return
-        object.__setattr__(self, "converted", self.to_quantized())
+        object.__setattr__(self, "converted", self.loader.process_weights_after_loading(self))
         for name, tensor in zip(self.formats_tensors, tensors):
             self._buffers[name] = stand_in(tensor)
             release_file_pages(tensor)
-
-    def to_quantized(self) -> quantized_linear.QuantizedLinear:
-        fmt = self.format
-        bias = None if self.bias is None else self.bias.detach().to(torch.bfloat16)
-        if fmt.layout == "ct-int8":
-            scale = self.weight_scale.float().reshape(self.out_features)
-            layer = quantized_linear.QuantizedLinear.from_codes(
-                self.weight, scale, bias, 8, dynamic=fmt.dynamic
-            )
-        else:
-            codes, scale, zero = self.codes_scales_zeros()
-            group = fmt.group or self.in_features
-            layer = quantized_linear.QuantizedLinear.from_codes(
-                codes, scale, bias, 4, group, -scale * zero
-            )
-        return quantized_linear.with_kernel(layer)
 
     def codes_scales_zeros(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """int4 formats: codes (out, in) uint8 in 0..15, scale float32 and zero float32 (out,

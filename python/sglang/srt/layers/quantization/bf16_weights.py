@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.kernels import ops
+from sglang.srt.layers.quantization.base import LinearMethod, attach, attached
 
 MAX_KERNEL_ROWS = 16
 BLOCK_ROWS = 1024
@@ -77,12 +78,12 @@ def store_in_bfloat16(
         for key, buffer in list(module._buffers.items()):
             if buffer is not None and buffer.is_floating_point():
                 module._buffers[key] = buffer.float()
-        if stores:
-            bound = _linear_forward if isinstance(module, nn.Linear) else _embedding_forward
-            module.forward = types.MethodType(bound, module)
-            module._widening_kernel = ops.linear_bf16()
-            linears += isinstance(module, nn.Linear)
-            stored_embeddings += isinstance(module, nn.Embedding)
+        if stores and isinstance(module, nn.Linear):
+            WIDENED.process_weights_after_loading(module)
+            linears += 1
+        elif stores:
+            module.forward = types.MethodType(_embedding_forward, module)
+            stored_embeddings += 1
     size = sum(p.numel() * p.element_size() for p in kept.values())
     return StoredWeights(linears, stored_embeddings, size, len(widened))
 
@@ -97,7 +98,7 @@ def _stores(name: str, module: nn.Module, embeddings: set[int] | None) -> bool:
 def stores_bfloat16(module: nn.Module) -> bool:
     """Whether ``store_in_bfloat16`` left this module on a bfloat16 weight it widens."""
     forward = getattr(module.__dict__.get("forward"), "__func__", None)
-    return forward in (_linear_forward, _embedding_forward)
+    return isinstance(attached(module), WidenedMethod) or forward is _embedding_forward
 
 
 def _is_bf16(weight: object) -> bool:
@@ -108,15 +109,36 @@ def _is_bf16(weight: object) -> bool:
     )
 
 
-def _linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
-    flat = x.reshape(rows, x.shape[-1]).float()
-    kernel = self._widening_kernel  # None: torch's widening and product (no compiler here)
-    if 0 < rows <= MAX_KERNEL_ROWS and kernel is not None:
-        out = kernel.linear_mixed(flat.contiguous(), self.weight, self.bias)
-    else:
-        out = blocked_product(flat, self.weight, self.bias, kernel)
-    return out.reshape(*x.shape[:-1], self.out_features)
+class WidenedMethod(LinearMethod):
+    """A bfloat16 weight under float32 compute, widened as it is read: decode rows on
+    ``linear_mixed`` (the module's ``_widening_kernel``; None: torch's widening and product),
+    the rest on torch's float32 GEMM by blocks of weight rows (``blocked_product``)."""
+
+    names = {
+        "bf16-widened": "a bfloat16 weight under float32 compute, widened as it is read: decode "
+        "rows on the native kernel (linear_mixed), prompt chunks on torch's float32 GEMM by "
+        "blocks"
+    }
+
+    def process_weights_after_loading(self, layer: nn.Module) -> nn.Module:
+        layer._widening_kernel = ops.linear_bf16()
+        return attach(layer, self)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.numel() else 0
+        flat = x.reshape(rows, x.shape[-1]).float()
+        kernel = layer._widening_kernel
+        if 0 < rows <= MAX_KERNEL_ROWS and kernel is not None:
+            out = kernel.linear_mixed(flat.contiguous(), layer.weight, layer.bias)
+        else:
+            out = blocked_product(flat, layer.weight, layer.bias, kernel)
+        return out.reshape(*x.shape[:-1], layer.out_features)
+
+    def name(self, layer: nn.Module) -> str:
+        return "bf16-widened"
+
+
+WIDENED = WidenedMethod()
 
 
 def blocked_product(

@@ -50,6 +50,7 @@ from torch import nn
 
 from sglang.srt.kernels import ops
 from sglang.srt.layers import page_release
+from sglang.srt.layers.quantization.base import LinearMethod, attach, attached, stand_in
 
 PANEL_ROWS = ops.PANEL  # output rows per panel of the native GEMM's layout (gemm_bf16.cpp)
 
@@ -66,36 +67,51 @@ def available() -> bool:
     return bool(mkldnn._is_mkldnn_bf16_supported())
 
 
+class PackedMethod(LinearMethod):
+    """A bfloat16 weight held only packed (the native GEMM's panels where it takes the weight,
+    else oneDNN's layout): every row count runs on the packed product."""
+
+    names = {
+        "bf16-packed-gemm": "held only in the native GEMM's panels (gemm_bf16.cpp): every row "
+        "count",
+        "bf16-packed-onednn": "held only oneDNN-packed: oneDNN's product for every row count",
+    }
+
+    def process_weights_after_loading(self, layer: nn.Module) -> nn.Module:
+        _pack(layer, consume=True)
+        layer.weight.data = stand_in(layer.weight)
+        return attach(layer, self)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return product(layer, x)
+
+    def name(self, layer: nn.Module) -> str:
+        native = layer.__dict__.get("packed_gemm") is not None
+        return "bf16-packed-gemm" if native else "bf16-packed-onednn"
+
+
+PACKED = PackedMethod()
+
+
 def install(modules: Iterable[nn.Module], native_only: bool = False) -> int:
-    """Pack the weight of every eligible ``nn.Linear`` among ``modules`` (in place) and route
-    its forward to the packed product; returns how many were packed. ``native_only``: only
-    where the native GEMM takes the weight (the language model's single layout, which its
-    decode rows read too; oneDNN's packed product is slow for them)."""
+    """Serve every eligible ``nn.Linear`` among ``modules`` with ``PACKED`` (in place); returns
+    how many were packed. ``native_only``: only where the native GEMM takes the weight (the
+    language model's single layout, which its decode rows read too; oneDNN's packed product is
+    slow for them)."""
     if not available() or (native_only and ops.native_gemm() is None):
         return 0
     count = 0
     for module in modules:
         if _eligible(module) and not (native_only and module.weight.shape[1] % 2):
-            _pack(module, consume=True)
-            weight = module.weight
-            weight.data = stand_in(weight)
-            module.forward = types.MethodType(_forward, module)
+            PACKED.process_weights_after_loading(module)
             count += 1
     return count
 
 
-def stand_in(weight: torch.Tensor) -> torch.Tensor:
-    """A tensor with ``weight``'s shape, dtype and device over a one-element storage: what a
-    module keeps in place of a weight held in another layout (HF code reads those attributes,
-    never the values)."""
-    return torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
-
-
 def holds_only_packed(module: nn.Module) -> bool:
-    """Whether ``install`` packed the module: its forward is the packed product and its
-    checkpoint weight's storage is gone."""
-    forward = module.__dict__.get("forward")
-    return getattr(forward, "__func__", None) is _forward
+    """Whether ``install`` packed the module: its method is a ``PackedMethod`` and its checkpoint
+    weight's storage is gone."""
+    return isinstance(attached(module), PackedMethod)
 
 
 def lookups_can_move_to(embedding: nn.Module, head: nn.Module) -> bool:
@@ -206,10 +222,6 @@ def _eligible(module: nn.Module) -> bool:
         and weight.device.type == "cpu"
         and weight.is_contiguous()
     )
-
-
-def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return product(self, x)
 
 
 def panel_rows(panels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
