@@ -13,7 +13,14 @@ from conftest import NATIVE_GEMM_EXPECTED, model_dir, needs_compiler
 from torch import nn
 
 import sglang
-from sglang.srt.layers.quantization import decode_linear, method_names, packed_linear
+from sglang.srt.layers.quantization import (
+    REGISTRY,
+    decode_linear,
+    get_linear_method,
+    method_names,
+    packed_linear,
+)
+from sglang.srt.layers.quantization.base import LinearMethod, attached
 from sglang.srt.layers.quantization.base import method_name as method_of
 from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
 
@@ -27,13 +34,8 @@ _FIELDS = {"dtype": "(bf16|fp32|fp16)", "group": "[0-9]+", "subclass": "[A-Za-z0
 
 
 def _known(method: str) -> bool:
-    """A name of ``METHODS``, its fields filled in."""
-    for pattern in method_names():
-        parts = re.split(r"\{(\w+)\}", pattern)  # literal, field, literal, ...
-        regex = "".join(_FIELDS[p] if i % 2 else re.escape(p) for i, p in enumerate(parts))
-        if re.fullmatch(regex, method):
-            return True
-    return False
+    """A name of ``method_names()``, its fields filled in."""
+    return any(_matches(pattern, method) for pattern in method_names())
 
 
 def test_plain_linears_are_named_by_dtype() -> None:
@@ -114,3 +116,62 @@ def test_every_served_linear_reports_its_method(config: str) -> None:
             assert lm_methods and all(m.startswith("bf16") for m in lm_methods)
     finally:
         engine.shutdown()
+
+
+def _registered(name: str) -> LinearMethod:
+    return get_linear_method(name, 32) if name in ("int4wo", "8da4w") else get_linear_method(name)
+
+
+# what each method computes, as a fraction of the output's size: the quantized ones' rounding
+# (int4 in groups of 32 of a uniform weight: about 1/30 of the range per weight)
+_TOLERANCE = {"int8wo": 0.02, "int8dq": 0.03, "int4wo": 0.1, "8da4w": 0.1}
+
+
+@pytest.mark.parametrize("name", [n for n in REGISTRY if n not in ("awq", "gptq",
+                                  "compressed-tensors")])  # fmt: skip
+def test_every_registered_method_serves_the_product_it_names(name: str) -> None:
+    """The contract of ``base.py``: the served module carries the method, its forward is the
+    method's product (close to the dense weight's, within the method's rounding), and it
+    reports a name of the method's own ``names``."""
+    method = _registered(name)
+    layer = _linear(torch.bfloat16)
+    dense = layer.weight.detach().float().clone()
+    x = torch.randn(5, 64)
+    x_in = x if name == "bf16-widened" else x.bfloat16()
+    if name == "bf16-packed" and not packed_linear.available():
+        pytest.skip("no packed bfloat16 product on this CPU")  # the method exists; the ISA not
+    served = method.process_weights_after_loading(method.create_weights(layer))
+    assert attached(served) is method
+    calls = []
+    apply = method.apply
+    method.apply = lambda module, x: calls.append(module) or apply(module, x)
+    got = served(x_in).float()
+    assert calls == [served]
+    want = x_in.float() @ dense.T + layer.bias.float()
+    error = (got - want).norm() / want.norm()
+    assert error <= _TOLERANCE.get(name, 0.01), error
+    reported = method_of(served)
+    assert any(_matches(pattern, reported) for pattern in type(method).names), reported
+
+
+def _matches(pattern: str, name: str) -> bool:
+    parts = re.split(r"\{(\w+)\}", pattern)
+    regex = "".join(_FIELDS[p] if i % 2 else re.escape(p) for i, p in enumerate(parts))
+    return re.fullmatch(regex, name) is not None
+
+
+def test_a_deliberate_error_in_a_method_fails_the_contract_test() -> None:
+    """The tolerance above catches a method whose product is off: int8 codes under scales
+    half as large again."""
+    method = _registered("int8wo")
+    served = method.process_weights_after_loading(_linear(torch.bfloat16))
+    served.scale.mul_(1.5)
+    x = torch.randn(5, 64).bfloat16()
+    dense = _linear(torch.bfloat16)
+    want = dense(x).float()
+    assert (served(x).float() - want).norm() / want.norm() > _TOLERANCE["int8wo"]
+
+
+def test_an_unknown_method_name_is_refused_with_the_registered_ones() -> None:
+    with pytest.raises(KeyError, match="registered: bf16-packed"):
+        get_linear_method("fp8")

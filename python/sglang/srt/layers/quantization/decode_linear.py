@@ -52,6 +52,7 @@ class DecodeKernelMethod(LinearMethod):
         "{dtype}-decode-kernel": "the checkpoint's weight; decode-sized batches on the native "
         "kernel (linear_bf16.cpp), prompt chunks on torch's product",
         "bf16-decode-kernel+packed-copy": "as bf16-decode-kernel, prompt chunks on a packed copy",
+        "{dtype}": "the checkpoint's weight; no native kernel built here: torch's product",
     }
 
     def process_weights_after_loading(self, layer: nn.Module) -> nn.Module:

@@ -218,6 +218,13 @@ class _Int4Codes(QuantizedMethod):
         scale, low = (t.float().repeat_interleave(self.group, dim=1) for t in layer.group_scales())
         return torch.addcmul(low, layer.codes().float(), scale).to(dtype)
 
+    def product(self, layer: QuantizedLinear, flat: torch.Tensor) -> torch.Tensor:
+        """Both int4 kernels (weight-only and int8-activation) take the same arguments."""
+        return layer.kernel.linear_int4(
+            flat, layer.qweight, layer.scale, layer.min, self.group, layer.bias,
+            layer.out_features,
+        )  # fmt: skip
+
 
 class _WeightOnly(QuantizedMethod):
     """bfloat16 (or float32) activations times the codes, each converted exactly as it streams
@@ -287,7 +294,9 @@ class Int8WeightOnly(_Int8Codes, _WeightOnly):
     names = {"int8wo": "int8 weights per output channel, bfloat16 or float32 activations "
              "(linear_quant)"}  # fmt: skip
 
-    def pack(self, codes, scale, low) -> dict[str, torch.Tensor]:
+    def pack(
+        self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
         qweight, scales = pack_int8(codes, scale)
         return {"qweight": qweight, "scale": scales}
 
@@ -306,7 +315,9 @@ class Int4WeightOnly(_Int4Codes, _WeightOnly):
     names = {"int4wo-{group}": "int4 weights per group, bfloat16 or float32 activations "
              "(linear_quant)"}  # fmt: skip
 
-    def pack(self, codes, scale, low) -> dict[str, torch.Tensor]:
+    def pack(
+        self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
         assert low is not None and scale.dtype == low.dtype
         qweight, scales, mins = pack_int4(codes, scale, low)
         return {"qweight": qweight, "scale": scales, "min": mins}
@@ -314,19 +325,15 @@ class Int4WeightOnly(_Int4Codes, _WeightOnly):
     def unpack(self, qweight: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
         return unpack_int4(qweight, out_features, in_features)
 
-    def product(self, layer: QuantizedLinear, flat: torch.Tensor) -> torch.Tensor:
-        return layer.kernel.linear_int4(
-            flat, layer.qweight, layer.scale, layer.min, self.group, layer.bias,
-            layer.out_features,
-        )  # fmt: skip
-
 
 class Int8Dynamic(_Int8Codes, _Dynamic):
     """int8dq: int8 weights in quads of inputs (``pack_int8_quads``) times int8 rows."""
 
     names = {"int8dq": "int8 weights, int8 activations quantized per row (linear_int8dq)"}
 
-    def pack(self, codes, scale, low) -> dict[str, torch.Tensor]:
+    def pack(
+        self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
         qweight, offset, scales = pack_int8_quads(codes, scale)
         return {"qweight": qweight, "scale": scales, "offset": offset}
 
@@ -352,19 +359,15 @@ class Int4Dynamic(_Int4Codes, _Dynamic):
     names = {"8da4w-{group}": "int4 weights per group, int8 activations per row "
              "(linear_int8dq)"}  # fmt: skip
 
-    def pack(self, codes, scale, low) -> dict[str, torch.Tensor]:
+    def pack(
+        self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
         assert low is not None and scale.dtype == torch.bfloat16
         qweight, scales, mins = pack_int4_octets(codes, scale, low)
         return {"qweight": qweight, "scale": scales, "min": mins}
 
     def unpack(self, qweight: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
         return unpack_int4_octets(qweight, out_features, in_features)
-
-    def product(self, layer: QuantizedLinear, flat: torch.Tensor) -> torch.Tensor:
-        return layer.kernel.linear_int4(
-            flat, layer.qweight, layer.scale, layer.min, self.group, layer.bias,
-            layer.out_features,
-        )  # fmt: skip
 
     def reference_product(
         self, layer: QuantizedLinear, codes: torch.Tensor, step: torch.Tensor
