@@ -310,57 +310,58 @@ struct PairLayout {
 };
 #endif
 
-// Scaled, masked scores of one row -> P (rounded to Elem) for keys [0, n_padded); updates the
-// row's running max and its sum (kept as 16 partial sums) and rescales its accumulator. Keys
-// outside [j0, j1) get P = 0. The sum is of the weights before rounding to Elem, so rounding
-// perturbs each normalized weight by at most Elem's unit roundoff. row_max is kept in base 2
-// (scaled by log2 e), so each weight is one FMA and one 2^t.
-template <typename Elem>
-void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, float scale,
-                  float& row_max, float* sum_lanes, float* acc, int64_t dim, Elem* p) {
-  if (j0 >= j1) {  // no key of this block is visible to the row
-    std::fill(p, p + n_padded, Elem(0.f));
-    return;
-  }
-  const float scale2 = scale * 1.4426950408889634f;  // scores -> base-2 exponents
-  int64_t j = 0;
 #ifdef SGLANG_AVX512
-  const bool all_valid = j0 == 0 && j1 == n_padded;  // the common case: no mask to build
-  auto valid = [&](int64_t at) -> __mmask16 {
-    const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - at, 0, 16));
-    const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - at, 0, 16));
-    return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
-  };
+// The lanes of the 16 keys from `at` on that lie in [j0, j1).
+inline __mmask16 visible_lanes(int64_t at, int64_t j0, int64_t j1) {
+  const uint32_t lo = static_cast<uint32_t>(std::clamp<int64_t>(j0 - at, 0, 16));
+  const uint32_t hi = static_cast<uint32_t>(std::clamp<int64_t>(j1 - at, 0, 16));
+  return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+#endif
+
+// The largest score of the keys in [j0, j1) (j0 < j1 <= n_padded); the scores of the keys
+// past j1 up to n_padded are readable.
+inline float block_max(const float* s, int64_t j0, int64_t j1, int64_t n_padded) {
+#ifdef SGLANG_AVX512
   __m512 vmax = _mm512_set1_ps(kNegInf);
-  if (all_valid) {
+  if (j0 == 0 && j1 == n_padded) {  // the common case: no mask to build
     int64_t at = 0;
     for (; at + 16 <= n_padded; at += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + at));
     if (at < n_padded)  // the lanes past n_padded hold scores of zero-padded keys
-      vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
+      vmax = _mm512_mask_max_ps(vmax, visible_lanes(at, j0, j1), vmax, _mm512_loadu_ps(s + at));
   } else {
     for (int64_t at = j0 / 16 * 16; at < j1; at += 16)
-      vmax = _mm512_mask_max_ps(vmax, valid(at), vmax, _mm512_loadu_ps(s + at));
+      vmax = _mm512_mask_max_ps(vmax, visible_lanes(at, j0, j1), vmax, _mm512_loadu_ps(s + at));
   }
-  const float new_max = std::max(row_max, _mm512_reduce_max_ps(vmax) * scale2);
+  return _mm512_reduce_max_ps(vmax);
 #elif defined(SGLANG_TILES_AVX2)
-  // the keys in [j0, j1): whole vectors of 8, then the rest one by one
+  (void)n_padded;  // the keys in [j0, j1): whole vectors of 8, then the rest one by one
   __m256 vmax = _mm256_set1_ps(kNegInf);
   int64_t at = j0;
   for (; at + 8 <= j1; at += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + at));
-  float block_max = vec::max8(vmax);
-  for (; at < j1; ++at) block_max = std::max(block_max, s[at]);
-  const float new_max = std::max(row_max, block_max * scale2);
+  float largest = vec::max8(vmax);
+  for (; at < j1; ++at) largest = std::max(largest, s[at]);
+  return largest;
 #else
-  float block_max = kNegInf;
-  for (int64_t at = j0; at < j1; ++at) block_max = std::max(block_max, s[at]);
-  const float new_max = std::max(row_max, block_max * scale2);
+  (void)n_padded;
+  float largest = kNegInf;
+  for (int64_t at = j0; at < j1; ++at) largest = std::max(largest, s[at]);
+  return largest;
 #endif
-  const float alpha = row_max == new_max ? 1.f : std::exp2(row_max - new_max);  // 0 at first
+}
+
+// The weights P = 2^(s scale2 - new_max) of keys [0, n_padded) by whole vectors (0 outside
+// [j0, j1)) and their sums, added to the 16 partial sums after those are scaled by alpha.
+// Returns the first key left to the caller's scalar loop.
+template <typename Elem>
+int64_t weights_by_vector(const float* s, int64_t j0, int64_t j1, int64_t n_padded,
+                          float scale2, float new_max, float alpha, float* sum_lanes, Elem* p) {
+  int64_t j = 0;
 #ifdef SGLANG_AVX512
   constexpr int kDegree = std::is_same_v<Elem, float> ? 5 : 3;  // as exact as Elem keeps
   const __m512 vscale = _mm512_set1_ps(scale2), shift = _mm512_set1_ps(new_max);
   __m512 vsum = _mm512_mul_ps(_mm512_loadu_ps(sum_lanes), _mm512_set1_ps(alpha));
-  if (all_valid) {
+  if (j0 == 0 && j1 == n_padded) {  // the common case: no mask to build
     for (; j + 16 <= n_padded; j += 16) {
       const __m512 e = exp2_512<kDegree>(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift));
       store16(p + j, e);
@@ -369,7 +370,7 @@ void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, floa
   } else {
     for (; j + 16 <= n_padded; j += 16) {
       const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(s + j), vscale, shift);
-      const __m512 e = _mm512_maskz_mov_ps(valid(j), exp2_512<kDegree>(x));
+      const __m512 e = _mm512_maskz_mov_ps(visible_lanes(j, j0, j1), exp2_512<kDegree>(x));
       store16(p + j, e);
       vsum = _mm512_add_ps(vsum, e);
     }
@@ -414,8 +415,28 @@ void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, floa
   _mm256_storeu_ps(sum_lanes, sum_lo);
   _mm256_storeu_ps(sum_lanes + 8, sum_hi);
 #else
+  (void)s, (void)j0, (void)j1, (void)n_padded, (void)scale2, (void)new_max, (void)p;
   for (int l = 0; l < 16; ++l) sum_lanes[l] *= alpha;
 #endif
+  return j;
+}
+
+// Scaled, masked scores of one row -> P (rounded to Elem) for keys [0, n_padded); updates the
+// row's running max and its sum (kept as 16 partial sums) and rescales its accumulator. Keys
+// outside [j0, j1) get P = 0. The sum is of the weights before rounding to Elem, so rounding
+// perturbs each normalized weight by at most Elem's unit roundoff. row_max is kept in base 2
+// (scaled by log2 e), so each weight is one FMA and one 2^t.
+template <typename Elem>
+void softmax_step(const float* s, int64_t j0, int64_t j1, int64_t n_padded, float scale,
+                  float& row_max, float* sum_lanes, float* acc, int64_t dim, Elem* p) {
+  if (j0 >= j1) {  // no key of this block is visible to the row
+    std::fill(p, p + n_padded, Elem(0.f));
+    return;
+  }
+  const float scale2 = scale * 1.4426950408889634f;  // scores -> base-2 exponents
+  const float new_max = std::max(row_max, block_max(s, j0, j1, n_padded) * scale2);
+  const float alpha = row_max == new_max ? 1.f : std::exp2(row_max - new_max);  // 0 at first
+  int64_t j = weights_by_vector(s, j0, j1, n_padded, scale2, new_max, alpha, sum_lanes, p);
   for (; j < n_padded; ++j) {
     const float e = j >= j0 && j < j1 ? std::exp2(s[j] * scale2 - new_max) : 0.f;
     p[j] = Elem(e);
