@@ -157,6 +157,12 @@ MUTATIONS = [
         (("    return codes, scale, low\n", "    return codes, scale, torch.zeros_like(low)\n"),),
         ("test/test_quantized_linear.py",),
     ),
+    Mutation(
+        "a linear's method attached but its forward left as nn.Linear's (packed weights unread)",
+        "layers/quantization/base.py",
+        (("    layer.forward = types.MethodType(_forward, layer)\n", ""),),
+        ("test/test_linear_methods.py",),
+    ),
 ]
 
 
