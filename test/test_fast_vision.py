@@ -11,12 +11,14 @@ import types
 import pytest
 import torch
 import transformers
-from conftest import examples, make_image, model_dir, needs_compiler
+from conftest import examples, make_image, model_dir, needs_compiler, placeholder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt import kernels
 from sglang.srt.core.perf_counters import PerfCounters
+from sglang.srt.layers.quantization import packed_linear
+from sglang.srt.layers.quantization.base import keep_out_of_compile
 from sglang.srt.models import fast_vision
 from sglang.srt.multimodal.hf_processor import load_hf_processor
 
@@ -197,3 +199,40 @@ def test_native_rotary_replaces_the_towers_function_once() -> None:
         installed(q, q, cos, sin)  # CPU inputs: the kernel
         installed(q, q, cos.bfloat16(), sin.bfloat16())  # bfloat16 angles: HF's function
     assert calls == [1]
+
+
+@pytest.mark.skipif(not packed_linear.available(), reason="no packed bfloat16 product here")
+def test_compiled_code_calls_the_packed_linears_as_they_are() -> None:
+    """inductor cannot lower a product over oneDNN-packed weights: a compiled module calls the
+    linears a method serves eagerly (``keep_out_of_compile``), with the same result."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)
+    ).to(torch.bfloat16)
+    x = torch.randn(7, 64, dtype=torch.bfloat16)
+    assert packed_linear.install(model) == 2
+    with torch.no_grad():
+        want = model(x)
+        assert keep_out_of_compile(model) == 2
+        got = torch.compile(model, dynamic=True)(x)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_compiled_bfloat16_tower_gives_the_same_tokens() -> None:
+    """``--enable-torch-compile`` in bfloat16 (packed tower linears, native kernels): the same
+    greedy tokens as the eager tower."""
+    import sglang
+
+    prompt = f"Describe {placeholder('qwen2_5_vl')} now"
+    params = {"max_new_tokens": 4, "temperature": 0}
+    tokens = []
+    for compiled in (False, True):
+        engine = sglang.Engine(
+            model_path=model_dir("qwen2_5_vl"), dtype="bfloat16", enable_torch_compile=compiled
+        )
+        try:
+            out = engine.generate([prompt], params, image_data=[[make_image(1)]])
+            tokens.append(out[0]["output_ids"])
+        finally:
+            engine.shutdown()
+    assert len(tokens[0]) == 4 and tokens[1] == tokens[0]

@@ -25,6 +25,7 @@ from sglang.srt.model_executor.host_memory import module_bytes
 from sglang.srt.model_executor.mm_fingerprint import worker_fingerprint
 from sglang.srt.model_executor.model_loader import (
     build_embedder,
+    compile_if_asked,
     install_encoder_kernels,
     load_config,
     load_model,
@@ -95,6 +96,7 @@ class EncoderRunner:
             )
         if self.device == "cpu" and self.dtype == torch.bfloat16:
             install_encoder_kernels(self.model, self.adapter.language_model)
+        compile_if_asked(self.model, self.config, args)
         self.processor = MultimodalProcessor(
             model_path, self.config, hf_processor=load_hf_processor(model_path)
         )

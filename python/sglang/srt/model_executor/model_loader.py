@@ -3,9 +3,9 @@
 model before its weights load, the HF model on the engine's attention, the weights rewritten for
 the launch's quantization, the native CPU kernels installed, and the chunk-aware embedder.
 
-The order is fixed: check, load, quantize, install kernels. Quantization replaces linears, and
-the kernels wrap whatever linears are left, so installing them first would pack weights that
-quantization then throws away.
+The order is fixed: check, load, quantize, install kernels, compile. Quantization replaces
+linears, and the kernels wrap whatever linears are left, so installing them first would pack
+weights that quantization then throws away; torch.compile traces what is there when it runs.
 """
 
 from __future__ import annotations
@@ -142,9 +142,14 @@ def load_model(
         )  # fmt: skip
     if multimodal and fast_vision.install(model, config, perf):
         instrument_vision(model.model.visual, perf)
-        if args.enable_torch_compile:
-            fast_vision.compile_tower(model)
     return model
+
+
+def compile_if_asked(model: torch.nn.Module, config: Any, args: EngineConfig) -> None:
+    """``--enable-torch-compile``: the Qwen-VL towers' blocks, compiled once the kernels and
+    the linears' methods are in place (compiling first would trace what they then replace)."""
+    if args.enable_torch_compile and config.model_type in fast_vision.FAST_VISION_MODEL_TYPES:
+        fast_vision.compile_tower(model)
 
 
 def quantize(

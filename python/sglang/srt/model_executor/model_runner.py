@@ -28,6 +28,7 @@ from sglang.srt.model_executor.linear_attention import install_pooled_linear_att
 from sglang.srt.model_executor.mm_fingerprint import worker_fingerprint
 from sglang.srt.model_executor.model_loader import (
     build_embedder,
+    compile_if_asked,
     install_cpu_kernels,
     load_config,
     load_model,
@@ -108,6 +109,7 @@ class ModelRunner:
         kernels = install_cpu_kernels(
             self.model, self.adapter, args, self.dtype, self.quantization is not None
         )
+        compile_if_asked(self.model, self.config, args)
         self.lm_packed_copy_bytes = kernels.lm_packed_copy_bytes
         self.linear_methods = linear_methods(self.model)
         logger.info("linear methods: %s", self.linear_methods["counts"])
