@@ -11,6 +11,7 @@ import time
 
 import jsonschema
 import pytest
+import torch
 from conftest import examples, hf_greedy, make_image, model_dir, placeholder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -383,26 +384,58 @@ def _byte_token(engine: sglang.Engine, byte: int) -> int:
 
 
 @pytest.mark.parametrize("kind", ["json_schema", "regex"])
-def test_a_grammar_never_writes_a_surrogate(engine, kind: str) -> None:
-    """xgrammar's matchers accept ED A0..BF (a UTF-16 surrogate in UTF-8's form, not UTF-8);
-    with the lead byte ED and the continuation A0 pushed to the top, the output still decodes
-    as UTF-8 and meets the grammar (the guard's deliberate absence writes replacement
-    characters here)."""
-    lead, cont = _byte_token(engine, 0xED), _byte_token(engine, 0xA0)
+@pytest.mark.parametrize(
+    ("lead", "second"),
+    [(0xED, 0xA0), (0xE0, 0x90), (0xF0, 0x8A)],
+    ids=["surrogate", "overlong-3", "overlong-4"],
+)
+def test_a_grammar_never_writes_bytes_that_are_not_utf8(engine, kind, lead, second) -> None:
+    """xgrammar's matchers accept ED A0..BF (a UTF-16 surrogate in UTF-8's form) and, in a
+    bounded JSON string, the overlong E0 80..9F and F0 80..8F: none of them UTF-8. With the
+    lead byte and such a second byte pushed to the top, the output still decodes as UTF-8 and
+    meets the grammar (the guard's deliberate absence writes replacement characters here)."""
+    lead_id, second_id = _byte_token(engine, lead), _byte_token(engine, second)
     constraint = (
         {"json_schema": json.dumps({"type": "string", "maxLength": 4})}
         if kind == "json_schema"
         else {"regex": "[^a]{1,4}"}
     )
-    params = {"temperature": 0, "max_new_tokens": 24, "logit_bias": {lead: 50.0, cont: 40.0}}
+    bias = {lead_id: 50.0, second_id: 40.0}
+    params = {"temperature": 0, "max_new_tokens": 24, "logit_bias": bias}
     out = engine.generate("Answer:", {**params, **constraint})
     ids = out["output_ids"]
-    assert lead in ids  # the bias took the lead byte, so the guard had something to block
+    assert lead_id in ids  # the bias took the lead byte, so the guard had something to block
     text = engine.tokenizer.decode(ids, skip_special_tokens=True)
     raw = b"".join(engine.scheduler.constraints.backend.info.decoded_vocab[i] for i in ids)
-    raw.decode("utf-8")  # strict: a surrogate raises here
+    raw.decode("utf-8")  # strict: a surrogate or an overlong form raises here
     assert "\ufffd" not in text
     if kind == "json_schema":
         assert len(json.loads(text)) <= 4
     else:
         assert re.fullmatch("[^a]{1,4}", text)
+
+
+def test_the_guard_allows_a_second_byte_exactly_when_utf8_does() -> None:
+    """Against Python's strict decoder: for each lead byte the guard limits and every
+    continuation byte, the guard lets the pair through (in one token, or split over two)
+    exactly when the whole character is UTF-8."""
+    from sglang.srt.constrained.utf8_guard import Utf8Guard
+
+    def allowed(mask: torch.Tensor, token: int) -> bool:
+        return bool((int(mask[token // 32]) >> (token % 32)) & 1)
+
+    for lead in range(0xE0, 0xF5):  # every lead of a 3- or 4-byte character
+        length = 3 if lead < 0xF0 else 4
+        for second in range(0x80, 0xC0):
+            char = bytes([lead, second]) + b"\x80" * (length - 2)
+            try:
+                char.decode("utf-8")
+                valid = True
+            except UnicodeDecodeError:
+                valid = False
+            vocab = [char, bytes([lead]), char[1:]]
+            guard = Utf8Guard(vocab, 1)
+            assert allowed(guard.anywhere, 0) == valid, char
+            limits = guard.lead_at_end(1)
+            split = allowed(guard.after_lead[limits], 2) if limits is not None else True
+            assert split == valid, char

@@ -1,9 +1,13 @@
-"""Constrained outputs stay UTF-8. xgrammar's byte-level matchers accept a UTF-16 surrogate
-written as three UTF-8 bytes (``ED A0..BF 80..BF``, U+D800..U+DFFF) inside JSON strings, regex
-and EBNF character classes; those bytes are not UTF-8, and the output text would decode them
-to replacement characters (a JSON string of ``maxLength`` 3 then reads as 5 characters). The
-guard takes such tokens out of every grammar's bitmask: a token holding ``ED A0..BF`` always,
-and a token starting with ``A0..BF`` right after a token that ended on the lead byte ``ED``."""
+"""Constrained outputs stay UTF-8. xgrammar's byte-level matchers check the shape of a multi-byte
+character (lead byte, count of continuation bytes) but not every range RFC 3629 puts on its
+second byte: they accept a UTF-16 surrogate written as three bytes (``ED A0..BF``) in JSON
+strings, regex and EBNF character classes, and in a JSON string with a ``pattern`` (which
+bounded strings get, ``xgrammar_backend._plain_length_strings``) overlong forms too
+(``E0 80..9F``, ``F0 80..8F``). Those bytes are not UTF-8: the output text would decode them to
+replacement characters (a JSON string of ``maxLength`` 3 then reads as 5 characters). The guard
+takes such tokens out of every grammar's bitmask: a token holding a lead byte followed by a
+second byte it forbids, always, and a token starting with a forbidden second byte right after a
+token that ended on that lead byte."""
 
 from __future__ import annotations
 
@@ -11,8 +15,15 @@ import re
 
 import torch
 
-_SURROGATE = re.compile(rb"\xed[\xa0-\xbf]")
-_LEAD = 0xED
+# lead byte -> the second bytes (inclusive range) that make the sequence not UTF-8
+FORBIDDEN_AFTER = {0xE0: (0x80, 0x9F), 0xED: (0xA0, 0xBF), 0xF0: (0x80, 0x8F), 0xF4: (0x90, 0xBF)}
+_INVALID_PAIR = re.compile(
+    b"|".join(
+        re.escape(bytes([lead])) + b"[" + re.escape(bytes([lo])) + b"-" + re.escape(bytes([hi]))
+        + b"]"
+        for lead, (lo, hi) in FORBIDDEN_AFTER.items()
+    )
+)  # fmt: skip
 
 
 def _packed(allowed: list[bool], words: int) -> torch.Tensor:
@@ -25,15 +36,26 @@ def _packed(allowed: list[bool], words: int) -> torch.Tensor:
 
 class Utf8Guard:
     def __init__(self, decoded_vocab: list[bytes], words: int) -> None:
-        inside = [bool(_SURROGATE.search(piece)) for piece in decoded_vocab]
-        continues = [bool(piece) and 0xA0 <= piece[0] <= 0xBF for piece in decoded_vocab]
-        self._ends_on_lead = [piece.endswith(bytes([_LEAD])) for piece in decoded_vocab]
-        self.anywhere = _packed([not i for i in inside], words)
-        self.after_lead = _packed([not (i or c) for i, c in zip(inside, continues)], words)
+        clean = [not _INVALID_PAIR.search(piece) for piece in decoded_vocab]
+        self._lead_at_end = [
+            piece[-1] if piece and piece[-1] in FORBIDDEN_AFTER else None
+            for piece in decoded_vocab
+        ]
+        self.anywhere = _packed(clean, words)
+        self.after_lead = {
+            lead: _packed(
+                [ok and not (piece and lo <= piece[0] <= hi)
+                 for ok, piece in zip(clean, decoded_vocab)],
+                words,
+            )  # fmt: skip
+            for lead, (lo, hi) in FORBIDDEN_AFTER.items()
+        }
 
-    def ends_on_lead(self, token: int) -> bool:
-        return 0 <= token < len(self._ends_on_lead) and self._ends_on_lead[token]
+    def lead_at_end(self, token: int) -> int | None:
+        """The lead byte ``token`` ends on, where it limits the next byte; else None."""
+        return self._lead_at_end[token] if 0 <= token < len(self._lead_at_end) else None
 
-    def restrict(self, bitmask: torch.Tensor, row: int, after_lead: bool) -> None:
-        """Clear, in row ``row`` of ``bitmask``, the tokens that would write a surrogate."""
-        bitmask[row] &= self.after_lead if after_lead else self.anywhere
+    def restrict(self, bitmask: torch.Tensor, row: int, lead: int | None) -> None:
+        """Clear, in row ``row`` of ``bitmask``, the tokens that would write bytes that are not
+        UTF-8, after a token that ended on ``lead`` (None: on a whole character)."""
+        bitmask[row] &= self.anywhere if lead is None else self.after_lead[lead]

@@ -41,7 +41,7 @@ class RequestGrammar:
 
     future: Future
     matcher: Any = None
-    after_lead: bool = False  # the last token ended on a UTF-8 lead byte ED (Utf8Guard)
+    after_lead: int | None = None  # the UTF-8 lead byte the last token ended on (Utf8Guard)
 
     @property
     def terminated(self) -> bool:
@@ -184,7 +184,7 @@ class ConstraintManager:
         grammar = req.grammar
         if grammar is None or grammar.matcher is None or req.finished:
             return
-        grammar.after_lead = self.backend.utf8.ends_on_lead(token)
+        grammar.after_lead = self.backend.utf8.lead_at_end(token)
         if not grammar.matcher.accept_token(token):
             req.finish_reason = FinishReason.abort(
                 f"token {token} does not match the request's grammar"
