@@ -101,7 +101,7 @@ def _batches(pool: Any, rows: Any, s: dict[str, int], dtype: torch.dtype) -> lis
 
 def _linear_cases(s: dict[str, int], portable: bool) -> list[Case]:
     from sglang.srt.layers.quantization import decode_linear, packed_linear
-    from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
+    from sglang.srt.layers.quantization.quantized_linear import quantize
 
     hidden, inter = s["hidden"], s["inter"]
     cases = []
@@ -127,7 +127,7 @@ def _linear_cases(s: dict[str, int], portable: bool) -> list[Case]:
             (8, None, True, "int8dq", "linear_int8dq"),
             (4, 128, True, "8da4w-128", "linear_int8dq"),
         ):
-            layer = QuantizedLinear.from_linear(plain, bits, group, dynamic)
+            layer = quantize(plain, bits, group, dynamic)
             # the portable builds at decode rows only: a prompt chunk in plain C++ takes minutes
             with_portable = portable and rows <= 16
             for build in ("native", "portable") if with_portable else ("native",):

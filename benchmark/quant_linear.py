@@ -70,7 +70,7 @@ WIDTHS = ("bf16", "int8", "int8dq", "int4-128", "8da4w-128", "torchao-int8", "to
 
 def _layers(shape: str, width: str) -> list[nn.Module]:
     from sglang.srt.layers.quantization import bf16_weights, decode_linear, packed_linear
-    from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
+    from sglang.srt.layers.quantization.quantized_linear import quantize
     from sglang.srt.model_executor.quantization import _torchao, parse_torchao_config
 
     torch.manual_seed(0)
@@ -103,7 +103,7 @@ def _layers(shape: str, width: str) -> list[nn.Module]:
     kernel = load("linear_int8dq" if dynamic else "linear_quant")
     layers = []
     for layer in dense:
-        quantized = QuantizedLinear.from_linear(layer, bits, group, dynamic)
+        quantized = quantize(layer, bits, group, dynamic)
         quantized.use_kernel(kernel)
         layers.append(quantized)
     return layers

@@ -35,6 +35,7 @@ from sglang.srt.layers.quantization.quantized_linear import (
     Int4Dynamic,
     Int8Dynamic,
     QuantizedLinear,
+    quantize,
 )
 
 DQ_KERNEL = kernels.load("linear_int8dq")
@@ -59,7 +60,7 @@ def _assert_dynamic_exact(got: torch.Tensor, x: torch.Tensor, layer: QuantizedLi
 def _dynamic_layer(out_features: int, in_features: int, bias: bool, seed: int) -> QuantizedLinear:
     torch.manual_seed(seed)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    return QuantizedLinear.from_linear(linear, 8, None, dynamic=True)
+    return quantize(linear, 8, None, dynamic=True)
 
 
 @settings(max_examples=examples(40), deadline=None)
@@ -185,7 +186,7 @@ def _dynamic_int4_layer(
 ) -> QuantizedLinear:
     torch.manual_seed(seed)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    return QuantizedLinear.from_linear(linear, 4, group, dynamic=True)
+    return quantize(linear, 4, group, dynamic=True)
 
 
 @settings(max_examples=examples(40), deadline=None)

@@ -22,7 +22,7 @@ from sglang.srt.layers.quantization import (
 )
 from sglang.srt.layers.quantization.base import LinearMethod, attached
 from sglang.srt.layers.quantization.base import method_name as method_of
-from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear
+from sglang.srt.layers.quantization.quantized_linear import QuantizedLinear, quantize
 
 
 def _linear(dtype: torch.dtype) -> nn.Linear:
@@ -80,7 +80,7 @@ def test_a_packed_linear_holds_no_checkpoint_weight() -> None:
      (8, None, True, "int8dq", torch.int8), (4, 32, True, "8da4w-32", torch.uint8)],
 )  # fmt: skip
 def test_a_quantized_linear_is_named_by_its_codes(bits, group, dynamic, name, code_dtype) -> None:
-    layer = QuantizedLinear.from_linear(_linear(torch.bfloat16), bits, group, dynamic)
+    layer = quantize(_linear(torch.bfloat16), bits, group, dynamic)
     assert method_of(layer) == name and _known(name)
     assert layer.qweight.dtype == code_dtype and layer.dynamic == dynamic
     assert layer.qweight.numel() * 8 == 64 * 128 * bits  # the codes, nothing widened
@@ -127,8 +127,7 @@ def _registered(name: str) -> LinearMethod:
 _TOLERANCE = {"int8wo": 0.02, "int8dq": 0.03, "int4wo": 0.1, "8da4w": 0.1}
 
 
-@pytest.mark.parametrize("name", [n for n in REGISTRY if n not in ("awq", "gptq",
-                                  "compressed-tensors")])  # fmt: skip
+@pytest.mark.parametrize("name", list(REGISTRY))
 def test_every_registered_method_serves_the_product_it_names(name: str) -> None:
     """The contract of ``base.py``: the served module carries the method, its forward is the
     method's product (close to the dense weight's, within the method's rounding), and it

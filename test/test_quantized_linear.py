@@ -39,6 +39,7 @@ from sglang.srt.layers.quantization.quantized_linear import (
     Int4WeightOnly,
     Int8WeightOnly,
     QuantizedLinear,
+    quantize,
 )
 
 KERNEL = kernels.load("linear_quant")
@@ -239,7 +240,7 @@ def test_rows_are_the_same_bits_alone_or_in_any_batch(
         in_features = max(group, in_features // group * group)
     torch.manual_seed(seed)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    layer = QuantizedLinear.from_linear(linear, bits, group)
+    layer = quantize(linear, bits, group)
     layer.use_kernel(KERNEL)
     x = torch.randn(rows, in_features).bfloat16()
     whole = layer(x)
@@ -263,7 +264,7 @@ def test_spans_of_a_long_input_keep_a_rows_bits(bits: int, group: int | None) ->
     (three blocks of rows, tasks from a shared counter) give a row the same bits, within
     rounding of float64."""
     torch.manual_seed(3)
-    layer = QuantizedLinear.from_linear(nn.Linear(2048, 70, bias=True), bits, group)
+    layer = quantize(nn.Linear(2048, 70, bias=True), bits, group)
     layer.use_kernel(KERNEL)
     x = torch.randn(40, 2048).bfloat16()
     whole = layer(x)
@@ -336,7 +337,7 @@ def test_the_layer_agrees_on_both_of_its_paths(bits: int, group: int | None) -> 
     rounded to bfloat16 (no kernel): each within rounding of float64."""
     torch.manual_seed(4)
     linear = nn.Linear(256, 72, bias=True).bfloat16()
-    layer = QuantizedLinear.from_linear(linear, bits, group)
+    layer = quantize(linear, bits, group)
     rounded = layer.dequantized().double()
     exact = exact_weight(layer)
     terms = None

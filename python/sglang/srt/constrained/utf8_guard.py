@@ -17,12 +17,10 @@ import torch
 
 # lead byte -> the second bytes (inclusive range) that make the sequence not UTF-8
 FORBIDDEN_AFTER = {0xE0: (0x80, 0x9F), 0xED: (0xA0, 0xBF), 0xF0: (0x80, 0x8F), 0xF4: (0x90, 0xBF)}
+# a lead byte and a second byte it forbids (all non-ASCII bytes: nothing to escape)
 _INVALID_PAIR = re.compile(
-    b"|".join(
-        re.escape(bytes([lead])) + b"[" + re.escape(bytes([lo])) + b"-" + re.escape(bytes([hi]))
-        + b"]"
-        for lead, (lo, hi) in FORBIDDEN_AFTER.items()
-    )
+    b"|".join(bytes([lead, ord("["), lo, ord("-"), hi, ord("]")])
+              for lead, (lo, hi) in FORBIDDEN_AFTER.items())
 )  # fmt: skip
 
 
@@ -38,16 +36,17 @@ class Utf8Guard:
     def __init__(self, decoded_vocab: list[bytes], words: int) -> None:
         clean = [not _INVALID_PAIR.search(piece) for piece in decoded_vocab]
         self._lead_at_end = [
-            piece[-1] if piece and piece[-1] in FORBIDDEN_AFTER else None
-            for piece in decoded_vocab
+            piece[-1] if piece and piece[-1] in FORBIDDEN_AFTER else None for piece in decoded_vocab
         ]
         self.anywhere = _packed(clean, words)
         self.after_lead = {
             lead: _packed(
-                [ok and not (piece and lo <= piece[0] <= hi)
-                 for ok, piece in zip(clean, decoded_vocab)],
+                [
+                    ok and not (piece and lo <= piece[0] <= hi)
+                    for ok, piece in zip(clean, decoded_vocab)
+                ],
                 words,
-            )  # fmt: skip
+            )
             for lead, (lo, hi) in FORBIDDEN_AFTER.items()
         }
 

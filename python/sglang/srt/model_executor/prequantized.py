@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.page_release import cast_releasing
-from sglang.srt.layers.quantization import get_linear_method
 from sglang.srt.layers.quantization.checkpoint_formats import (
     CheckpointLinear,
     FormatLoader,
@@ -142,8 +141,7 @@ def install_checkpoint_linears(
         raise refuse(
             fmt.method, f"quantized tensors with no linear layer to take them ({missing[0]})"
         )
-    loader = get_linear_method(fmt.method, fmt)
-    assert isinstance(loader, FormatLoader)
+    loader = FormatLoader(fmt)
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = modules[parent_name] if parent_name else model

@@ -1,8 +1,9 @@
 """Linear methods by name: one class per way of holding a linear's weight (the contract, with
 its three duties and its invariants: ``base.py``), imported when first asked for.
 
-The names are SGLang's where SGLang has the method: ``--torchao-config`` spellings for the
-methods quantized at start-up, ``quant_method`` for the formats checkpoints are published in.
+The names of the quantized methods are SGLang's ``--torchao-config`` spellings. A checkpoint
+published quantized (AWQ, GPTQ, compressed-tensors) loads through its format's
+``checkpoint_formats.FormatLoader`` into one of these methods' layouts and reports that method.
 Every linear of a served model reports what runs (``base.method_name``, ``/server_info``):
 int4wo on a CPU without AVX512-BF16 reports ``8da4w-<group>``, the int8-activation method it
 is served with.
@@ -24,9 +25,6 @@ REGISTRY: dict[str, str] = {
     "int4wo": "quantized_linear:Int4WeightOnly",
     "int8dq": "quantized_linear:Int8Dynamic",
     "8da4w": "quantized_linear:Int4Dynamic",
-    "awq": "checkpoint_formats:FormatLoader",
-    "gptq": "checkpoint_formats:FormatLoader",
-    "compressed-tensors": "checkpoint_formats:FormatLoader",
 }
 
 
@@ -40,7 +38,7 @@ def method_class(name: str) -> type[LinearMethod]:
 
 def get_linear_method(name: str, *args: Any, **kwargs: Any) -> LinearMethod:
     """An instance of the method registered under ``name`` (its options as its class takes
-    them: ``group`` for int4, the format for a published checkpoint's)."""
+    them: ``group`` for int4)."""
     return method_class(name)(*args, **kwargs)
 
 

@@ -74,7 +74,7 @@ def attached(layer: nn.Module) -> LinearMethod | None:
     return method if isinstance(method, LinearMethod) else None
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def short_dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
@@ -88,7 +88,7 @@ def method_name(module: nn.Module) -> str | None:
     weight = module.weight
     if type(weight.data) is not torch.Tensor:
         return f"torchao-{type(weight.data).__name__}"
-    return dtype_name(weight.dtype)
+    return short_dtype_name(weight.dtype)
 
 
 def linear_methods(model: nn.Module) -> dict[str, Any]:

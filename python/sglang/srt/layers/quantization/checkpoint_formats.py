@@ -259,13 +259,17 @@ class CheckpointLinear(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.loader, self.format = loader, loader.format
+        self.loader = loader
         self.formats_tensors: tuple[str, ...] = ()
         self.converted: QuantizedLinear | None = None
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor)
         self.bias = linear.bias
         self.formats_tensors = tuple(buffers)
+
+    @property
+    def format(self) -> PrequantizedFormat:
+        return self.loader.format
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)

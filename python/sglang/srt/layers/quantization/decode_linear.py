@@ -34,7 +34,7 @@ from torch import nn
 
 from sglang.srt.kernels import ops
 from sglang.srt.layers.quantization import packed_linear
-from sglang.srt.layers.quantization.base import LinearMethod, attach, attached, dtype_name
+from sglang.srt.layers.quantization.base import LinearMethod, attach, attached, short_dtype_name
 
 MAX_ROWS = 16
 FLOAT32_MIN_ROWS = 2  # one float32 row: torch's matrix-vector product reads as fast
@@ -60,10 +60,34 @@ class DecodeKernelMethod(LinearMethod):
         return attach(layer, self)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return _product(layer, x)
+        rows = x.numel() // x.shape[-1] if x.numel() else 0
+        kernel = layer._decode_kernel
+        packed = layer.__dict__.get("packed_weight")  # packed_linear.add_packed_copies
+        flat = x.reshape(rows, x.shape[-1])
+        if 0 < rows <= MAX_ROWS and kernel is not None and x.dtype == layer.weight.dtype:
+            if x.dtype == torch.bfloat16:
+                out = kernel.linear_bf16(flat.contiguous(), layer.weight, layer.bias)
+                return out.reshape(*x.shape[:-1], layer.out_features)
+            if rows >= FLOAT32_MIN_ROWS:
+                out = kernel.linear_f32(flat.contiguous(), layer.weight, layer.bias)
+                return out.reshape(*x.shape[:-1], layer.out_features)
+        on_packed = packed is not None and rows > MAX_ROWS and x.dtype == torch.bfloat16
+        if on_packed and layer.__dict__.get("packed_gemm") is not None:
+            # the native GEMM: any row count runs at its rate
+            return packed_linear.product(layer, x)
+        if on_packed or rows >= PAD_FROM_ROWS:
+            pad = -rows % (PACKED_ROW_MULTIPLE if on_packed else ROW_MULTIPLE)
+            flat = _pad_rows(flat, pad) if pad else flat
+        if on_packed:
+            out = packed_linear.product(layer, flat)
+        elif flat.shape[0] != rows:
+            out = F.linear(flat, layer.weight, layer.bias)
+        else:
+            return F.linear(x, layer.weight, layer.bias)
+        return out[:rows].reshape(*x.shape[:-1], layer.out_features)
 
     def name(self, layer: nn.Module) -> str:
-        name = dtype_name(layer.weight.dtype)
+        name = short_dtype_name(layer.weight.dtype)
         if layer.__dict__.get("_decode_kernel") is None:
             return name  # torch's product throughout
         name += "-decode-kernel"
@@ -100,33 +124,6 @@ def _eligible(module: nn.Module, dtype: torch.dtype) -> bool:
     weight = module.weight
     plain = type(weight.data) is torch.Tensor  # not a quantized tensor subclass
     return plain and weight.dtype == dtype and weight.is_contiguous()
-
-
-def _product(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
-    kernel = self._decode_kernel  # None: torch's product (set so to compare the two)
-    packed = self.__dict__.get("packed_weight")  # packed_linear.add_packed_copies
-    flat = x.reshape(rows, x.shape[-1])
-    if 0 < rows <= MAX_ROWS and kernel is not None and x.dtype == self.weight.dtype:
-        if x.dtype == torch.bfloat16:
-            out = kernel.linear_bf16(flat.contiguous(), self.weight, self.bias)
-            return out.reshape(*x.shape[:-1], self.out_features)
-        if rows >= FLOAT32_MIN_ROWS:
-            out = kernel.linear_f32(flat.contiguous(), self.weight, self.bias)
-            return out.reshape(*x.shape[:-1], self.out_features)
-    on_packed = packed is not None and rows > MAX_ROWS and x.dtype == torch.bfloat16
-    if on_packed and self.__dict__.get("packed_gemm") is not None:
-        return packed_linear.product(self, x)  # the native GEMM: any row count runs at its rate
-    if on_packed or rows >= PAD_FROM_ROWS:
-        pad = -rows % (PACKED_ROW_MULTIPLE if on_packed else ROW_MULTIPLE)
-        flat = _pad_rows(flat, pad) if pad else flat
-    if on_packed:
-        out = packed_linear.product(self, flat)
-    elif flat.shape[0] != rows:
-        out = F.linear(flat, self.weight, self.bias)
-    else:
-        return F.linear(x, self.weight, self.bias)
-    return out[:rows].reshape(*x.shape[:-1], self.out_features)
 
 
 def _pad_rows(flat: torch.Tensor, pad: int) -> torch.Tensor:

@@ -87,13 +87,6 @@ class QuantizedLinear(nn.Module):
     def dynamic(self) -> bool:
         return self.linear_method.dynamic
 
-    @classmethod
-    def from_linear(
-        cls, linear: nn.Linear, bits: int, group: int | None, dynamic: bool = False
-    ) -> QuantizedLinear:
-        """``linear`` quantized by the method of ``bits``, ``group`` and ``dynamic``."""
-        return quantized_method(bits, group, dynamic).process_weights_after_loading(linear)
-
     def use_kernel(self, kernel: Any) -> None:
         """The compiled module the method calls, or None for torch's product throughout."""
         self.kernel = kernel
